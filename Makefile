@@ -1,0 +1,32 @@
+# Set-up and the two jobs of the README. Every target is idempotent: a second
+# run reuses .venv and skips what is installed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.emmy-installed
+
+.PHONY: setup run test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned: 2.13.0 is the CPU wheel on our machines, and installing
+# the project before it would let pip pick a multi-GB CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(BIN)/emmy suite
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,5 @@
+import sys
+
+from emmy.cli import main
+
+sys.exit(main())

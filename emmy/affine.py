@@ -1,0 +1,269 @@
+"""Quasi-affine index expressions: the maps of IndexMap nodes.
+
+An index expression is an integer linear combination of atoms plus a
+constant, where an atom is an output coordinate `d<i>`, or the floor
+division or remainder of an expression by a positive constant (reshapes need
+those). Expressions are immutable values in a canonical form, so two equal
+maps compare and hash equal, and `floordiv`/`mod` simplify away when the
+ranges of the coordinates (the extents of the output) allow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Dim:
+    index: int
+
+    def __str__(self) -> str:
+        return f"d{self.index}"
+
+
+@dataclass(frozen=True)
+class FloorDiv:
+    expr: "Affine"
+    divisor: int
+
+    def __str__(self) -> str:
+        return f"{self.expr._paren()} // {self.divisor}"
+
+
+@dataclass(frozen=True)
+class Mod:
+    expr: "Affine"
+    divisor: int
+
+    def __str__(self) -> str:
+        return f"{self.expr._paren()} % {self.divisor}"
+
+
+Atom = Union[Dim, FloorDiv, Mod]
+
+
+def _atom_key(atom: Atom) -> tuple:
+    if isinstance(atom, Dim):
+        return (0, atom.index, "")
+    return (1, 0, str(atom))
+
+
+@dataclass(frozen=True)
+class Affine:
+    """sum(coeff * atom) + const, terms sorted, coefficients non-zero."""
+
+    terms: tuple[tuple[Atom, int], ...] = ()
+    const: int = 0
+
+    # -- construction -------------------------------------------------
+    @staticmethod
+    def dim(index: int) -> "Affine":
+        return Affine(((Dim(index), 1),), 0)
+
+    @staticmethod
+    def constant(value: int) -> "Affine":
+        return Affine((), int(value))
+
+    @staticmethod
+    def _build(coeffs: dict, const: int) -> "Affine":
+        items = sorted(((a, c) for a, c in coeffs.items() if c != 0), key=lambda t: _atom_key(t[0]))
+        return Affine(tuple(items), int(const))
+
+    def __add__(self, other: "Affine | int") -> "Affine":
+        other = _lift(other)
+        coeffs = dict(self.terms)
+        for atom, c in other.terms:
+            coeffs[atom] = coeffs.get(atom, 0) + c
+        return Affine._build(coeffs, self.const + other.const)
+
+    __radd__ = __add__
+
+    def __neg__(self) -> "Affine":
+        return self * -1
+
+    def __sub__(self, other: "Affine | int") -> "Affine":
+        return self + (-_lift(other))
+
+    def __mul__(self, k: int) -> "Affine":
+        k = int(k)
+        return Affine._build({a: c * k for a, c in self.terms}, self.const * k)
+
+    __rmul__ = __mul__
+
+    # -- queries -------------------------------------------------------
+    @property
+    def is_constant(self) -> bool:
+        return not self.terms
+
+    def as_dim(self) -> int | None:
+        """The coordinate index if this expression is exactly `d<i>`."""
+        if self.const == 0 and len(self.terms) == 1:
+            atom, c = self.terms[0]
+            if c == 1 and isinstance(atom, Dim):
+                return atom.index
+        return None
+
+    def dims(self) -> set[int]:
+        found: set[int] = set()
+        for atom, _ in self.terms:
+            if isinstance(atom, Dim):
+                found.add(atom.index)
+            else:
+                found |= atom.expr.dims()
+        return found
+
+    def bounds(self, extents: Sequence[int]) -> tuple[int, int]:
+        """Inclusive [lo, hi] over coordinates 0 <= d_i < extents[i]."""
+        lo = hi = self.const
+        for atom, c in self.terms:
+            alo, ahi = _atom_bounds(atom, extents)
+            if c > 0:
+                lo, hi = lo + c * alo, hi + c * ahi
+            else:
+                lo, hi = lo + c * ahi, hi + c * alo
+        return lo, hi
+
+    # -- quasi-affine operations, simplified by coordinate ranges ---------
+    def floordiv(self, q: int, extents: Sequence[int]) -> "Affine":
+        q = _positive(q)
+        if q == 1:
+            return self
+        lo, hi = self.bounds(extents)
+        if lo // q == hi // q:
+            return Affine.constant(lo // q)
+        high, rest = self._split(q)
+        rlo, rhi = rest.bounds(extents)
+        if 0 <= rlo and rhi < q:
+            return Affine._build({a: c // q for a, c in high.terms}, high.const // q)
+        return Affine(((FloorDiv(self, q), 1),), 0)
+
+    def mod(self, q: int, extents: Sequence[int]) -> "Affine":
+        q = _positive(q)
+        if q == 1:
+            return Affine.constant(0)
+        lo, hi = self.bounds(extents)
+        if 0 <= lo and hi < q:
+            return self
+        _, rest = self._split(q)
+        rlo, rhi = rest.bounds(extents)
+        if 0 <= rlo and rhi < q:
+            return rest
+        return Affine(((Mod(self, q), 1),), 0)
+
+    def _split(self, q: int) -> tuple["Affine", "Affine"]:
+        """(multiple of q, remainder part) of this expression."""
+        high = {a: c for a, c in self.terms if c % q == 0}
+        rest = {a: c for a, c in self.terms if c % q != 0}
+        return (
+            Affine._build(high, self.const - self.const % q),
+            Affine._build(rest, self.const % q),
+        )
+
+    def substitute(self, mapping: Sequence["Affine"], extents: Sequence[int]) -> "Affine":
+        """Replace each `d<i>` by mapping[i]; `extents` bound the new coordinates."""
+        out = Affine.constant(self.const)
+        for atom, c in self.terms:
+            if isinstance(atom, Dim):
+                value = mapping[atom.index]
+            elif isinstance(atom, FloorDiv):
+                value = atom.expr.substitute(mapping, extents).floordiv(atom.divisor, extents)
+            else:
+                value = atom.expr.substitute(mapping, extents).mod(atom.divisor, extents)
+            out = out + value * c
+        return out
+
+    def evaluate(self, coords: Sequence[np.ndarray]) -> np.ndarray | int:
+        total: np.ndarray | int = self.const
+        for atom, c in self.terms:
+            total = total + c * _atom_eval(atom, coords)
+        return total
+
+    # -- printing --------------------------------------------------------
+    def __str__(self) -> str:
+        parts: list[str] = []
+        # Positive terms first, so `d3 - d2` rather than `-d2 + d3`.
+        for atom, c in sorted(self.terms, key=lambda t: t[1] < 0):
+            text = str(atom)
+            if not isinstance(atom, Dim) and (c != 1 or len(self.terms) > 1 or self.const):
+                text = f"({text})"
+            if c == 1:
+                piece = text
+            elif c == -1:
+                piece = f"-{text}"
+            else:
+                piece = f"{c}*{text}"
+            parts.append(piece)
+        if self.const or not parts:
+            parts.append(str(self.const))
+        out = parts[0]
+        for piece in parts[1:]:
+            out += f" - {piece[1:]}" if piece.startswith("-") else f" + {piece}"
+        return out
+
+    def _paren(self) -> str:
+        text = str(self)
+        return text if (len(self.terms) + (1 if self.const else 0)) <= 1 and "*" not in text else f"({text})"
+
+
+def _lift(value: "Affine | int") -> Affine:
+    return value if isinstance(value, Affine) else Affine.constant(int(value))
+
+
+def _positive(q: int) -> int:
+    q = int(q)
+    if q <= 0:
+        raise ValueError(f"index divisor must be positive, got {q}")
+    return q
+
+
+def _atom_bounds(atom: Atom, extents: Sequence[int]) -> tuple[int, int]:
+    if isinstance(atom, Dim):
+        return 0, max(int(extents[atom.index]) - 1, 0)
+    lo, hi = atom.expr.bounds(extents)
+    if isinstance(atom, FloorDiv):
+        return lo // atom.divisor, hi // atom.divisor
+    if 0 <= lo and hi < atom.divisor:
+        return lo, hi
+    return 0, atom.divisor - 1
+
+
+def _atom_eval(atom: Atom, coords: Sequence[np.ndarray]):
+    if isinstance(atom, Dim):
+        return coords[atom.index]
+    inner = atom.expr.evaluate(coords)
+    if isinstance(atom, FloorDiv):
+        return np.floor_divide(inner, atom.divisor)
+    return np.mod(inner, atom.divisor)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The condition lo <= expr < hi (either bound may be absent)."""
+
+    expr: Affine
+    lo: int | None = None
+    hi: int | None = None
+
+    def holds(self, coords: Sequence[np.ndarray]):
+        value = self.expr.evaluate(coords)
+        ok = np.ones(np.shape(value), dtype=bool) if not isinstance(value, int) else np.bool_(True)
+        if self.lo is not None:
+            ok = ok & (value >= self.lo)
+        if self.hi is not None:
+            ok = ok & (value < self.hi)
+        return ok
+
+    def always(self, extents: Sequence[int]) -> bool:
+        lo, hi = self.expr.bounds(extents)
+        return (self.lo is None or lo >= self.lo) and (self.hi is None or hi < self.hi)
+
+    def __str__(self) -> str:
+        text = str(self.expr)
+        if self.lo is not None and self.hi is not None:
+            return f"{self.lo} <= {text} < {self.hi}"
+        if self.lo is not None:
+            return f"{text} >= {self.lo}"
+        return f"{text} < {self.hi}"

@@ -1,0 +1,86 @@
+"""Capture: any form of PyTorch program -> a core-ATen ExportedProgram.
+
+Accepted forms: `-c` code (a string), an `nn.Module` (an `fx.GraphModule` is
+one) or a plain function with example inputs, or a `torch.export`
+ExportedProgram.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emmy.capture.source import Source
+from emmy.errors import CodeError, EmmyError
+
+
+@dataclass(frozen=True)
+class Captured:
+    exported: object  # torch.export.ExportedProgram, decomposed to core ATen
+    source: Source
+    example_inputs: tuple | None  # torch tensors, in the order of the user inputs
+
+
+def capture(graph, *example_inputs) -> Captured:
+    import torch
+
+    from emmy.capture import exporting
+
+    if isinstance(graph, str):
+        from emmy.capture.code import capture_code
+
+        if example_inputs:
+            raise EmmyError("-c code makes its own inputs; pass no example inputs with a code string")
+        code = capture_code(graph)
+        program = _export(code.module, code.example_inputs, code.source)
+        return Captured(exporting.decompose(program), code.source, code.example_inputs)
+
+    if isinstance(graph, torch.export.ExportedProgram):
+        inputs = example_inputs or _stored_inputs(graph)
+        return Captured(exporting.decompose(graph), Source(), tuple(inputs) if inputs else None)
+
+    if not example_inputs:
+        raise EmmyError(f"emmy.optimize needs example inputs to capture a {type(graph).__name__}")
+    _check_inputs(example_inputs)
+    if isinstance(graph, torch.nn.Module):
+        module = graph.eval()
+    elif callable(graph):
+        # staticmethod keeps the function's own signature, so inputs keep their names.
+        module = type("FunctionProgram", (torch.nn.Module,), {"forward": staticmethod(graph)})()
+    else:
+        raise EmmyError(
+            f"emmy.optimize cannot capture a {type(graph).__name__}; give -c code, an nn.Module, "
+            "a function, an fx.GraphModule or an ExportedProgram"
+        )
+    program = _export(module, tuple(example_inputs), Source())
+    return Captured(exporting.decompose(program), Source(), tuple(example_inputs))
+
+
+def _stored_inputs(program) -> tuple | None:
+    stored = getattr(program, "example_inputs", None)
+    if not stored:
+        return None
+    args, kwargs = stored
+    return tuple(args) if not kwargs else None
+
+
+def _check_inputs(inputs) -> None:
+    import torch
+
+    for k, value in enumerate(inputs):
+        if not isinstance(value, torch.Tensor):
+            raise EmmyError(f"example input {k} is a {type(value).__name__}, not a torch.Tensor")
+
+
+def _export(module, args: tuple, source: Source):
+    from emmy.capture import exporting
+    from emmy.capture.errors import explain_export_failure
+
+    try:
+        return exporting.export_module(module, args)
+    except EmmyError:
+        raise
+    except Exception as err:
+        raise explain_export_failure(err, source) from err
+
+
+__all__ = ["Captured", "capture", "CodeError"]

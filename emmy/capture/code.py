@@ -1,0 +1,310 @@
+"""Capture a program written as `-c` code.
+
+The code runs like `python -c`, with `torch`, `nn`, `F` and `math` in scope;
+its last statement is an expression whose value (a tensor, or a tuple of
+tensors) is what emmy compiles. Tensors made by factory calls
+(`torch.randn(4, 3)`, ...) become the program's inputs, named after the
+variable they are assigned to; modules constructed in the code
+(`nn.Linear(8, 16)`) keep their parameters, which become named weights.
+
+The code runs twice: once eagerly, to make the example inputs and modules
+and to catch ordinary Python errors; then as the `forward` of a module that
+torch.export traces, with each factory call answered by the matching input.
+Because that `forward` is compiled from the user's code, every traced op
+carries the line of `-c` code it came from.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import sys
+import traceback
+from dataclasses import dataclass, field
+
+from emmy.capture.source import CODE_FILENAME, Location, Source
+from emmy.errors import CodeError
+
+FACTORIES = frozenset(
+    {
+        "randn", "rand", "randint", "ones", "zeros", "full", "empty", "tensor",
+        "arange", "linspace", "eye", "randn_like", "rand_like", "ones_like",
+        "zeros_like", "full_like", "empty_like", "as_tensor", "from_numpy",
+    }
+)
+
+_INPUT = "__emmy_input__"
+_CONSTRUCT = "__emmy_construct__"
+_RESET = "__emmy_reset__"
+
+
+@dataclass
+class CodeCapture:
+    """The pieces torch.export needs: a module, its example inputs and their names."""
+
+    module: object
+    example_inputs: tuple
+    input_names: tuple[str, ...]
+    source: Source
+    result_is_tuple: bool = False
+    modules: dict = field(default_factory=dict)
+
+
+def _is_factory(func: ast.expr) -> bool:
+    # torch.randn(...) and torch.Tensor-making calls spelled through the torch module.
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr in FACTORIES
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "torch"
+    )
+
+
+def _is_construction(func: ast.expr) -> bool:
+    # Class-like callee (nn.Linear, torch.nn.LayerNorm, MyModule): may build a module.
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return bool(name) and name[0].isupper()
+
+
+class _Rewriter(ast.NodeTransformer):
+    """Routes factory and constructor calls through emmy's hooks, numbering each site."""
+
+    def __init__(self):
+        self.sites: list[str] = []  # hint name per site: the assigned variable, if any
+        self._target: str | None = None
+
+    def visit_Assign(self, node: ast.Assign):
+        direct = isinstance(node.value, ast.Call) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        self._target = node.targets[0].id if direct else None
+        node.value = self.visit(node.value)
+        self._target = None
+        return node
+
+    def visit_Call(self, node: ast.Call):
+        hint, self._target = self._target, None
+        node = self.generic_visit(node)
+        if _is_factory(node.func):
+            hook = _INPUT
+        elif _is_construction(node.func):
+            hook = _CONSTRUCT
+        else:
+            return node
+        site = len(self.sites)
+        self.sites.append(hint or "")
+        thunk = ast.Lambda(
+            args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=node,
+        )
+        call = ast.Call(func=ast.Name(hook, ast.Load()), args=[ast.Constant(site), thunk], keywords=[])
+        return ast.copy_location(call, node)
+
+
+def _parse(code: str) -> ast.Module:
+    try:
+        tree = ast.parse(code, CODE_FILENAME)
+    except SyntaxError as err:
+        line = err.lineno or 1
+        col = err.offset or 1
+        text = (err.text or "").rstrip("\n")
+        raise CodeError(
+            f"syntax error in -c code at line {line}, column {col}: {err.msg}",
+            detail=f"  {text}\n  {' ' * (col - 1)}^" if text else "",
+        ) from None
+    if not tree.body:
+        raise CodeError("the -c code is empty; its last statement must be an expression giving a tensor")
+    last = tree.body[-1]
+    if not isinstance(last, ast.Expr):
+        kind = _STATEMENT_KINDS.get(type(last).__name__, "a " + type(last).__name__.lower() + " statement")
+        raise CodeError(
+            f"the last statement of -c code (line {last.lineno}) is {kind}, not an expression; "
+            "end the code with the expression whose tensor emmy should compile",
+            detail="  " + (ast.get_source_segment(code, last) or "").splitlines()[0],
+        )
+    return tree
+
+
+_STATEMENT_KINDS = {
+    "Assign": "an assignment",
+    "AugAssign": "an augmented assignment",
+    "AnnAssign": "an annotated assignment",
+    "For": "a for loop",
+    "While": "a while loop",
+    "If": "an if statement",
+    "FunctionDef": "a function definition",
+    "ClassDef": "a class definition",
+    "Import": "an import",
+    "ImportFrom": "an import",
+}
+
+
+def _code_location(tb, source: Source) -> Location | None:
+    frames = [f for f in traceback.extract_tb(tb) if f.filename == CODE_FILENAME]
+    if not frames:
+        return None
+    line = frames[-1].lineno or 0
+    return Location(CODE_FILENAME, line, source.line_text(CODE_FILENAME, line))
+
+
+def _namespace() -> dict:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    return {"torch": torch, "nn": nn, "F": F, "math": math, "__name__": "__emmy__"}
+
+
+def _build_forward(tree: ast.Module, params: list[str]) -> ast.Module:
+    """def forward(self, <inputs>): <body>; return <last expression>."""
+    # The first statement hands the inputs to the factory hook, in order.
+    reset = ast.Expr(
+        ast.Call(func=ast.Name(_RESET, ast.Load()), args=[ast.Name(p, ast.Load()) for p in params], keywords=[])
+    )
+    body = [ast.copy_location(reset, tree.body[0])] + list(tree.body[:-1])
+    last = tree.body[-1]
+    ret = ast.copy_location(ast.Return(value=last.value), last)
+    body.append(ret)
+    args = ast.arguments(
+        posonlyargs=[],
+        args=[ast.arg("self")] + [ast.arg(p) for p in params],
+        kwonlyargs=[],
+        kw_defaults=[],
+        defaults=[],
+    )
+    fn = ast.FunctionDef(name="forward", args=args, body=body, decorator_list=[], returns=None, type_params=[])
+    ast.copy_location(fn, tree.body[0])
+    module = ast.Module(body=[fn], type_ignores=[])
+    return ast.fix_missing_locations(module)
+
+
+def capture_code(code: str) -> CodeCapture:
+    import torch
+
+    source = Source(code)
+    tree = _parse(code)
+    rewriter = _Rewriter()
+    tree = rewriter.visit(tree)
+    ast.fix_missing_locations(tree)
+
+    # Eager pass: plain Python, recording inputs and modules in call order.
+    made_inputs: list[tuple[int, object]] = []
+    made_modules: dict[tuple[int, int], object] = {}
+    module_counts: dict[int, int] = {}
+
+    def eager_input(site, thunk):
+        value = thunk()
+        if isinstance(value, torch.Tensor):
+            made_inputs.append((site, value))
+        return value
+
+    def eager_construct(site, thunk):
+        value = thunk()
+        if isinstance(value, torch.nn.Module):
+            k = module_counts.get(site, 0)
+            module_counts[site] = k + 1
+            value.eval()
+            made_modules[(site, k)] = value
+        return value
+
+    eager_tree = ast.Module(
+        body=list(tree.body[:-1]) + [ast.copy_location(ast.Assign(targets=[ast.Name("__emmy_result__", ast.Store())], value=tree.body[-1].value), tree.body[-1])],
+        type_ignores=[],
+    )
+    ast.fix_missing_locations(eager_tree)
+    namespace = _namespace()
+    namespace[_INPUT] = eager_input
+    namespace[_CONSTRUCT] = eager_construct
+    torch.manual_seed(0)
+    try:
+        exec(compile(eager_tree, CODE_FILENAME, "exec"), namespace)
+    except Exception as err:  # the user's code failed: report its line
+        where = _code_location(sys.exc_info()[2], source)
+        at = f" at {where}" if where else ""
+        raise CodeError(f"the -c code raised {type(err).__name__}{at}: {_first_line(err)}") from err
+
+    result = namespace["__emmy_result__"]
+    last_line = tree.body[-1].lineno
+    is_tuple = isinstance(result, (tuple, list))
+    items = list(result) if is_tuple else [result]
+    if not items or not all(isinstance(r, torch.Tensor) for r in items):
+        got = type(result).__name__ if not is_tuple else f"{type(result).__name__} of " + ", ".join(
+            type(r).__name__ for r in items
+        )
+        raise CodeError(
+            f"the last expression of -c code (line {last_line}) gives {got}, not a tensor; "
+            "emmy compiles an expression whose value is a torch.Tensor (or a tuple of them)"
+        )
+
+    names = _input_names(made_inputs, rewriter.sites)
+    module = _traced_module(tree, names, made_inputs, made_modules, rewriter.sites)
+    return CodeCapture(
+        module=module,
+        example_inputs=tuple(t for _, t in made_inputs),
+        input_names=tuple(names),
+        source=source,
+        result_is_tuple=is_tuple,
+        modules=dict(module.named_children()),
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _input_names(made_inputs, sites) -> list[str]:
+    names: list[str] = []
+    used: set[str] = set()
+    for k, (site, _) in enumerate(made_inputs):
+        base = sites[site] or f"in{k}"
+        name, n = base, 1
+        while name in used or name in ("self", "torch", "nn", "F", "math"):
+            name, n = f"{base}_{n}", n + 1
+        used.add(name)
+        names.append(name)
+    return names
+
+
+def _traced_module(tree, names, made_inputs, made_modules, sites):
+    import torch
+
+    forward_tree = _build_forward(tree, names)
+    namespace = _namespace()
+    order = [site for site, _ in made_inputs]
+    state = {"queue": [], "modules": {}}
+
+    def traced_input(site, thunk):
+        if not state["queue"]:
+            raise CodeError("the -c code made more input tensors while traced than when run; is its control flow data-dependent?")
+        want_site, value = state["queue"].pop(0)
+        if want_site != site:
+            raise CodeError("the -c code made its input tensors in a different order while traced; is its control flow data-dependent?")
+        return value
+
+    def traced_construct(site, thunk):
+        k = state["modules"].get(site, 0)
+        state["modules"][site] = k + 1
+        found = made_modules.get((site, k))
+        return found if found is not None else thunk()
+
+    def reset(*args):
+        state["queue"] = list(zip(order, args))
+        state["modules"] = {}
+
+    namespace[_INPUT] = traced_input
+    namespace[_CONSTRUCT] = traced_construct
+    namespace[_RESET] = reset
+    exec(compile(forward_tree, CODE_FILENAME, "exec"), namespace)
+    # The module's forward is the function compiled from the code itself, so
+    # torch.export attributes each traced op to its line of -c code.
+    cls = type("CodeProgram", (torch.nn.Module,), {"forward": namespace["forward"]})
+    module = cls()
+    used: set[str] = set()
+    for (site, k), sub in made_modules.items():
+        base = sites[site] or f"m{site}"
+        name = base if k == 0 else f"{base}_{k}"
+        while name in used:
+            name += "_"
+        used.add(name)
+        module.add_module(name, sub)
+    return module
+

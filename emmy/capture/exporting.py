@@ -1,0 +1,55 @@
+"""torch.export plus core-ATen decompositions, quietly.
+
+We keep whole the ops that emmy lowers better than their decompositions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+
+import torch
+
+KEPT_WHOLE = (
+    "scaled_dot_product_attention.default",
+    "rms_norm.default",
+    "_softmax.default",
+    "native_layer_norm.default",
+    "gelu.default",
+)
+
+
+@contextlib.contextmanager
+def quiet_torch():
+    """torch.export logs graphs and warnings we report ourselves; silence them."""
+    logger = logging.getLogger("torch")
+    old = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(old)
+
+
+def decomposition_table() -> dict:
+    table = torch.export.default_decompositions()
+    for name in KEPT_WHOLE:
+        packet, overload = name.split(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        table.pop(op, None)
+    return table
+
+
+def export_module(module: torch.nn.Module, args: tuple) -> "torch.export.ExportedProgram":
+    with quiet_torch():
+        return torch.export.export(module, args, strict=False)
+
+
+def decompose(program: "torch.export.ExportedProgram") -> "torch.export.ExportedProgram":
+    with quiet_torch():
+        return program.run_decompositions(decomposition_table())

@@ -1,0 +1,107 @@
+"""The `emmy` command line: a thin layer over `emmy.optimize`.
+
+Bad input is an EmmyError: one clear message, exit status 2, and a traceback
+only with -v. torch is imported only by commands that capture a program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+
+from emmy.errors import EmmyError
+from emmy.program import STAGES
+
+log = logging.getLogger("emmy")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="emmy", description="Compile PyTorch programs to CUDA kernels.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--target", help="GPU architecture: sm_80, sm_89, sm_90, sm_120 (default: EMMY_TARGET or sm_90)")
+        p.add_argument("-v", "--verbose", action="store_true", help="log progress; tracebacks on errors")
+
+    compile_ = sub.add_parser("compile", help="compile a program and print one stage")
+    compile_.add_argument("-c", dest="code", required=True, metavar="CODE",
+                          help="Python code whose last statement is the tensor expression to compile")
+    compile_.add_argument("--ir", default="tensor", metavar="STAGE", help=f"stage to print: {'|'.join(STAGES)}")
+    compile_.add_argument("-o", dest="output", metavar="FILE", help="write the stage to FILE instead of stdout")
+    common(compile_)
+
+    suite = sub.add_parser("suite", help="compile the reference workloads and check them against torch")
+    suite.add_argument("--ir", default="tensor", metavar="STAGE", help="stage to print for each workload")
+    suite.add_argument("--only", metavar="NAME", action="append", help="run only this workload (repeatable)")
+    suite.add_argument("--quiet", action="store_true", help="print the summary table only")
+    common(suite)
+    return parser
+
+
+def _check_stage(stage: str) -> None:
+    if stage not in STAGES:
+        raise EmmyError(f"unknown --ir stage {stage!r}; stages are {', '.join(STAGES)}")
+
+
+def _check_target(target: str | None) -> None:
+    if target is not None:
+        from emmy.extract.targets import get_target
+
+        get_target(target)
+
+
+def _compile(args) -> int:
+    _check_stage(args.ir)
+    _check_target(args.target)
+    from emmy.program import BUILT_STAGES
+
+    if args.ir not in BUILT_STAGES:
+        # Say so before paying for capture.
+        from emmy.errors import StageNotBuiltError
+
+        raise StageNotBuiltError(f"the {args.ir} stage is not built yet; stages so far: {', '.join(BUILT_STAGES)}")
+    from emmy.api import optimize
+
+    program = optimize(args.code, target=args.target, stop_after=args.ir)
+    text = program.ir(args.ir)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text)
+        print(f"wrote {args.ir} IR to {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _suite(args) -> int:
+    _check_stage(args.ir)
+    _check_target(args.target)
+    from emmy.suite import run_suite
+
+    return run_suite(stage=args.ir, target=args.target, only=args.only, quiet=args.quiet)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="emmy: %(message)s")
+    try:
+        return {"compile": _compile, "suite": _suite}[args.command](args)
+    except EmmyError as err:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"emmy: error: {err.render()}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("emmy: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # a bug in emmy, not bad input
+        if args.verbose:
+            traceback.print_exc()
+        print(f"emmy: internal error: {type(err).__name__}: {err} (rerun with -v for the traceback)", file=sys.stderr)
+        return 1

@@ -1,0 +1,176 @@
+"""Pointwise ATen ops: arithmetic, math functions, comparisons, selects, casts."""
+
+from __future__ import annotations
+
+import math
+
+from emmy.decompose.registry import Context, lowers
+from emmy.dtypes import DType
+from emmy.errors import UnsupportedOpError
+
+
+def _arith(ctx: Context, op: str, *args) -> str:
+    out = ctx.out_type()
+    prepared = [ctx.operand(a, out.dtype, out.shape) for a in args]
+    return ctx.b.elementwise(op, *prepared, dtype=out.dtype, name=ctx.name)
+
+
+def _scaled(ctx: Context, value, alpha):
+    if alpha == 1:
+        return value
+    out = ctx.out_type()
+    if isinstance(value, str):
+        return ctx.b.elementwise("multiply", ctx.tensor(value, out.dtype, out.shape), alpha, suffix="alpha")
+    return value * alpha
+
+
+_BINARY = {
+    "add": "add", "sub": "subtract", "mul": "multiply", "div": "divide",
+    "maximum": "maximum", "minimum": "minimum", "pow": "power",
+}
+
+
+@lowers("aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar")
+def add_sub(ctx: Context, a, b, alpha=1):
+    op = "add" if "add" in str(ctx.node.target) else "subtract"
+    return _arith(ctx, op, a, _scaled(ctx, b, alpha))
+
+
+@lowers("aten.rsub.Scalar", "aten.rsub.Tensor")
+def rsub(ctx: Context, a, b, alpha=1):
+    return _arith(ctx, "subtract", b, _scaled(ctx, a, alpha))
+
+
+@lowers("aten.mul.Tensor", "aten.mul.Scalar", "aten.maximum.default", "aten.minimum.default",
+        "aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar")
+def binary(ctx: Context, a, b):
+    packet = str(ctx.node.target).split(".")[1]
+    return _arith(ctx, _BINARY[packet], a, b)
+
+
+@lowers("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode", "aten.div.Scalar_mode")
+def div(ctx: Context, a, b, rounding_mode=None):
+    if rounding_mode is not None:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: division with rounding_mode={rounding_mode!r}")
+    return _arith(ctx, "divide", a, b)
+
+
+_UNARY = {
+    "neg": "negative", "abs": "abs", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
+    "sigmoid": "sigmoid", "tanh": "tanh", "erf": "erf", "reciprocal": "reciprocal",
+}
+
+
+@lowers(*(f"aten.{name}.default" for name in _UNARY))
+def unary(ctx: Context, x):
+    packet = str(ctx.node.target).split(".")[1]
+    return _arith(ctx, _UNARY[packet], x)
+
+
+@lowers("aten.relu.default")
+def relu(ctx: Context, x):
+    return _arith(ctx, "maximum", x, 0)
+
+
+@lowers("aten.clamp.default", "aten.clamp.Tensor")
+def clamp(ctx: Context, x, min=None, max=None):
+    out = ctx.out_type()
+    value = ctx.tensor(x, out.dtype, out.shape)
+    if min is not None:
+        value = ctx.b.elementwise("maximum", value, ctx.operand(min, out.dtype, out.shape), suffix="lo",
+                                  name=None if max is not None else ctx.name)
+    if max is not None:
+        value = ctx.b.elementwise("minimum", value, ctx.operand(max, out.dtype, out.shape), name=ctx.name)
+    return value
+
+
+@lowers("aten.silu.default")
+def silu(ctx: Context, x):
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    xf = ctx.tensor(x, acc)
+    y = ctx.b.elementwise("multiply", xf, ctx.b.elementwise("sigmoid", xf),
+                          name=ctx.name if acc is out.dtype else None)
+    return ctx.b.cast(y, out.dtype)
+
+
+@lowers("aten.gelu.default")
+def gelu(ctx: Context, x, approximate="none"):
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    b = ctx.b
+    xf = ctx.tensor(x, acc)
+    if approximate == "tanh":
+        cube = b.elementwise("multiply", b.elementwise("multiply", xf, xf, suffix="sq"), xf, suffix="cube")
+        inner = b.elementwise("add", xf, b.elementwise("multiply", cube, 0.044715), suffix="inner")
+        t = b.elementwise("tanh", b.elementwise("multiply", inner, math.sqrt(2.0 / math.pi)))
+    elif approximate == "none":
+        t = b.elementwise("erf", b.elementwise("multiply", xf, math.sqrt(0.5)))
+    else:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: gelu approximate={approximate!r}")
+    half = b.elementwise("multiply", xf, 0.5, suffix="half")
+    y = b.elementwise("multiply", half, b.elementwise("add", t, 1.0, suffix="one_plus"),
+                      name=ctx.name if acc is out.dtype else None)
+    return b.cast(y, out.dtype)
+
+
+_COMPARE = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "eq": "equal", "ne": "not_equal"}
+
+
+@lowers(*(f"aten.{p}.{o}" for p in _COMPARE for o in ("Tensor", "Scalar")))
+def compare(ctx: Context, a, b):
+    out = ctx.out_type()
+    compute = ctx.promoted(*ctx.node.args[:2])
+    x = ctx.operand(a, compute, out.shape)
+    y = ctx.operand(b, compute, out.shape)
+    if not isinstance(x, str):  # scalar on the left: give the literal the compute type
+        x = ctx.b.fill(x, out.shape, compute)
+    op = _COMPARE[str(ctx.node.target).split(".")[1]]
+    return ctx.b.elementwise(op, x, y, dtype=DType.BOOL, name=ctx.name)
+
+
+@lowers("aten.logical_and.default", "aten.logical_or.default")
+def logical_binary(ctx: Context, a, b):
+    out = ctx.out_type()
+    x = ctx.tensor(a, DType.BOOL, out.shape)
+    y = ctx.tensor(b, DType.BOOL, out.shape)
+    return ctx.b.elementwise(str(ctx.node.target).split(".")[1], x, y, dtype=DType.BOOL, name=ctx.name)
+
+
+@lowers("aten.logical_not.default")
+def logical_not(ctx: Context, a):
+    return ctx.b.elementwise("logical_not", ctx.tensor(a, DType.BOOL), dtype=DType.BOOL, name=ctx.name)
+
+
+@lowers("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar")
+def where(ctx: Context, cond, a, b):
+    out = ctx.out_type()
+    c = ctx.tensor(cond, DType.BOOL, out.shape)
+    x, y = ctx.operand(a, out.dtype, out.shape), ctx.operand(b, out.dtype, out.shape)
+    return ctx.b.elementwise("where", c, x, y, dtype=out.dtype, name=ctx.name)
+
+
+@lowers("aten._to_copy.default", "aten.clone.default", "aten.alias.default", "aten.lift_fresh_copy.default",
+        "aten.contiguous.default", "aten.detach.default", "prims.convert_element_type.default")
+def copy(ctx: Context, x, *args, **kwargs):
+    out = ctx.out_type()
+    value = ctx.tensor(x, out.dtype)
+    if value == x:
+        return x  # a copy is the same value; no node needed
+    return value
+
+
+@lowers("aten.full.default", "aten.scalar_tensor.default")
+def full(ctx: Context, size, fill_value=None, **kwargs):
+    out = ctx.out_type()
+    if fill_value is None:  # scalar_tensor(value)
+        fill_value = size
+    return ctx.b.fill(fill_value, out.shape, out.dtype, name=ctx.name)
+
+
+@lowers("aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default")
+def full_like(ctx: Context, x, fill_value=None, **kwargs):
+    out = ctx.out_type()
+    target = str(ctx.node.target)
+    value = 0 if "zeros" in target else 1 if "ones" in target else fill_value
+    return ctx.b.fill(value, out.shape, out.dtype, name=ctx.name)

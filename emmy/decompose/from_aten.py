@@ -1,0 +1,139 @@
+"""Walk the exported FX graph and decompose each ATen op into Tensor IR.
+
+Placeholders become Inputs (user inputs) or Weights (parameters, buffers and
+lifted constants, named by their module path: `lin.weight` -> `lin_weight`),
+and their values are kept beside the graph for the interpreter.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+# Importing the op modules fills the registry.
+from emmy.decompose import elementwise, layout, linalg, nn, reductions  # noqa: F401
+from emmy.decompose.reductions import IndicesUnsupported
+from emmy.decompose.registry import LOWERINGS, Context
+from emmy.dtypes import from_torch, to_numpy
+from emmy.errors import EmmyError, UnsupportedOpError
+from emmy.tensor_ir.builder import GraphBuilder
+from emmy.tensor_ir.nodes import TensorGraph, TensorType
+
+
+@dataclass(frozen=True)
+class TensorProgram:
+    """Tensor IR plus the values of its weights."""
+
+    graph: TensorGraph
+    weights: dict  # weight name -> numpy array (interpreter storage)
+
+
+def _identifier(text: str) -> str:
+    name = re.sub(r"\W", "_", text)
+    return name if name and not name[0].isdigit() else f"w_{name}"
+
+
+def _weight_values(program) -> dict[str, object]:
+    """Placeholder name -> tensor, for parameters, buffers and lifted constants."""
+    found = {}
+    for spec in program.graph_signature.input_specs:
+        kind = spec.kind.name
+        if kind == "USER_INPUT":
+            continue
+        target = spec.target
+        if target in program.state_dict:
+            found[spec.arg.name] = (target, program.state_dict[target])
+        elif target in program.constants:
+            found[spec.arg.name] = (target, program.constants[target])
+    return found
+
+
+def _located(captured, node) -> str:
+    where = captured.source.locate(node.meta.get("stack_trace"))
+    return f"{node.target} ({where})" if where else str(node.target)
+
+
+def to_tensor_ir(captured) -> TensorProgram:
+    program = captured.exported
+    builder = GraphBuilder()
+    env: dict[str, object] = {}
+    weights = _weight_values(program)
+    weight_arrays: dict[str, np.ndarray] = {}
+    outputs: list[str] = []
+    for node in program.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta["val"]
+            builder.origin = ""
+            if node.name in weights:
+                target, tensor = weights[node.name]
+                where = f"weight {target}"
+                type_ = TensorType(tuple(int(s) for s in val.shape), from_torch(val.dtype, where))
+                name = builder.weight(_identifier(target), type_)
+                weight_arrays[name], _ = to_numpy(tensor)
+            else:
+                type_ = TensorType(tuple(int(s) for s in val.shape), from_torch(val.dtype, f"input {node.name}"))
+                name = builder.input(node.name, type_)
+            env[node.name] = name
+        elif node.op == "call_function":
+            env[node.name] = _decompose_node(captured, builder, node, env)
+        elif node.op == "output":
+            results = node.args[0]
+            for r in results if isinstance(results, (list, tuple)) else [results]:
+                value = env[r.name]
+                if not isinstance(value, str):
+                    raise UnsupportedOpError(f"unsupported output of {_located(captured, r)}: not a single tensor")
+                outputs.append(value)
+    return TensorProgram(builder.finish(outputs), weight_arrays)
+
+
+def _resolve(value, env):
+    if hasattr(value, "op") and hasattr(value, "name"):
+        found = env[value.name]
+        if isinstance(found, IndicesUnsupported):
+            raise UnsupportedOpError(f"unsupported op {found.where}: its indices output is used")
+        return found
+    if isinstance(value, (list, tuple)):
+        return type(value)(_resolve(v, env) for v in value)
+    return value
+
+
+def _decompose_node(captured, builder: GraphBuilder, node, env):
+    if node.target is operator.getitem:
+        source, index = node.args
+        return env[source.name][index]
+    key = str(node.target)
+    where = _located(captured, node)
+    fn = LOWERINGS.get(key)
+    if fn is None:
+        raise UnsupportedOpError(f"unsupported op {where}: emmy has no decomposition for {key}")
+    builder.origin = where
+    builder.base = builder.fresh(_short_stem(node.name))
+    args = [_resolve(a, env) for a in node.args]
+    kwargs = {k: _resolve(v, env) for k, v in node.kwargs.items() if k not in ("device", "layout", "pin_memory",
+                                                                             "memory_format", "non_blocking")}
+    if "dtype" in kwargs and key not in _KEEPS_DTYPE_KWARG:
+        kwargs.pop("dtype")
+    ctx = Context(builder, node, where)
+    try:
+        return fn(ctx, *args, **kwargs)
+    except EmmyError:
+        raise
+    except TypeError as err:
+        raise UnsupportedOpError(f"unsupported op {where}: unexpected arguments ({err})") from err
+
+
+_KEEPS_DTYPE_KWARG = {"aten.full.default", "aten.scalar_tensor.default"}
+
+# FX names follow ATen's; a few are long enough to drown the printed IR.
+_STEMS = {"scaled_dot_product_attention": "sdpa", "native_layer_norm": "layer_norm", "_softmax": "softmax",
+          "_log_softmax": "log_softmax", "_to_copy": "to"}
+
+
+def _short_stem(name: str) -> str:
+    for long, short in _STEMS.items():
+        if name == long or name.startswith(long + "_"):
+            return short + name[len(long):]
+    return name

@@ -1,0 +1,98 @@
+"""View and copy ops as index maps: view/reshape, permute, expand, squeeze,
+unsqueeze, slice, select, split and cat."""
+
+from __future__ import annotations
+
+from emmy.affine import Affine, Guard
+from emmy.decompose.registry import Context, lowers
+from emmy.dtypes import DType
+
+
+@lowers("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+def view(ctx: Context, x, shape):
+    return ctx.b.reshape(x, ctx.out_type().shape, name=ctx.name)
+
+
+@lowers("aten.permute.default")
+def permute(ctx: Context, x, dims):
+    return ctx.b.permute(x, dims, name=ctx.name)
+
+
+@lowers("aten.transpose.int")
+def transpose(ctx: Context, x, dim0, dim1):
+    rank = len(ctx.b.shape(x))
+    perm = list(range(rank))
+    perm[dim0 % rank], perm[dim1 % rank] = perm[dim1 % rank], perm[dim0 % rank]
+    return ctx.b.permute(x, perm, name=ctx.name)
+
+
+@lowers("aten.t.default")
+def t(ctx: Context, x):
+    rank = len(ctx.b.shape(x))
+    return ctx.b.permute(x, list(reversed(range(rank))), name=ctx.name)
+
+
+@lowers("aten.expand.default")
+def expand(ctx: Context, x, sizes, implicit=False):
+    return ctx.b.broadcast_to(x, ctx.out_type().shape)
+
+
+@lowers("aten.unsqueeze.default", "aten.squeeze.dims", "aten.squeeze.dim", "aten.squeeze.default")
+def squeeze(ctx: Context, x, *dims):
+    return ctx.b.reshape(x, ctx.out_type().shape, name=ctx.name)
+
+
+@lowers("aten.slice.Tensor")
+def slice_(ctx: Context, x, dim=0, start=None, end=None, step=1):
+    return ctx.b.slice(x, dim, start, end, step, name=ctx.name)
+
+
+@lowers("aten.select.int")
+def select(ctx: Context, x, dim, index):
+    return ctx.b.select(x, dim, index, name=ctx.name)
+
+
+@lowers("aten.split_with_sizes.default", "aten.split.Tensor")
+def split(ctx: Context, x, sizes, dim=0):
+    extent = ctx.b.shape(x)[dim]
+    if isinstance(sizes, int):
+        sizes = [sizes] * (extent // sizes) + ([extent % sizes] if extent % sizes else [])
+    parts, start = [], 0
+    for size in sizes:
+        parts.append(ctx.b.slice(x, dim, start, start + size, 1, suffix=f"part{len(parts)}"))
+        start += size
+    return tuple(parts)
+
+
+@lowers("aten.cat.default")
+def cat(ctx: Context, tensors, dim=0):
+    out = ctx.out_type()
+    b = ctx.b
+    rank = len(out.shape)
+    dim %= rank
+    # torch allows empty 1-d tensors in cat; they contribute nothing.
+    pieces = [t for t in tensors if len(b.shape(t)) == rank and b.shape(t)[dim]]
+    result = None
+    start = 0
+    for k, piece in enumerate(pieces):
+        size = b.shape(piece)[dim]
+        within = Guard(Affine.dim(dim), lo=start, hi=start + size)
+        index = [Affine.dim(a) if a != dim else Affine.dim(a) - start for a in range(rank)]
+        value = b.index_map(ctx.tensor(piece, out.dtype), out.shape, index, guards=(within,), fill=0,
+                            suffix=f"part{k}")
+        if result is None:
+            result = value
+        else:
+            # Select, not add: the fill of one part must never touch another's values.
+            mask = b.index_map(b.const(True, DType.BOOL), out.shape, (), guards=(within,), fill=False,
+                               suffix=f"in_part{k}")
+            last = k == len(pieces) - 1
+            result = b.elementwise("where", mask, value, result, dtype=out.dtype, name=ctx.name if last else None)
+        start += size
+    return result
+
+
+@lowers("aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten.sym_constrain_range.default",
+        "aten.sym_constrain_range_for_size.default")
+def assertion(ctx: Context, *args, **kwargs):
+    return None  # checks torch.export already made; nothing to compute

@@ -1,0 +1,52 @@
+"""Matrix products as Tensor IR: sum(a[..,i,j,_] * b[..,_,j,k], axis=j).
+
+Both operands are cast to the accumulator type (f32 for half inputs) and
+broadcast by index maps into one [.., M, K, N] space; the product is summed
+over K and an index map drops the reduced axis.
+"""
+
+from __future__ import annotations
+
+from emmy.affine import Affine
+from emmy.decompose.registry import Context, lowers
+
+
+def matmul(ctx: Context, a: str, b: str, name: str | None) -> str:
+    """Batched a[..., M, K] @ b[..., K, N] with equal batch shapes, in the accumulator type."""
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    bld = ctx.b
+    a_shape, b_shape = bld.shape(a), bld.shape(b)
+    batch = a_shape[:-2]
+    m, k = a_shape[-2:]
+    n = b_shape[-1]
+    nb = len(batch)
+    space = batch + (m, k, n)
+    batch_index = [Affine.dim(i) for i in range(nb)]
+    a_b = bld.index_map(ctx.tensor(a, acc), space, batch_index + [Affine.dim(nb), Affine.dim(nb + 1)], suffix="a")
+    b_b = bld.index_map(ctx.tensor(b, acc), space, batch_index + [Affine.dim(nb + 1), Affine.dim(nb + 2)], suffix="b")
+    prod = bld.elementwise("multiply", a_b, b_b, suffix="prod")
+    total = bld.reduce("sum", prod, nb + 1, suffix="sum")
+    return bld.keep_axes(total, [i for i in range(nb + 3) if i != nb + 1], name=name)
+
+
+@lowers("aten.mm.default", "aten.bmm.default")
+def mm(ctx: Context, a, b):
+    out = ctx.out_type()
+    final = out.dtype.accumulator is out.dtype
+    return ctx.b.cast(matmul(ctx, a, b, ctx.name if final else None), out.dtype)
+
+
+@lowers("aten.addmm.default")
+def addmm(ctx: Context, bias, a, b, beta=1, alpha=1):
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    bld = ctx.b
+    product = matmul(ctx, a, b, None)
+    if alpha != 1:
+        product = bld.elementwise("multiply", product, alpha, suffix="alpha")
+    shift = ctx.tensor(bias, acc, out.shape)
+    if beta != 1:
+        shift = bld.elementwise("multiply", shift, beta, suffix="beta")
+    total = bld.elementwise("add", product, shift, name=ctx.name if acc is out.dtype else None)
+    return bld.cast(total, out.dtype)

@@ -1,0 +1,159 @@
+"""The ops kept whole through export: softmax, log-softmax, layer norm,
+RMS norm and scaled dot-product attention, spelled out in primitives.
+
+These are written in their textbook multi-pass forms (max, then the sum of
+exponentials, then the division); turning them into one-pass folds is the
+optimizer's job, not the decomposition's.
+"""
+
+from __future__ import annotations
+
+import math
+
+from emmy.affine import Affine, Guard
+from emmy.decompose.reductions import mean_of, variance_of
+from emmy.decompose.registry import Context, lowers
+from emmy.dtypes import DType
+from emmy.errors import UnsupportedOpError
+
+
+def _softmax_parts(ctx: Context, xf: str, axis: int) -> tuple[str, str, str]:
+    """(shifted = x - max, exp(shifted), sum of exp) over `axis`."""
+    b = ctx.b
+    shape = b.shape(xf)
+    peak = b.reduce("max", xf, axis, suffix="max")
+    shifted = b.elementwise("subtract", xf, b.broadcast_to(peak, shape), suffix="shifted")
+    e = b.elementwise("exp", shifted, suffix="exp")
+    total = b.reduce("sum", e, axis, suffix="sum")
+    return shifted, e, total
+
+
+def softmax_of(ctx: Context, xf: str, axis: int, name: str | None = None) -> str:
+    shifted, e, total = _softmax_parts(ctx, xf, axis)
+    return ctx.b.elementwise("divide", e, ctx.b.broadcast_to(total, ctx.b.shape(xf)), name=name)
+
+
+@lowers("aten._softmax.default", "aten._log_softmax.default")
+def softmax(ctx: Context, x, dim, half_to_float=False):
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    b = ctx.b
+    xf = ctx.tensor(x, acc)
+    axis = dim % len(b.shape(xf))
+    final = ctx.name if acc is out.dtype else None
+    if "_log_softmax" in str(ctx.node.target):
+        shifted, _, total = _softmax_parts(ctx, xf, axis)
+        log_total = b.elementwise("log", total, suffix="logsum")
+        y = b.elementwise("subtract", shifted, b.broadcast_to(log_total, b.shape(xf)), name=final)
+    else:
+        y = softmax_of(ctx, xf, axis, name=final)
+    return b.cast(y, out.dtype)
+
+
+def _trailing_axes(rank: int, normalized_shape) -> list[int]:
+    return list(range(rank - len(normalized_shape), rank))
+
+
+@lowers("aten.native_layer_norm.default")
+def layer_norm(ctx: Context, x, normalized_shape, weight, bias, eps):
+    out = ctx.out_type(0)
+    acc = out.dtype.accumulator
+    b = ctx.b
+    xf = ctx.tensor(x, acc)
+    shape = b.shape(xf)
+    axes = _trailing_axes(len(shape), normalized_shape)
+    m = mean_of(ctx, xf, axes, keepdim=True)
+    v = variance_of(ctx, xf, axes, 0.0, keepdim=True)
+    rstd = b.elementwise("rsqrt", b.elementwise("add", v, float(eps), suffix="var_eps"), suffix="rstd")
+    centred = b.elementwise("subtract", xf, b.broadcast_to(m, shape), suffix="xc")
+    y = b.elementwise("multiply", centred, b.broadcast_to(rstd, shape), suffix="normed")
+    if weight is not None:
+        y = b.elementwise("multiply", y, ctx.tensor(weight, acc, shape), suffix="scaled")
+    if bias is not None:
+        y = b.elementwise("add", y, ctx.tensor(bias, acc, shape), suffix="shifted")
+    y = b.cast(y, out.dtype)
+    mean_type, rstd_type = ctx.out_type(1), ctx.out_type(2)
+    return (y, b.cast(m, mean_type.dtype), b.cast(rstd, rstd_type.dtype))
+
+
+@lowers("aten.rms_norm.default")
+def rms_norm(ctx: Context, x, normalized_shape, weight=None, eps=None):
+    out = ctx.out_type()
+    b = ctx.b
+    in_dtype = b.dtype(x)
+    acc = in_dtype.accumulator
+    if eps is None:
+        eps = {DType.F32: 2.0**-23, DType.F16: 2.0**-10, DType.BF16: 2.0**-7}[in_dtype]
+    xf = ctx.tensor(x, acc)
+    shape = b.shape(xf)
+    squares = b.elementwise("multiply", xf, xf, suffix="sq")
+    ms = mean_of(ctx, squares, _trailing_axes(len(shape), normalized_shape), keepdim=True)
+    r = b.elementwise("rsqrt", b.elementwise("add", ms, float(eps), suffix="eps"), suffix="rsqrt")
+    # PyTorch rounds the normalised value to the input's type before the weight.
+    y = b.cast(b.elementwise("multiply", xf, b.broadcast_to(r, shape), suffix="normed"), in_dtype)
+    if weight is not None:
+        y = b.elementwise("multiply", ctx.tensor(y, out.dtype), ctx.tensor(weight, out.dtype, shape), name=ctx.name)
+    return b.cast(y, out.dtype)
+
+
+@lowers("aten.scaled_dot_product_attention.default")
+def attention(ctx: Context, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if dropout_p:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: dropout_p={dropout_p} (emmy compiles inference)")
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    b = ctx.b
+    q_shape, k_shape, v_shape = b.shape(q), b.shape(k), b.shape(v)
+    if len(q_shape) < 2 or len(k_shape) != len(q_shape) or len(v_shape) != len(q_shape):
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: q, k and v must have the same rank (at least 2)")
+    *batch, L, E = q_shape
+    S, Ev = k_shape[-2], v_shape[-1]
+    nb = len(batch)
+    # Grouped heads: query head h reads key/value head h // group (axis -3).
+    group = 1
+    if nb >= 1 and k_shape[-3] != q_shape[-3]:
+        if not enable_gqa or q_shape[-3] % k_shape[-3]:
+            raise UnsupportedOpError(f"unsupported op {ctx.where}: {q_shape[-3]} query heads for {k_shape[-3]} key heads")
+        group = q_shape[-3] // k_shape[-3]
+    head_axis = nb - 1
+    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+
+    def batch_index() -> list[Affine]:
+        idx = [Affine.dim(i) for i in range(nb)]
+        if group > 1:
+            idx[head_axis] = Affine.dim(head_axis).floordiv(group, [*batch, L, S, max(E, Ev)])
+        return idx
+
+    # scores[.., l, s] = sum_e q[.., l, e] * k[.., s, e]
+    score_space = (*batch, L, S, E)
+    q_b = b.index_map(ctx.tensor(q, acc), score_space, [Affine.dim(i) for i in range(nb)] +
+                      [Affine.dim(nb), Affine.dim(nb + 2)], suffix="q")
+    k_b = b.index_map(ctx.tensor(k, acc), score_space, batch_index() + [Affine.dim(nb + 1), Affine.dim(nb + 2)],
+                      suffix="k")
+    qk = b.elementwise("multiply", q_b, k_b, suffix="qk")
+    dots = b.keep_axes(b.reduce("sum", qk, nb + 2, suffix="dots"), list(range(nb + 2)), suffix="scores_raw")
+    scores = b.elementwise("multiply", dots, scale, suffix="scores")
+    score_shape = (*batch, L, S)
+    neg_inf = float("-inf")
+    if is_causal:
+        # Query l sees keys s <= l (top-left aligned, as torch's is_causal).
+        visible = b.index_map(b.const(True, DType.BOOL), score_shape, (),
+                              guards=(Guard(Affine.dim(nb + 1) - Affine.dim(nb), hi=1),), fill=False, suffix="causal")
+        scores = b.elementwise("where", visible, scores, neg_inf, dtype=acc, suffix="masked")
+    if attn_mask is not None:
+        if b.dtype(attn_mask) is DType.BOOL:
+            scores = b.elementwise("where", b.broadcast_to(attn_mask, score_shape), scores, neg_inf, dtype=acc,
+                                   suffix="masked")
+        else:
+            scores = b.elementwise("add", scores, ctx.tensor(attn_mask, acc, score_shape), suffix="biased")
+    probs = softmax_of(ctx, scores, nb + 1)
+    # out[.., l, e] = sum_s p[.., l, s] * v[.., s, e]
+    pv_space = (*batch, L, S, Ev)
+    p_b = b.index_map(probs, pv_space, [Affine.dim(i) for i in range(nb)] + [Affine.dim(nb), Affine.dim(nb + 1)],
+                      suffix="p")
+    v_b = b.index_map(ctx.tensor(v, acc), pv_space, batch_index() + [Affine.dim(nb + 1), Affine.dim(nb + 2)],
+                      suffix="v")
+    pv = b.elementwise("multiply", p_b, v_b, suffix="pv")
+    total = b.reduce("sum", pv, nb + 1, suffix="pv_sum")
+    result = b.keep_axes(total, [i for i in range(nb + 3) if i != nb + 1], name=ctx.name if acc is out.dtype else None)
+    return b.cast(result, out.dtype)

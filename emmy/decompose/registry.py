@@ -1,0 +1,61 @@
+"""The table of ATen ops emmy decomposes, and the context each decomposition sees."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from emmy.dtypes import DType, from_torch
+from emmy.tensor_ir.builder import GraphBuilder
+from emmy.tensor_ir.nodes import TensorType
+
+LOWERINGS: dict[str, Callable] = {}
+
+
+def lowers(*names: str):
+    """Register a decomposition for ATen overloads such as "aten.add.Tensor"."""
+
+    def register(fn):
+        for name in names:
+            LOWERINGS[name] = fn
+        return fn
+
+    return register
+
+
+@dataclass
+class Context:
+    """What a decomposition needs: the builder, the FX node, and its types."""
+
+    b: GraphBuilder
+    node: object  # torch.fx.Node
+    where: str  # "aten.mm.default at line 1: `x @ w`", for errors
+
+    @property
+    def name(self) -> str:
+        return self.b.base
+
+    def out_type(self, index: int | None = None) -> TensorType:
+        val = self.node.meta["val"]
+        if index is not None:
+            val = val[index]
+        return TensorType(tuple(int(s) for s in val.shape), from_torch(val.dtype, self.where))
+
+    def promoted(self, *fx_args) -> DType:
+        """torch's result dtype for these FX arguments (tensors or scalars)."""
+        import torch
+
+        values = [a.meta["val"] if hasattr(a, "meta") else a for a in fx_args]
+        return from_torch(torch.result_type(*values), self.where)
+
+    def tensor(self, value: str, dtype: DType | None = None, shape: tuple[int, ...] | None = None) -> str:
+        """`value` cast to `dtype` (cast first: it is smaller) and broadcast to `shape`."""
+        if dtype is not None:
+            value = self.b.cast(value, dtype)
+        if shape is not None and self.b.shape(value) != tuple(shape):
+            value = self.b.broadcast_to(value, shape)
+        return value
+
+    def operand(self, value, dtype: DType, shape: tuple[int, ...]):
+        """Tensors are prepared with `tensor`; Python scalars pass through as literals."""
+        return self.tensor(value, dtype, shape) if isinstance(value, str) else value

@@ -1,0 +1,81 @@
+"""The scalar functions an Elementwise node can apply, with their meaning.
+
+One table serves the interpreter, the printers and (later) the code
+generators, so a new op is added in exactly one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from scipy import special
+
+
+@dataclass(frozen=True)
+class ScalarOp:
+    name: str
+    arity: int
+    kind: str  # "arith" (float math), "compare" (-> bool), "logic" (bool -> bool), "select", "cast"
+    apply: Callable[..., np.ndarray]
+
+
+def _sigmoid(x):
+    with np.errstate(over="ignore"):
+        return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype, copy=False)
+
+
+def _rsqrt(x):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (1.0 / np.sqrt(x)).astype(x.dtype, copy=False)
+
+
+def _reciprocal(x):
+    with np.errstate(divide="ignore"):
+        return (1.0 / x).astype(x.dtype, copy=False)
+
+
+def _quiet(fn):
+    def run(*args):
+        with np.errstate(all="ignore"):
+            return fn(*args)
+
+    return run
+
+
+_TABLE = [
+    ScalarOp("add", 2, "arith", np.add),
+    ScalarOp("subtract", 2, "arith", np.subtract),
+    ScalarOp("multiply", 2, "arith", _quiet(np.multiply)),
+    ScalarOp("divide", 2, "arith", _quiet(np.divide)),
+    ScalarOp("maximum", 2, "arith", np.maximum),
+    ScalarOp("minimum", 2, "arith", np.minimum),
+    ScalarOp("power", 2, "arith", _quiet(np.power)),
+    ScalarOp("negative", 1, "arith", np.negative),
+    ScalarOp("abs", 1, "arith", np.abs),
+    ScalarOp("exp", 1, "arith", _quiet(np.exp)),
+    ScalarOp("log", 1, "arith", _quiet(np.log)),
+    ScalarOp("sqrt", 1, "arith", _quiet(np.sqrt)),
+    ScalarOp("rsqrt", 1, "arith", _rsqrt),
+    ScalarOp("reciprocal", 1, "arith", _reciprocal),
+    ScalarOp("sigmoid", 1, "arith", _sigmoid),
+    ScalarOp("tanh", 1, "arith", np.tanh),
+    ScalarOp("erf", 1, "arith", special.erf),
+    ScalarOp("less", 2, "compare", np.less),
+    ScalarOp("less_equal", 2, "compare", np.less_equal),
+    ScalarOp("greater", 2, "compare", np.greater),
+    ScalarOp("greater_equal", 2, "compare", np.greater_equal),
+    ScalarOp("equal", 2, "compare", np.equal),
+    ScalarOp("not_equal", 2, "compare", np.not_equal),
+    ScalarOp("logical_and", 2, "logic", np.logical_and),
+    ScalarOp("logical_or", 2, "logic", np.logical_or),
+    ScalarOp("logical_not", 1, "logic", np.logical_not),
+    ScalarOp("where", 3, "select", np.where),
+    ScalarOp("cast", 1, "cast", lambda x: x),
+]
+
+SCALAR_OPS: dict[str, ScalarOp] = {op.name: op for op in _TABLE}
+
+# Monoids a Reduce node may fold with, and their identities.
+REDUCE_OPS: dict[str, float] = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}

@@ -1,0 +1,65 @@
+"""The reference workloads (DESIGN.md section 9), as `-c` code.
+
+`code` uses the shapes the tests and the suite run; `bench_code`, where the
+benchmark shape differs, the larger one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    code: str
+    notes: str
+    bench_code: str | None = None
+
+
+def _matmul(n: int) -> str:
+    return (f"a=torch.randn({n},{n},dtype=torch.float16); b=torch.randn({n},{n},dtype=torch.float16); "
+            "torch.matmul(a, b)")
+
+
+def _attention(seq: int, causal: bool) -> str:
+    return (f"q=torch.randn(1,8,{seq},64,dtype=torch.float16); k=torch.randn(1,8,{seq},64,dtype=torch.float16); "
+            f"v=torch.randn(1,8,{seq},64,dtype=torch.float16); "
+            f"F.scaled_dot_product_attention(q, k, v, is_causal={causal})")
+
+
+def _mlp(tokens: int, dim: int, hidden: int) -> str:
+    return (f"x=torch.randn({tokens},{dim}); gate=nn.Linear({dim},{hidden},bias=False); "
+            f"up=nn.Linear({dim},{hidden},bias=False); down=nn.Linear({hidden},{dim},bias=False); "
+            "down(F.silu(gate(x)) * up(x))")
+
+
+def _layernorm(dtype: str) -> str:
+    return (f"x=torch.randn(8,1024,dtype=torch.{dtype}); w=torch.randn(1024,dtype=torch.{dtype}); "
+            f"b=torch.randn(1024,dtype=torch.{dtype}); F.layer_norm(x,(1024,),w,b)")
+
+
+WORKLOADS: tuple[Workload, ...] = (
+    Workload("add3", "x=torch.randn(8); y=torch.randn(8); x+x+y", "canonical form"),
+    Workload("matmul_small", "x=torch.randn(4,3); w=torch.randn(3,2); x @ w", "Tensor IR example"),
+    Workload("rmsnorm", "x=torch.randn(1,32,2048); w=torch.randn(2048); F.rms_norm(x,(2048,),w,eps=1e-6)",
+             "one kernel, coop reduce"),
+    Workload("layernorm", _layernorm("float32"), "Welford"),
+    Workload("layernorm_bf16", _layernorm("bfloat16"), "Welford, bf16"),
+    Workload("softmax", "x=torch.randn(64,1000); torch.softmax(x,-1)", "online softmax, ragged width"),
+    Workload("matmul_f16", _matmul(128), "mma atoms, staging", bench_code=_matmul(4096)),
+    Workload("attention", _attention(1024, False), "flash-style fold"),
+    Workload("attention_causal", _attention(1024, True), "flash-style fold, causal mask"),
+    Workload("mlp", _mlp(16, 256, 512), "multi-kernel, fused epilogues", bench_code=_mlp(128, 4096, 11008)),
+    Workload("gelu_chain", "x=torch.randn(16,256); w=torch.randn(256,512); b=torch.randn(512); F.gelu(x @ w + b)",
+             "epilogue fusion"),
+)
+
+
+def get(name: str) -> Workload:
+    for w in WORKLOADS:
+        if w.name == name:
+            return w
+    from emmy.errors import EmmyError
+
+    raise EmmyError(f"unknown workload {name!r}; workloads are {', '.join(w.name for w in WORKLOADS)}")

@@ -1,0 +1,1 @@
+"""emmy.extract: the target table, cost models and extraction (installed as emmy.extract)."""

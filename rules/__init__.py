@@ -1,0 +1,1 @@
+"""emmy.rules: the e-graph rulesets (installed as emmy.rules)."""
