@@ -138,6 +138,10 @@ class Affine:
         rlo, rhi = rest.bounds(extents)
         if 0 <= rlo and rhi < q:
             return Affine._build({a: c // q for a, c in high.terms}, high.const // q)
+        reduced = self._common_factor(q, extents)
+        if reduced is not None:  # (g*e + r) // q == e // (q/g) when 0 <= r < g and g | q
+            g, inner, _ = reduced
+            return inner.floordiv(q // g, extents)
         return Affine(((FloorDiv(self, q), 1),), 0)
 
     def mod(self, q: int, extents: Sequence[int]) -> "Affine":
@@ -151,7 +155,23 @@ class Affine:
         rlo, rhi = rest.bounds(extents)
         if 0 <= rlo and rhi < q:
             return rest
+        reduced = self._common_factor(q, extents)
+        if reduced is not None:  # (g*e + r) % q == g*(e % (q/g)) + r when 0 <= r < g and g | q
+            g, inner, remainder = reduced
+            return inner.mod(q // g, extents) * g + remainder
         return Affine(((Mod(self, q), 1),), 0)
+
+    def _common_factor(self, q: int, extents: Sequence[int]):
+        """The largest g | q (1 < g < q) with self == g*inner + r, 0 <= r < g; else None."""
+        for g in sorted((d for d in range(2, q) if q % d == 0), reverse=True):
+            high, rest = self._split(g)
+            if not high.terms:
+                continue
+            rlo, rhi = rest.bounds(extents)
+            if 0 <= rlo and rhi < g:
+                inner = Affine._build({a: c // g for a, c in high.terms}, high.const // g)
+                return g, inner, rest
+        return None
 
     def _split(self, q: int) -> tuple["Affine", "Affine"]:
         """(multiple of q, remainder part) of this expression."""

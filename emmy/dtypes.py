@@ -107,7 +107,7 @@ def to_torch(dtype: DType):
 
 def round_to_bf16(values: np.ndarray) -> np.ndarray:
     """Round float32 values to the nearest bfloat16 (ties to even), kept as float32."""
-    f32 = np.ascontiguousarray(values, dtype=np.float32)
+    f32 = np.array(values, dtype=np.float32, order="C")
     bits = f32.view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     out = rounded.astype(np.uint32).view(np.float32)
@@ -136,4 +136,5 @@ def to_numpy(tensor) -> tuple[np.ndarray, DType]:
 def from_numpy(values: np.ndarray, dtype: DType):
     import torch
 
-    return torch.from_numpy(np.ascontiguousarray(values)).to(to_torch(dtype))
+    # np.array, not np.ascontiguousarray: the latter turns rank-0 arrays into rank 1.
+    return torch.from_numpy(np.array(values, order="C")).to(to_torch(dtype))

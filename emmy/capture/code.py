@@ -7,9 +7,12 @@ tensors) is what emmy compiles. Tensors made by factory calls
 variable they are assigned to; modules constructed in the code
 (`nn.Linear(8, 16)`) keep their parameters, which become named weights.
 
-The code runs twice: once eagerly, to make the example inputs and modules
-and to catch ordinary Python errors; then as the `forward` of a module that
-torch.export traces, with each factory call answered by the matching input.
+The code runs twice. First on fake tensors (shapes and dtypes, no data),
+with only factory calls and module constructions run for real: that makes
+the example inputs and modules and catches ordinary Python errors at the
+cost of a Python pass, however large the tensors. Then as the `forward` of a
+module that torch.export traces, each factory call answered by the matching
+input.
 Because that `forward` is compiled from the user's code, every traced op
 carries the line of `-c` code it came from.
 """
@@ -22,8 +25,10 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 
+from emmy.capture.errors import explain_export_failure, is_data_dependent
+from emmy.capture.exporting import quiet_torch
 from emmy.capture.source import CODE_FILENAME, Location, Source
-from emmy.errors import CodeError
+from emmy.errors import CodeError, EmmyError
 
 FACTORIES = frozenset(
     {
@@ -190,14 +195,18 @@ def capture_code(code: str) -> CodeCapture:
     made_modules: dict[tuple[int, int], object] = {}
     module_counts: dict[int, int] = {}
 
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+
     def eager_input(site, thunk):
-        value = thunk()
+        with unset_fake_temporarily():
+            value = thunk()
         if isinstance(value, torch.Tensor):
             made_inputs.append((site, value))
         return value
 
     def eager_construct(site, thunk):
-        value = thunk()
+        with unset_fake_temporarily():
+            value = thunk()
         if isinstance(value, torch.nn.Module):
             k = module_counts.get(site, 0)
             module_counts[site] = k + 1
@@ -215,8 +224,13 @@ def capture_code(code: str) -> CodeCapture:
     namespace[_CONSTRUCT] = eager_construct
     torch.manual_seed(0)
     try:
-        exec(compile(eager_tree, CODE_FILENAME, "exec"), namespace)
+        with quiet_torch(), FakeTensorMode(allow_non_fake_inputs=True):
+            exec(compile(eager_tree, CODE_FILENAME, "exec"), namespace)
+    except EmmyError:
+        raise
     except Exception as err:  # the user's code failed: report its line
+        if is_data_dependent(err):
+            raise explain_export_failure(err, source) from err
         where = _code_location(sys.exc_info()[2], source)
         at = f" at {where}" if where else ""
         raise CodeError(f"the -c code raised {type(err).__name__}{at}: {_first_line(err)}") from err

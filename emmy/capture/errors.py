@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
 import traceback
 
 from emmy.capture.source import CODE_FILENAME, Location, Source
@@ -25,7 +24,7 @@ def _location(err: BaseException, source: Source) -> Location | None:
     return None
 
 
-def _is_data_dependent(err: BaseException) -> bool:
+def is_data_dependent(err: BaseException) -> bool:
     names = {cls.__name__ for cls in type(err).__mro__}
     text = str(err)
     return bool(names & set(_DATA_DEPENDENT[:2])) or "data-dependent" in text or "data dependent" in text
@@ -34,7 +33,7 @@ def _is_data_dependent(err: BaseException) -> bool:
 def explain_export_failure(err: BaseException, source: Source) -> EmmyError:
     where = _location(err, source)
     at = f" at {where}" if where else ""
-    if _is_data_dependent(err):
+    if is_data_dependent(err):
         return CodeError(
             f"data-dependent control flow{at}: the program branches or loops on tensor values, "
             "which a compiled kernel cannot do; make control flow depend on shapes only"

@@ -129,16 +129,29 @@ def compare(ctx: Context, a, b):
     return ctx.b.elementwise(op, x, y, dtype=DType.BOOL, name=ctx.name)
 
 
-@lowers("aten.logical_and.default", "aten.logical_or.default")
+_LOGICAL = {"logical_and": "logical_and", "logical_or": "logical_or", "bitwise_and": "logical_and",
+            "bitwise_or": "logical_or"}
+
+
+def _bool_only(ctx: Context) -> None:
+    # On bools, bitwise ops are logical ops; on integers they are bit twiddling emmy does not do.
+    if "bitwise" in str(ctx.node.target) and ctx.out_type().dtype is not DType.BOOL:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: bitwise ops on integers")
+
+
+@lowers("aten.logical_and.default", "aten.logical_or.default", "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor")
 def logical_binary(ctx: Context, a, b):
+    _bool_only(ctx)
     out = ctx.out_type()
     x = ctx.tensor(a, DType.BOOL, out.shape)
     y = ctx.tensor(b, DType.BOOL, out.shape)
-    return ctx.b.elementwise(str(ctx.node.target).split(".")[1], x, y, dtype=DType.BOOL, name=ctx.name)
+    op = _LOGICAL[str(ctx.node.target).split(".")[1]]
+    return ctx.b.elementwise(op, x, y, dtype=DType.BOOL, name=ctx.name)
 
 
-@lowers("aten.logical_not.default")
+@lowers("aten.logical_not.default", "aten.bitwise_not.default")
 def logical_not(ctx: Context, a):
+    _bool_only(ctx)
     return ctx.b.elementwise("logical_not", ctx.tensor(a, DType.BOOL), dtype=DType.BOOL, name=ctx.name)
 
 

@@ -150,7 +150,7 @@ def index_map(node: IndexMap, x: np.ndarray, *, use_views: bool = True) -> np.nd
     gathered = x[tuple(index)] if index else np.broadcast_to(x, shape)
     if node.guards:
         gathered = np.where(valid, gathered, np.asarray(node.fill, dtype=x.dtype))
-    return np.ascontiguousarray(gathered)
+    return np.array(gathered, order="C")
 
 
 def _as_view(node: IndexMap, x: np.ndarray) -> np.ndarray | None:

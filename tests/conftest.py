@@ -1,0 +1,36 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EMMY = Path(sys.executable).parent / "emmy"  # the installed console script
+
+
+def run_emmy(*args: str, env: dict | None = None, cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run the real `emmy` console script."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([str(EMMY), *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300)
+
+
+def check_against_torch(program, inputs=None):
+    """Interpret the program's Tensor IR and compare every output with torch (float64)."""
+    from emmy.checking import compare, reference_outputs
+
+    actual = program.interpret(*(inputs or ()))
+    expected = reference_outputs(program.captured, inputs)
+    assert len(actual) == len(expected)
+    for out, want, name in zip(actual, expected, program.tensor_ir.outputs):
+        dtype = program.tensor_ir[name].type.dtype
+        result = compare(out.double().numpy(), want, dtype)
+        assert result.ok, f"{name}: max abs {result.max_abs:.3g}, max rel {result.max_rel:.3g}"
+        assert tuple(out.shape) == want.shape
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)

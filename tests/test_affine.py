@@ -1,0 +1,90 @@
+"""Index expressions: simplification keeps meaning; reshapes read the right elements."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from emmy.affine import Affine, Guard
+from emmy.tensor_ir.builder import reshape_index
+
+
+def _coords(extents):
+    return np.indices(extents, sparse=True)
+
+
+@st.composite
+def affine_over(draw, extents):
+    expr = Affine.constant(draw(st.integers(-5, 5)))
+    for d in range(len(extents)):
+        expr = expr + Affine.dim(d) * draw(st.integers(-4, 6))
+    return expr
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), extents=st.lists(st.integers(1, 7), min_size=1, max_size=3), q=st.integers(1, 12))
+def test_floordiv_and_mod_simplify_without_changing_values(data, extents, q):
+    expr = data.draw(affine_over(extents))
+    coords = _coords(extents)
+    raw = np.broadcast_to(expr.evaluate(coords), extents)
+    div = np.broadcast_to(expr.floordiv(q, extents).evaluate(coords), extents)
+    mod = np.broadcast_to(expr.mod(q, extents).evaluate(coords), extents)
+    assert (div == raw // q).all()
+    assert (mod == raw % q).all()
+    lo, hi = expr.bounds(extents)
+    assert lo <= raw.min() and raw.max() <= hi
+
+
+@st.composite
+def _factorisations(draw, n):
+    """A random shape with n elements: n's prime factors, shuffled and grouped, with some 1s."""
+    primes, k, p = [], n, 2
+    while k > 1:
+        while k % p == 0:
+            primes.append(p)
+            k //= p
+        p += 1
+    primes = draw(st.permutations(primes))
+    shape, current = [], 1
+    for prime in primes:
+        if current > 1 and draw(st.booleans()):
+            shape.append(current)
+            current = 1
+        current *= prime
+        if draw(st.integers(0, 5)) == 0:
+            shape.append(1)
+    shape.append(current)
+    return shape
+
+
+@settings(max_examples=200, deadline=None)
+@given(src=st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=4), data=st.data())
+def test_reshape_index_reads_row_major(src, data):
+    total = int(np.prod(src))
+    dst = data.draw(_factorisations(total))
+    x = np.arange(total).reshape(src)
+    index = reshape_index(src, dst)
+    coords = _coords(dst)
+    gathered = x[tuple(np.broadcast_to(np.asarray(e.evaluate(coords)), dst) for e in index)]
+    assert (gathered == x.reshape(dst)).all()
+
+
+def test_printing_is_readable():
+    d0, d1 = Affine.dim(0), Affine.dim(1)
+    assert str(d1 * 3 + d0 - 2) == "d0 + 3*d1 - 2"
+    assert str(d1 - d0) == "d1 - d0"
+    assert str((d0 * 4 + d1).floordiv(3, [5, 4])) == "(4*d0 + d1) // 3"
+    assert str(Guard(d1 - d0, hi=1)) == "d1 - d0 < 1"
+    assert str(Guard(d0, lo=2, hi=5)) == "2 <= d0 < 5"
+
+
+def test_gcd_rule_finds_the_plain_quotient():
+    # (4*d0 + d1) // 12 with d1 < 4 is d0 // 3.
+    expr = Affine.dim(0) * 4 + Affine.dim(1)
+    assert str(expr.floordiv(12, [6, 4])) == "d0 // 3"
+    assert str(expr.mod(12, [6, 4])) == "d1 + 4*(d0 % 3)"
+
+
+def test_equal_maps_are_equal_values():
+    a = Affine.dim(0) * 2 + Affine.dim(1)
+    b = Affine.dim(1) + Affine.dim(0) + Affine.dim(0)
+    assert a == b and hash(a) == hash(b)

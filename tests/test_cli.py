@@ -1,0 +1,98 @@
+"""The `emmy` command: output, and one clear line with exit status 2 for every kind of bad input."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import run_emmy
+
+MATMUL = "x=torch.randn(4,3); w=torch.randn(3,2); x @ w"
+
+BAD_INPUT = [
+    # (code, extra args, the error line must contain all of these)
+    ("x = = 1", [], ["syntax error in -c code at line 1, column 5"]),
+    ("x=torch.randn(3)\ny = x * 2", [], ["last statement of -c code (line 2) is an assignment"]),
+    ("x=torch.randn(3)\n3", [], ["(line 2) gives int, not a tensor"]),
+    ("x=torch.randn(3)\n(x, 'a')", [], ["gives tuple of Tensor, str, not a tensor"]),
+    ("x=torch.randn(3)\ny=torch.randn(4)\nx @ y", [], ["raised RuntimeError at line 3: `x @ y`"]),
+    ("x=torch.randn(3)\nundefined_name * x", [], ["raised NameError at line 2", "undefined_name"]),
+    ("x=torch.randn(4)\nx if x.sum() > 0 else -x", [], ["data-dependent control flow at line 2"]),
+    ("x=torch.randn(4)\ntorch.sort(x).values", [], ["unsupported op aten.sort.default", "line 2: `torch.sort(x).values`"]),
+    ("x=torch.randn(4)\ntorch.argmax(x)", [], ["unsupported op aten.argmax.default", "line 2"]),
+    ("x=torch.randn(4,dtype=torch.float64); x*2", [], ["unsupported dtype float64 (input x)"]),
+    ("x=torch.randn(4)\nx.double() * 2", [], ["unsupported dtype float64", "line 2: `x.double() * 2`"]),
+    (MATMUL, ["--target", "sm_70"], ["unknown target 'sm_70'", "sm_80, sm_89, sm_90, sm_120"]),
+    (MATMUL, ["--ir", "loop"], ["the loop stage is not built yet"]),
+    (MATMUL, ["--ir", "llvm"], ["unknown --ir stage 'llvm'"]),
+]
+
+
+@pytest.mark.parametrize("code,args,needles", BAD_INPUT, ids=[str(i) for i in range(len(BAD_INPUT))])
+def test_bad_input_is_one_clear_error_with_status_2(code, args, needles):
+    result = run_emmy("compile", "-c", code, *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("emmy: error: ")
+    for needle in needles:
+        assert needle in first, first
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) <= 3  # the message, at most a source line and a caret
+
+
+def test_syntax_error_shows_the_line_and_a_caret():
+    result = run_emmy("compile", "-c", "x = torch.randn(3)\ny = (x +")
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2
+    assert "line 2" in lines[0]
+    assert lines[1].strip() == "y = (x +"
+    assert lines[2].strip() == "^"
+
+
+def test_verbose_shows_the_traceback():
+    result = run_emmy("compile", "-c", "x=torch.randn(4)\ntorch.sort(x).values", "-v")
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr
+    assert "unsupported op aten.sort.default" in result.stderr.splitlines()[-1]
+
+
+def test_compile_prints_tensor_ir_and_writes_files(tmp_path):
+    result = run_emmy("compile", "-c", MATMUL, "--ir", "tensor")
+    assert result.returncode == 0, result.stderr
+    assert "let mm_sum: f32[4,1,2] = sum(mm_prod, axis=-2);" in result.stdout
+    out = tmp_path / "mm.txt"
+    written = run_emmy("compile", "-c", MATMUL, "--ir", "torch", "-o", str(out))
+    assert written.returncode == 0, written.stderr
+    assert "aten.mm.default(x, w)" in out.read_text()
+    assert str(out) in written.stdout
+
+
+def test_target_from_environment_is_checked():
+    result = run_emmy("compile", "-c", MATMUL, env={"EMMY_TARGET": "sm_99"})
+    assert result.returncode == 2
+    assert "unknown target 'sm_99'" in result.stderr
+
+
+def test_python_dash_m_emmy_is_the_same_cli():
+    result = subprocess.run([sys.executable, "-m", "emmy", "compile", "-c", "x=torch.randn(2); x*2", "--ir", "torch"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "aten.mul.Tensor(x, 2)" in result.stdout
+
+
+def test_cli_does_not_import_torch_when_it_does_not_need_it():
+    probe = (
+        "import sys, emmy.cli\n"
+        "for argv in (['compile', '-c', 'x', '--ir', 'kernel'], ['compile', '-c', 'x', '--target', 'sm_1']):\n"
+        "    assert emmy.cli.main(argv) == 2\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_no_command_prints_help_and_exits_2():
+    result = run_emmy()
+    assert result.returncode == 2
+    assert "compile" in result.stdout
