@@ -5,20 +5,38 @@ from __future__ import annotations
 from emmy.program import Program
 
 
-def optimize(graph, *example_inputs, target: str | None = None, stop_after: str = "tensor") -> Program:
+def optimize(graph, *example_inputs, target: str | None = None, stop_after: str = "tensor",
+             rules: tuple = (), budget=None) -> Program:
     """Compile a PyTorch program.
 
     `graph` is `-c`-style code (a string), an `nn.Module` or `fx.GraphModule`
     or plain function (with example inputs), or an ExportedProgram. The target
     defaults to EMMY_TARGET, else sm_90. Every stage up to `stop_after` is
     built now, so its errors surface here; later stages build when asked.
+    `rules` adds rule groups (emmy.rules.RuleGroup) to the built-in ones;
+    `budget` (emmy.egraph.driver.Budget) bounds saturation, by default from
+    EMMY_EGRAPH_* settings.
     """
     from emmy.capture import capture
     from emmy.config import settings
     from emmy.extract.targets import get_target
 
-    chosen = get_target(target or settings().target)  # fail fast, before the slow capture
-    program = Program(capture(graph, *example_inputs), chosen)
+    config = settings()
+    chosen = get_target(target or config.target)  # fail fast, before the slow capture
+    groups, budget = _optimizer_setup(rules, budget, config)
+    program = Program(capture(graph, *example_inputs), chosen, groups, budget)
     if stop_after != "torch":
         program.tensor_program  # noqa: B018 - decompose now, so unsupported ops fail here
+    if stop_after not in ("torch", "tensor"):
+        program.loop_result  # noqa: B018
     return program
+
+
+def _optimizer_setup(rules, budget, config):
+    from emmy.egraph.driver import Budget
+    from emmy.rules import builtin_groups
+
+    groups = tuple(builtin_groups()) + tuple(rules)
+    if budget is None:
+        budget = Budget(config.egraph_iterations, config.egraph_enodes, config.egraph_seconds)
+    return groups, budget

@@ -21,6 +21,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="emmy", description="Compile PyTorch programs to CUDA kernels.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    def optimizer_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--rules", dest="rule_files", action="append", default=[], metavar="FILE",
+                       help="load a module of extra rulesets (repeatable)")
+        p.add_argument("--max-iterations", type=int, metavar="N", help="iterations per saturation phase")
+        p.add_argument("--max-enodes", type=int, metavar="N", help="e-nodes after which a phase stops")
+        p.add_argument("--max-seconds", type=float, metavar="S", help="seconds per saturation phase")
+
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--target", help="GPU architecture: sm_80, sm_89, sm_90, sm_120 (default: EMMY_TARGET or sm_90)")
         p.add_argument("-v", "--verbose", action="store_true", help="log progress; tracebacks on errors")
@@ -30,7 +37,13 @@ def _parser() -> argparse.ArgumentParser:
                           help="Python code whose last statement is the tensor expression to compile")
     compile_.add_argument("--ir", default="tensor", metavar="STAGE", help=f"stage to print: {'|'.join(STAGES)}")
     compile_.add_argument("-o", dest="output", metavar="FILE", help="write the stage to FILE instead of stdout")
+    optimizer_options(compile_)
     common(compile_)
+
+    rules = sub.add_parser("rules", help="list the rulesets and rules, with their descriptions")
+    rules.add_argument("--rules", dest="rule_files", action="append", default=[], metavar="FILE",
+                       help="also load the rulesets of this Python module")
+    rules.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
 
     suite = sub.add_parser("suite", help="compile the reference workloads and check them against torch")
     suite.add_argument("--ir", default="tensor", metavar="STAGE", help="stage to print for each workload")
@@ -64,14 +77,50 @@ def _compile(args) -> int:
         raise StageNotBuiltError(f"the {args.ir} stage is not built yet; stages so far: {', '.join(BUILT_STAGES)}")
     from emmy.api import optimize
 
-    program = optimize(args.code, target=args.target, stop_after=args.ir)
+    rules, budget = _optimizer_args(args)
+    program = optimize(args.code, target=args.target, stop_after=args.ir, rules=rules, budget=budget)
     text = program.ir(args.ir)
+    if args.verbose and args.ir not in ("torch", "tensor"):
+        for report in program.loop_result.reports:
+            print(report.render(), file=sys.stderr)
     if args.output:
         with open(args.output, "w") as fh:
             fh.write(text)
         print(f"wrote {args.ir} IR to {args.output}")
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def _optimizer_args(args):
+    """User rule files and the saturation budget (flags override EMMY_EGRAPH_*)."""
+    from emmy.config import settings
+    from emmy.egraph.driver import Budget
+    from emmy.rules import load_rules_file
+
+    rules = tuple(g for path in args.rule_files for g in load_rules_file(path))
+    config = settings()
+    for flag in ("max_iterations", "max_enodes", "max_seconds"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            raise EmmyError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+    budget = Budget(
+        args.max_iterations or config.egraph_iterations,
+        args.max_enodes or config.egraph_enodes,
+        args.max_seconds or config.egraph_seconds,
+    )
+    return rules, budget
+
+
+def _rules(args) -> int:
+    from emmy.rules import builtin_groups, load_rules_file
+
+    groups = builtin_groups() + [g for path in args.rule_files for g in load_rules_file(path)]
+    for group in groups:
+        print(f"{group.name}  (phase {group.phase}): {group.description}")
+        width = max((len(r.name) for r in group.rules), default=0)
+        for rule in group.rules:
+            print(f"  {rule.name.ljust(width)}  {rule.description}")
     return 0
 
 
@@ -91,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="emmy: %(message)s")
     try:
-        return {"compile": _compile, "suite": _suite}[args.command](args)
+        return {"compile": _compile, "suite": _suite, "rules": _rules}[args.command](args)
     except EmmyError as err:
         if args.verbose:
             traceback.print_exc()

@@ -17,6 +17,9 @@ DEFAULT_TARGET = "sm_90"
 class Settings:
     target: str  # EMMY_TARGET: the GPU to compile for when none is given
     cache_dir: Path  # EMMY_CACHE_DIR: on-disk caches (capture, cubins)
+    egraph_iterations: int  # EMMY_EGRAPH_ITERATIONS: iterations per saturation phase
+    egraph_enodes: int  # EMMY_EGRAPH_ENODES: e-nodes after which a phase stops
+    egraph_seconds: float  # EMMY_EGRAPH_SECONDS: seconds per phase
 
 
 def settings(environ: dict[str, str] | None = None) -> Settings:
@@ -25,4 +28,22 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
     return Settings(
         target=env.get("EMMY_TARGET") or DEFAULT_TARGET,
         cache_dir=Path(cache),
+        egraph_iterations=_number(env, "EMMY_EGRAPH_ITERATIONS", int, 30),
+        egraph_enodes=_number(env, "EMMY_EGRAPH_ENODES", int, 20_000),
+        egraph_seconds=_number(env, "EMMY_EGRAPH_SECONDS", float, 0.5),
     )
+
+
+def _number(env, name: str, kind, default):
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or value <= 0:
+        from emmy.errors import EmmyError
+
+        raise EmmyError(f"{name}={text!r} is not a positive {kind.__name__}")
+    return value

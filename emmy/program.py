@@ -10,13 +10,15 @@ import numpy as np
 from emmy.errors import EmmyError, StageNotBuiltError
 
 STAGES = ("torch", "tensor", "loop", "tile", "kernel", "cuda")
-BUILT_STAGES = ("torch", "tensor")
+BUILT_STAGES = ("torch", "tensor", "loop")
 
 
 @dataclass(frozen=True)
 class Program:
     captured: object  # emmy.capture.Captured
     target: object  # emmy.extract.targets.Target
+    rule_groups: tuple = ()  # emmy.rules.RuleGroup, built-in ones and any the user loaded
+    budget: object = None  # emmy.egraph.driver.Budget
 
     @cached_property
     def tensor_program(self):
@@ -27,6 +29,17 @@ class Program:
     @property
     def tensor_ir(self):
         return self.tensor_program.graph
+
+    @cached_property
+    def loop_result(self):
+        """The e-graph's phases run on the Tensor IR, and the extracted Loop IR."""
+        from emmy.egraph import optimize_loops
+
+        return optimize_loops(self.tensor_ir, list(self.rule_groups), self.budget)
+
+    @property
+    def loop_ir(self):
+        return self.loop_result.program
 
     @property
     def weights(self) -> dict[str, np.ndarray]:
@@ -48,10 +61,14 @@ class Program:
             from emmy.tensor_ir.printer import print_tensor_ir
 
             return print_tensor_ir(self.tensor_ir)
+        if stage == "loop":
+            from emmy.loop_ir.printer import print_loop_ir
+
+            return print_loop_ir(self.loop_ir)
         raise StageNotBuiltError(f"the {stage} stage is not built yet; stages so far: {', '.join(BUILT_STAGES)}")
 
-    def interpret(self, *inputs) -> list:
-        """Run the Tensor IR reference interpreter; inputs and outputs are torch tensors."""
+    def interpret(self, *inputs, stage: str = "tensor") -> list:
+        """Run a stage's numpy interpreter ("tensor" or "loop"); inputs and outputs are torch tensors."""
         from emmy.dtypes import from_numpy, to_numpy
         from emmy.tensor_ir.interpreter import evaluate
 
@@ -60,5 +77,12 @@ class Program:
         if given is None or len(given) != len(graph.inputs):
             raise EmmyError(f"the program takes {len(graph.inputs)} inputs, got {0 if given is None else len(given)}")
         arrays = {node.name: to_numpy(t)[0] for node, t in zip(graph.inputs, given)}
-        results = evaluate(graph, arrays, self.weights)
+        if stage == "loop":
+            from emmy.loop_ir.interpreter import run_program
+
+            results = run_program(self.loop_ir, arrays, self.weights)
+        elif stage == "tensor":
+            results = evaluate(graph, arrays, self.weights)
+        else:
+            raise EmmyError(f"no interpreter for stage {stage!r}; use tensor or loop")
         return [from_numpy(r, graph[name].type.dtype) for r, name in zip(results, graph.outputs)]

@@ -85,8 +85,12 @@ def _compute(value: np.ndarray, dtype: DType) -> np.ndarray:
 
 
 def _elementwise(node: Elementwise, args: list[np.ndarray]) -> np.ndarray:
-    op = SCALAR_OPS[node.op]
-    out = node.type.dtype
+    return np.broadcast_to(apply_scalar(node.op, node.type.dtype, args), node.type.shape)
+
+
+def apply_scalar(op_name: str, out: DType, args: list[np.ndarray]) -> np.ndarray:
+    """One scalar op on (broadcastable) arrays, computed and rounded as the reference does."""
+    op = SCALAR_OPS[op_name]
     if op.kind == "cast":
         (x,) = args
         if out is DType.BOOL:
@@ -98,8 +102,7 @@ def _elementwise(node: Elementwise, args: list[np.ndarray]) -> np.ndarray:
         args = [_compute(a, out) for a in args]
     elif op.kind == "compare":
         args = [np.asarray(a, dtype=np.float32) if a.dtype == np.float16 else a for a in args]
-    result = op.apply(*args)
-    return to_storage(np.broadcast_to(result, node.type.shape), out)
+    return to_storage(op.apply(*args), out)
 
 
 def _float_to_int(x: np.ndarray, dtype: DType) -> np.ndarray:
@@ -109,17 +112,21 @@ def _float_to_int(x: np.ndarray, dtype: DType) -> np.ndarray:
 
 
 def _reduce(node: Reduce, x: np.ndarray) -> np.ndarray:
-    dtype = node.type.dtype
-    if node.op == "sum":
+    return reduce_axis(node.op, x, node.axis, node.type.dtype)
+
+
+def reduce_axis(op: str, x: np.ndarray, axis: int, dtype: DType) -> np.ndarray:
+    """A monoid over one axis, kept with extent 1; sums and products accumulate in 64 bits."""
+    if op == "sum":
         acc = np.float64 if dtype.is_float else np.int64
-        result = np.sum(x, axis=node.axis, keepdims=True, dtype=acc)
-    elif node.op == "prod":
+        result = np.sum(x, axis=axis, keepdims=True, dtype=acc)
+    elif op == "prod":
         acc = np.float64 if dtype.is_float else np.int64
-        result = np.prod(x, axis=node.axis, keepdims=True, dtype=acc)
-    elif node.op == "max":
-        result = np.max(x, axis=node.axis, keepdims=True)
+        result = np.prod(x, axis=axis, keepdims=True, dtype=acc)
+    elif op == "max":
+        result = np.max(x, axis=axis, keepdims=True)
     else:
-        result = np.min(x, axis=node.axis, keepdims=True)
+        result = np.min(x, axis=axis, keepdims=True)
     return to_storage(result, dtype)
 
 

@@ -1,0 +1,75 @@
+"""The e-graph bridge: the only package that knows egglog.
+
+`optimize_loops` loads Tensor IR as terms, runs the rule phases under
+budgets, and extracts a Loop IR program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emmy.egraph.driver import Budget, PhaseReport
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    program: object  # emmy.loop_ir.nodes.LoopProgram
+    reports: tuple[PhaseReport, ...]
+    predicted_seconds: float
+
+
+def groups_by_phase(groups):
+    from emmy.rules import PHASES
+
+    return [(phase, [g for g in groups if g.phase == phase]) for phase in PHASES]
+
+
+def saturate(graph, groups, budget: Budget, egraph=None):
+    """An e-graph holding `graph`, with every phase run; returns (egraph, terms, reports)."""
+    from egglog import EGraph
+
+    from emmy.egraph.driver import run_phase
+    from emmy.egraph.encode import encode
+
+    egraph = egraph or EGraph()
+    terms = encode(egraph, graph)
+    reports = []
+    phases = []
+    for phase, members in groups_by_phase(groups):
+        if members:
+            combined = members[0].ruleset
+            labels = dict(members[0].labels)
+            for g in members[1:]:
+                combined = combined | g.ruleset
+                labels.update(g.labels)
+            phases.append((phase, combined, labels))
+    # Later phases expose work for earlier ones (fusion removes the kernel
+    # boundaries that kept two layouts from composing), so the sequence runs
+    # again until a whole round changes nothing, at most ROUNDS times.
+    for round_ in range(ROUNDS):
+        changed = False
+        for phase, combined, labels in phases:
+            name = phase if round_ == 0 else f"{phase} (round {round_ + 1})"
+            report = run_phase(egraph, name, combined, budget, labels)
+            reports.append(report)
+            changed = changed or report.iterations > 1 or not report.saturated
+        if not changed:
+            break
+    return egraph, terms, tuple(reports)
+
+
+ROUNDS = 3
+
+
+def optimize_loops(graph, groups, budget: Budget = Budget()) -> LoopResult:
+    from emmy.egraph.extract import extract_program
+    from emmy.egraph.view import EGraphView
+    from emmy.tensor_ir.nodes import Input, Weight
+
+    egraph, _, reports = saturate(graph, groups, budget)
+    view = EGraphView(egraph._serialize().to_json())
+    outputs = [(view.class_of_name(name), name) for name in graph.outputs]
+    kinds = {n.name: "input" for n in graph.nodes if isinstance(n, Input)}
+    kinds.update({n.name: "weight" for n in graph.nodes if isinstance(n, Weight)})
+    extraction = extract_program(view, outputs, kinds)
+    return LoopResult(extraction.program, reports, extraction.cost)

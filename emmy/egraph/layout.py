@@ -1,0 +1,99 @@
+"""Index maps as the String literals that reindex terms carry.
+
+A layout is the IndexMap of Tensor IR without its operand: output shape,
+one index expression per operand axis, guards and fill. Its text is a
+canonical machine form (equal maps, equal strings), so alpha-equivalent
+reindexings land in one e-class; `compose` is what the map-composition rule
+calls to fold a reindex of a reindex into one.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import lru_cache
+
+from emmy.affine import Affine, Dim, FloorDiv, Guard, Mod
+
+
+@dataclass(frozen=True)
+class Layout:
+    shape: tuple[int, ...]
+    index: tuple[Affine, ...]
+    guards: tuple[Guard, ...] = ()
+    fill: object = None
+
+
+def _affine_data(expr: Affine):
+    return (tuple((_atom_data(a), c) for a, c in expr.terms), expr.const)
+
+
+def _atom_data(atom):
+    if isinstance(atom, Dim):
+        return ("d", atom.index)
+    kind = "f" if isinstance(atom, FloorDiv) else "m"
+    return (kind, _affine_data(atom.expr), atom.divisor)
+
+
+def _affine_from(data) -> Affine:
+    terms, const = data
+    return Affine(tuple((_atom_from(a), c) for a, c in terms), const)
+
+
+def _atom_from(data):
+    if data[0] == "d":
+        return Dim(data[1])
+    inner = _affine_from(data[1])
+    return FloorDiv(inner, data[2]) if data[0] == "f" else Mod(inner, data[2])
+
+
+def encode_layout(layout: Layout) -> str:
+    return repr((
+        layout.shape,
+        tuple(_affine_data(e) for e in layout.index),
+        tuple((_affine_data(g.expr), g.lo, g.hi) for g in layout.guards),
+        layout.fill,
+    ))
+
+
+@lru_cache(maxsize=4096)
+def decode_layout(text: str) -> Layout:
+    shape, index, guards, fill = ast.literal_eval(text)
+    return Layout(
+        tuple(shape),
+        tuple(_affine_from(e) for e in index),
+        tuple(Guard(_affine_from(g), lo, hi) for g, lo, hi in guards),
+        fill,
+    )
+
+
+def compose(inner_text: str, outer_text: str) -> str:
+    """The one layout equal to applying `inner`, then `outer`; "" if none exists.
+
+    reindex(reindex(x, inner), outer)[c] = x[inner.index(outer.index(c))].
+    Guards carry over when at most one side has them (two different fills
+    cannot be one map).
+    """
+    inner, outer = decode_layout(inner_text), decode_layout(outer_text)
+    if inner.guards and outer.guards and inner.fill != outer.fill:
+        return ""
+    if inner.guards and outer.guards:
+        return ""  # both guarded: keep them apart rather than reason about nested fills
+    extents = outer.shape
+    index = tuple(e.substitute(outer.index, extents) for e in inner.index)
+    guards = tuple(Guard(g.expr.substitute(outer.index, extents), g.lo, g.hi) for g in inner.guards) + outer.guards
+    guards = tuple(g for g in guards if not g.always(extents))
+    fill = (inner.fill if inner.guards else outer.fill) if guards else None
+    return encode_layout(Layout(outer.shape, index, guards, fill))
+
+
+def is_identity(text: str, operand_shape: tuple[int, ...]) -> bool:
+    layout = decode_layout(text)
+    return (not layout.guards and layout.shape == tuple(operand_shape)
+            and all(e.as_dim() == k for k, e in enumerate(layout.index)))
+
+
+def scalar_unguarded(text: str) -> str:
+    """"yes" if the layout reads a rank-0 value as rank 0 with no guards (an identity), else ""."""
+    layout = decode_layout(text)
+    return "yes" if layout.shape == () and not layout.guards else ""

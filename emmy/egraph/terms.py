@@ -1,0 +1,56 @@
+"""Loop IR terms in the e-graph: a binder-free tensor language.
+
+A term denotes a tensor as a function of its coordinates; loops are implicit
+in shapes, so there are no loop variables to rename and alpha-equivalent
+programs are the same term. Every primitive datum (names, shapes, dtypes,
+ops, axes, layouts) is a literal on its node.
+
+- buffer(name, shape, dtype)   an input or weight in global memory
+- literal(value, dtype)        a rank-0 constant (booleans as 0.0 / 1.0)
+- unary/binary/select          a scalar function applied at every coordinate
+- reduce(op, axis, x)          a monoid over one axis (kept with extent 1)
+- reindex(x, layout)           x read through an index map (see layout.py)
+- mat(x)                       x computed by a kernel of its own into a
+                               temporary buffer: a kernel boundary. The
+                               fusion rules equate mat(x) with x, so the
+                               extractor may put the boundary or not.
+"""
+
+from __future__ import annotations
+
+from egglog import Expr, StringLike, f64Like, i64Like
+
+
+class Term(Expr):
+    @classmethod
+    def buffer(cls, name: StringLike, shape: StringLike, dtype: StringLike) -> Term: ...
+
+    @classmethod
+    def literal(cls, value: f64Like, dtype: StringLike) -> Term: ...
+
+    @classmethod
+    def unary(cls, op: StringLike, dtype: StringLike, a: Term) -> Term: ...
+
+    @classmethod
+    def binary(cls, op: StringLike, dtype: StringLike, a: Term, b: Term) -> Term: ...
+
+    @classmethod
+    def select(cls, dtype: StringLike, cond: Term, a: Term, b: Term) -> Term: ...
+
+    @classmethod
+    def reduce(cls, op: StringLike, axis: i64Like, x: Term) -> Term: ...
+
+    @classmethod
+    def reindex(cls, x: Term, layout: StringLike) -> Term: ...
+
+    @classmethod
+    def mat(cls, x: Term) -> Term: ...
+
+
+CONSTRUCTORS = ("buffer", "literal", "unary", "binary", "select", "reduce", "reindex", "mat")
+
+
+class Named(Expr):
+    """Records that a Tensor IR value's name belongs to an e-class (for outputs and temporaries)."""
+
+    def __init__(self, name: StringLike, value: Term) -> None: ...

@@ -1,0 +1,120 @@
+"""A read-only view of a saturated e-graph, from egglog's serialized form.
+
+Extraction needs what egglog's tree extractor cannot give: the kernel
+boundaries (mat nodes) decided for the whole program at once, with shared
+values counted once. So we read every e-class and its nodes here and choose
+in Python.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from emmy.dtypes import DType
+from emmy.egraph.layout import decode_layout
+from emmy.tensor_ir.nodes import TensorType
+
+Literal = object
+
+
+@dataclass(frozen=True)
+class ENode:
+    kind: str  # one of terms.CONSTRUCTORS
+    args: tuple  # e-class ids (str) for Term children, Python values for literals
+    id: str
+
+    @property
+    def children(self) -> tuple[str, ...]:
+        return tuple(a for a in self.args if isinstance(a, ClassRef))
+
+
+class ClassRef(str):
+    """An e-class id among a node's arguments (literals are plain values)."""
+
+
+def _literal(op: str):
+    if op.startswith('"'):
+        return json.loads(op)
+    try:
+        return int(op)
+    except ValueError:
+        return float(op.replace("inf", "Infinity")) if "inf" in op else float(op)
+
+
+class EGraphView:
+    def __init__(self, serialized_json: str):
+        data = json.loads(serialized_json)
+        nodes = data["nodes"]
+        self.classes: dict[str, list[ENode]] = {}
+        self.names: dict[str, str] = {}
+        self.classes_named: dict[str, str] = {}
+        for node in nodes.values():
+            if node["op"] == "Named":
+                name = json.loads(nodes[node["children"][0]]["op"])
+                cid = nodes[node["children"][1]]["eclass"]
+                self.classes_named[name] = cid
+                self.names.setdefault(cid, name)
+        for nid, node in nodes.items():
+            op = node["op"]
+            if not op.startswith("Term."):
+                continue
+            args = []
+            for child in node["children"]:
+                child_node = nodes[child]
+                if child_node["op"].startswith("Term."):
+                    args.append(ClassRef(child_node["eclass"]))
+                else:
+                    args.append(_literal(child_node["op"]))
+            self.classes.setdefault(node["eclass"], []).append(ENode(op[len("Term."):], tuple(args), nid))
+        # Before fusion, a named mat(...) class wraps the unnamed class of its computation.
+        for cid, name in list(self.names.items()):
+            for node in self.classes.get(cid, []):
+                if node.kind == "mat" and node.args[0] != cid:
+                    self.names.setdefault(node.args[0], name)
+        self._types: dict[str, TensorType] = {}
+
+    def class_of_name(self, name: str) -> str:
+        return self.classes_named[name]
+
+    def type(self, cid: str) -> TensorType:
+        """Shape and dtype of an e-class (all its nodes agree)."""
+        found = self._types.get(cid)
+        if found is None:
+            found = self._infer(cid, set())
+        return found
+
+    def _infer(self, cid: str, visiting: set) -> TensorType:
+        if cid in self._types:
+            return self._types[cid]
+        visiting = visiting | {cid}
+        for node in sorted(self.classes[cid], key=lambda n: n.kind == "mat"):
+            if any(c in visiting for c in node.children):
+                continue
+            t = self._node_type(node, visiting)
+            self._types[cid] = t
+            return t
+        raise ValueError(f"e-class {cid} has no node whose type can be inferred")
+
+    def _node_type(self, node: ENode, visiting: set) -> TensorType:
+        a = node.args
+        if node.kind == "buffer":
+            shape = tuple(int(s) for s in a[1].split(",") if s) if a[1] else ()
+            return TensorType(shape, DType(a[2]))
+        if node.kind == "literal":
+            return TensorType((), DType(a[1]))
+        if node.kind in ("unary", "binary", "select"):
+            # Literal operands are rank 0; the tensor operands share the result's shape.
+            dtype = a[0] if node.kind == "select" else a[1]
+            shapes = [self._infer(c, visiting).shape for c in node.children]
+            return TensorType(max(shapes, key=len), DType(dtype))
+        if node.kind == "reduce":
+            inner = self._infer(a[2], visiting)
+            shape = list(inner.shape)
+            shape[a[1]] = 1
+            return TensorType(tuple(shape), inner.dtype)
+        if node.kind == "reindex":
+            return TensorType(decode_layout(a[1]).shape, self._infer(a[0], visiting).dtype)
+        if node.kind == "mat":
+            return self._infer(a[0], visiting)
+        raise ValueError(node.kind)

@@ -1,0 +1,123 @@
+"""Run Loop IR with numpy, one kernel after another.
+
+Loops are vectorised rather than iterated: loop variable a<i> is an index
+array along axis i, so a value computed inside loops over a0 and a2 is an
+array varying along axes 0 and 2, and an accumulation over a loop reduces
+along that loop's axis. Scalar ops and reductions reuse the Tensor IR
+interpreter's definitions, so the two interpreters agree by construction on
+what an op means and differ only in how the program is structured.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from emmy.dtypes import to_storage
+from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop, LoopProgram, Masked, Op, Store
+from emmy.tensor_ir.interpreter import apply_scalar, reduce_axis
+from emmy.tensor_ir.scalar_ops import REDUCE_OPS
+
+
+def run_program(program: LoopProgram, inputs: Mapping[str, np.ndarray],
+                weights: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+    buffers: dict[str, np.ndarray] = {}
+    for name, t in program.inputs:
+        buffers[name] = to_storage(np.asarray(inputs[name]), t.dtype)
+    for name, t in program.weights:
+        buffers[name] = to_storage(np.asarray((weights or {})[name]), t.dtype)
+    for kernel in program.kernels:
+        buffers[kernel.output] = run_kernel(kernel, buffers)
+    return [buffers[name] for name in program.outputs]
+
+
+def _max_var(body) -> int:
+    top = -1
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            top = max(top, stmt.var, _max_var(stmt.body))
+    return top
+
+
+def run_kernel(kernel: Kernel, buffers: dict[str, np.ndarray]) -> np.ndarray:
+    rank = _max_var(kernel.body) + 1
+    out = np.zeros(kernel.type.shape, dtype=kernel.type.dtype.numpy)
+    state = _State(rank, buffers, out)
+    state.run(kernel.body, {})
+    return out
+
+
+class _State:
+    def __init__(self, rank: int, buffers, out):
+        self.rank = rank
+        self.buffers = buffers
+        self.out = out
+        self.values: dict[str, np.ndarray] = {}
+        self.dtypes: dict[str, object] = {}
+
+    def coords(self, bound: dict[int, int]) -> list:
+        coords = []
+        for v in range(self.rank):
+            shape = [1] * self.rank
+            if v in bound:
+                shape[v] = bound[v]
+                coords.append(np.arange(bound[v]).reshape(shape))
+            else:
+                coords.append(np.zeros(shape, dtype=np.int64))
+        return coords
+
+    def operand(self, value):
+        if isinstance(value, Lit):
+            return np.asarray(value.value, dtype=value.dtype.numpy)
+        return self.values[value]
+
+    def run(self, body, bound: dict[int, int]) -> None:
+        coords = self.coords(bound)
+        for stmt in body:
+            if isinstance(stmt, Loop):
+                self.run(stmt.body, {**bound, stmt.var: stmt.extent})
+                continue
+            if isinstance(stmt, Assign):
+                self.values[stmt.name] = self.evaluate(stmt, coords)
+            elif isinstance(stmt, Init):
+                self.values[stmt.acc] = np.asarray(REDUCE_OPS[stmt.op], dtype=stmt.dtype.numpy)
+                self.dtypes[stmt.acc] = stmt
+            elif isinstance(stmt, Accumulate):
+                self.accumulate(stmt, bound)
+            elif isinstance(stmt, Store):
+                index = tuple(np.asarray(e.evaluate(coords)) for e in stmt.index)
+                shape = np.broadcast_shapes(*(i.shape for i in index), np.shape(self.operand(stmt.value)))
+                target = tuple(np.broadcast_to(i, shape) for i in index)
+                self.out[target] = np.broadcast_to(self.operand(stmt.value), shape)
+
+    def accumulate(self, stmt: Accumulate, bound: dict[int, int]) -> None:
+        init = self.dtypes[stmt.acc]
+        # The accumulation runs over the innermost loop it sits in: the last variable bound.
+        var = list(bound)[-1]
+        value = self.operand(stmt.value)
+        shape = [1] * self.rank
+        for v, extent in bound.items():
+            shape[v] = extent
+        value = np.broadcast_to(value, np.broadcast_shapes(np.shape(value), tuple(shape)))
+        self.values[stmt.acc] = reduce_axis(stmt.op, value, var, init.dtype)
+
+    def evaluate(self, stmt: Assign, coords):
+        expr = stmt.expr
+        if isinstance(expr, Load):
+            source = self.buffers[expr.buffer]
+            index = [np.asarray(e.evaluate(coords)) for e in expr.index]
+            # Masked reads may point outside the buffer; the mask discards those lanes.
+            index = [np.clip(i, 0, max(n - 1, 0)) for i, n in zip(index, source.shape)]
+            if not index:
+                return source.reshape([1] * self.rank)
+            shape = np.broadcast_shapes(*(i.shape for i in index))
+            return source[tuple(np.broadcast_to(i, shape) for i in index)]
+        if isinstance(expr, Op):
+            return apply_scalar(expr.op, stmt.dtype, [self.operand(a) for a in expr.args])
+        if isinstance(expr, Masked):
+            valid = np.asarray(True)
+            for g in expr.guards:
+                valid = valid & g.holds(coords)
+            return to_storage(np.where(valid, self.operand(expr.value), np.asarray(expr.fill)), stmt.dtype)
+        raise TypeError(expr)

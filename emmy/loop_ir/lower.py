@@ -1,0 +1,232 @@
+"""Extracted terms -> Loop IR kernels.
+
+A kernel computes one materialized e-class: a loop per output axis of extent
+above 1, and a reduction loop per reduce in its (fused) term. Every value is
+emitted once per distinct coordinate tuple (CSE) and placed at the outermost
+loop where everything it reads is bound, so a reduction whose result is
+broadcast along an axis (RMSNorm's mean of squares) runs once per row,
+before the sweep that uses it. Sibling statements are ordered by their data
+dependencies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from emmy.affine import Affine, Guard
+from emmy.dtypes import DType
+from emmy.egraph.layout import decode_layout
+from emmy.egraph.view import EGraphView, ENode
+from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop, Masked, Op, Store
+
+
+@dataclass
+class _Item:
+    seq: int
+    stmt: object
+    home: int | None  # the loop variable it belongs in (None: kernel top level)
+    defs: set = field(default_factory=set)
+    uses: set = field(default_factory=set)
+
+
+class KernelLowering:
+    def __init__(self, view: EGraphView, choice: dict[str, ENode], buffer_of: dict[str, str]):
+        self.view = view
+        self.choice = choice
+        self.buffer_of = buffer_of  # materialized e-class -> its buffer name
+
+    def lower(self, root: str, name: str, output: str) -> Kernel:
+        self.root = root
+        self.extents: list[int] = []
+        self.items: list[_Item] = []
+        self.memo: dict = {}
+        self.reduction_deps: dict[int, frozenset] = {}
+        self.counters = {"in": 0, "v": 0, "acc": 0}
+        while self.choice[root].kind == "mat":  # a forced boundary at the root is the root itself
+            root = self.root = self.choice[root].args[0]
+        out_type = self.view.type(root)
+        coords = []
+        free = []
+        for extent in out_type.shape:
+            if extent == 1:
+                coords.append(Affine.constant(0))
+            else:
+                free.append(len(self.extents))
+                coords.append(Affine.dim(len(self.extents)))
+                self.extents.append(extent)
+        value, deps = self._node_value(root, tuple(coords))
+        self._emit(Store(output, tuple(coords), value), deps | _vars(coords), uses=_names(value))
+        return Kernel(name, output, out_type, self._nest(free))
+
+    # -- emission -------------------------------------------------------------
+    def _fresh(self, prefix: str) -> str:
+        n = self.counters[prefix]
+        self.counters[prefix] = n + 1
+        return f"{prefix}{n}"
+
+    def _emit(self, stmt, deps, uses=(), defs=(), home="auto") -> None:
+        item = _Item(len(self.items), stmt, None, set(defs), set(uses))
+        item.home = self._deepest(deps) if home == "auto" else home
+        self.items.append(item)
+
+    def _value(self, cid: str, coords: tuple) -> tuple:
+        if cid != self.root and cid in self.buffer_of:
+            return self._load(self.buffer_of[cid], coords, self.view.type(cid).dtype)
+        return self._node_value(cid, coords)
+
+    def _node_value(self, cid: str, coords: tuple) -> tuple:
+        key = (cid, coords)
+        if key not in self.memo:
+            self.memo[key] = self._compute(cid, self.choice[cid], coords)
+        return self.memo[key]
+
+    def _load(self, buffer: str, coords: tuple, dtype: DType) -> tuple:
+        key = ("load", buffer, coords)
+        if key not in self.memo:
+            name = self._fresh("in")
+            deps = _vars(coords)
+            self._emit(Assign(name, dtype, Load(buffer, coords)), deps, defs=[name])
+            self.memo[key] = (name, deps)
+        return self.memo[key]
+
+    def _op(self, op: str, dtype: DType, args: list[tuple]) -> tuple:
+        deps = frozenset().union(*(d for _, d in args)) if args else frozenset()
+        name = self._fresh("v")
+        operands = tuple(v for v, _ in args)
+        self._emit(Assign(name, dtype, Op(op, operands)), deps, defs=[name], uses=_names(*operands))
+        return name, deps
+
+    def _compute(self, cid: str, node: ENode, coords: tuple) -> tuple:
+        a = node.args
+        kind = node.kind
+        if kind == "buffer":
+            return self._load(a[0], coords, self.view.type(cid).dtype)
+        if kind == "literal":
+            dtype = DType(a[1])
+            value = bool(a[0]) if dtype is DType.BOOL else a[0]
+            return Lit(value, dtype), frozenset()
+        if kind == "mat":  # a boundary that cannot be fused away: read the child's buffer
+            return self._value(a[0], coords)
+        if kind in ("unary", "binary"):
+            args = [self._value(c, coords) for c in a[2:]]
+            return self._op(a[0], DType(a[1]), args)
+        if kind == "select":
+            args = [self._value(c, coords) for c in a[1:]]
+            return self._op("where", DType(a[0]), args)
+        if kind == "reduce":
+            return self._reduce(a[0], a[1], a[2], coords)
+        if kind == "reindex":
+            layout = decode_layout(a[1])
+            sub = tuple(e.substitute(coords, self.extents) for e in layout.index)
+            inner, deps = self._value(a[0], sub)
+            guards = tuple(Guard(g.expr.substitute(coords, self.extents), g.lo, g.hi) for g in layout.guards)
+            guards = tuple(g for g in guards if not g.always(self.extents))
+            if not guards:
+                return inner, deps
+            name = self._fresh("v")
+            deps = deps | frozenset().union(*(g.expr.dims() for g in guards))
+            self._emit(Assign(name, self.view.type(cid).dtype, Masked(guards, inner, layout.fill)), deps,
+                       defs=[name], uses=_names(inner))
+            return name, deps
+        raise ValueError(kind)
+
+    def _reduce(self, op: str, axis: int, body_cid: str, coords: tuple) -> tuple:
+        extent = self.view.type(body_cid).shape[axis]
+        if extent == 1:
+            return self._value(body_cid, coords)
+        var = len(self.extents)
+        self.extents.append(extent)
+        acc = self._fresh("acc")
+        dtype = self.view.type(body_cid).dtype
+        init = _Item(len(self.items), Init(acc, op, dtype), None, {acc + "@0"}, set())
+        self.items.append(init)
+        sub = list(coords)
+        sub[axis] = Affine.dim(var)
+        value, deps = self._value(body_cid, tuple(sub))
+        result_deps = frozenset(deps - {var})
+        self.reduction_deps[var] = result_deps
+        init.home = self._deepest(result_deps)
+        self._emit(Accumulate(acc, op, value), deps | {var}, defs=[acc], uses=_names(value) | {acc + "@0"}, home=var)
+        return acc, result_deps
+
+    # -- nesting ----------------------------------------------------------------
+    def _deepest(self, deps) -> int | None:
+        # Placement needs depths, which need the free-variable order: defer.
+        return ("deps", frozenset(deps))
+
+    def _nest(self, free: list[int]) -> tuple:
+        needed = frozenset().union(*self.reduction_deps.values()) if self.reduction_deps else frozenset()
+        chain = sorted(free, key=lambda v: (v not in needed, v))
+        parent: dict[int, int | None] = {}
+        for i, v in enumerate(chain):
+            parent[v] = chain[i - 1] if i else None
+        depth: dict[int, int] = {v: i + 1 for i, v in enumerate(chain)}
+
+        def deepest(deps) -> int | None:
+            return max(deps, key=lambda v: depth_of(v)) if deps else None
+
+        def depth_of(v: int) -> int:
+            if v not in depth:
+                p = deepest(self.reduction_deps[v])
+                parent[v] = p
+                depth[v] = (depth_of(p) if p is not None else 0) + 1
+            return depth[v]
+
+        for var in self.reduction_deps:
+            depth_of(var)
+        for item in self.items:
+            if isinstance(item.home, tuple):
+                item.home = deepest(item.home[1])
+        children: dict[int | None, list] = {}
+        for item in self.items:
+            children.setdefault(item.home, []).append(item)
+        for var in list(depth):
+            children.setdefault(parent[var], []).append(("loop", var))
+
+        def build(home) -> tuple[tuple, set, set, int]:
+            entries = []
+            for entry in children.get(home, []):
+                if isinstance(entry, tuple):
+                    var = entry[1]
+                    body, defs, uses, seq = build(var)
+                    loop = Loop(var, self.extents[var], body, reduction=var not in free)
+                    entries.append((seq, loop, defs, uses - defs))
+                else:
+                    entries.append((entry.seq, entry.stmt, entry.defs, entry.uses))
+            ordered = _topological(entries)
+            defs = set().union(*(e[2] for e in entries)) if entries else set()
+            uses = set().union(*(e[3] for e in entries)) if entries else set()
+            seq = min((e[0] for e in entries), default=1 << 30)
+            return tuple(e[1] for e in ordered), defs, uses, seq
+
+        return build(None)[0]
+
+
+def _topological(entries: list) -> list:
+    """Order by data dependency among siblings, emission order breaking ties."""
+    remaining = sorted(entries, key=lambda e: e[0])
+    done: list = []
+    defined_here = set().union(*(e[2] for e in entries)) if entries else set()
+    available: set = set()
+    while remaining:
+        for k, e in enumerate(remaining):
+            if (e[3] & defined_here) <= available:
+                done.append(e)
+                available |= e[2]
+                del remaining[k]
+                break
+        else:  # a cycle cannot happen for terms; keep emission order rather than loop forever
+            done.extend(remaining)
+            break
+    return done
+
+
+def _vars(coords) -> frozenset:
+    found: set = set()
+    for e in coords:
+        found |= e.dims()
+    return frozenset(found)
+
+
+def _names(*operands) -> set:
+    return {o for o in operands if isinstance(o, str)}

@@ -1,0 +1,100 @@
+"""Loop IR: each kernel as a loop nest.
+
+Loop variables are numbered per kernel (`a0`, `a1`, ...), index expressions
+are Affine over them (d<i> stands for a<i>), and values are SSA names
+assigned in one canonical order, so equal terms print identically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from emmy.affine import Affine, Guard
+from emmy.dtypes import DType
+from emmy.tensor_ir.nodes import TensorType
+
+
+@dataclass(frozen=True)
+class Lit:
+    value: object
+    dtype: DType
+
+
+Operand = Union[str, Lit]  # an SSA name or a literal
+
+
+@dataclass(frozen=True)
+class Load:
+    buffer: str
+    index: tuple[Affine, ...]
+
+
+@dataclass(frozen=True)
+class Op:
+    op: str  # a scalar op of tensor_ir.scalar_ops
+    args: tuple[Operand, ...]
+
+
+@dataclass(frozen=True)
+class Masked:
+    """`value` where every guard holds, else `fill` (padding, masks, concatenation)."""
+
+    guards: tuple[Guard, ...]
+    value: Operand
+    fill: object
+
+
+@dataclass(frozen=True)
+class Assign:
+    name: str
+    dtype: DType
+    expr: Union[Load, Op, Masked]
+
+
+@dataclass(frozen=True)
+class Init:
+    acc: str
+    op: str  # the reduction monoid: sum, prod, max, min
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Accumulate:
+    acc: str
+    op: str
+    value: Operand
+
+
+@dataclass(frozen=True)
+class Store:
+    buffer: str
+    index: tuple[Affine, ...]
+    value: Operand
+
+
+@dataclass(frozen=True)
+class Loop:
+    var: int
+    extent: int
+    body: tuple["Stmt", ...]
+    reduction: bool = False
+
+
+Stmt = Union[Assign, Init, Accumulate, Store, Loop]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    output: str
+    type: TensorType
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class LoopProgram:
+    kernels: tuple[Kernel, ...]
+    inputs: tuple[tuple[str, TensorType], ...]
+    weights: tuple[tuple[str, TensorType], ...]
+    outputs: tuple[str, ...]  # buffer names, in the program's output order

@@ -1,0 +1,57 @@
+"""`--ir loop`: one section per kernel, loops indented, one statement a line."""
+
+from __future__ import annotations
+
+import re
+
+from emmy.affine import Affine
+from emmy.loop_ir.nodes import Accumulate, Assign, Init, Lit, Load, LoopProgram, Masked, Op, Store, Loop
+from emmy.tensor_ir.printer import literal
+
+ACCUMULATE_OP = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}
+IDENTITY = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
+
+
+def _index(expr: Affine) -> str:
+    return re.sub(r"\bd(\d+)", r"a\1", str(expr))
+
+
+def _operand(value) -> str:
+    return literal(value.value) if isinstance(value, Lit) else value
+
+
+def _expr(expr) -> str:
+    if isinstance(expr, Load):
+        return f"load {expr.buffer}[{', '.join(_index(e) for e in expr.index)}]"
+    if isinstance(expr, Op):
+        return f"{expr.op}({', '.join(_operand(a) for a in expr.args)})"
+    if isinstance(expr, Masked):
+        conds = " and ".join(re.sub(r"\bd(\d+)", r"a\1", str(g)) for g in expr.guards)
+        return f"{_operand(expr.value)} if {conds} else {literal(expr.fill)}"
+    raise TypeError(expr)
+
+
+def _lines(body, depth: int, out: list[str]) -> None:
+    pad = "  " * depth
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            out.append(f"{pad}for a{stmt.var} in 0..{stmt.extent}")
+            _lines(stmt.body, depth + 1, out)
+        elif isinstance(stmt, Assign):
+            op = _expr(stmt.expr)
+            out.append(f"{pad}{stmt.name} = {'cast<' + str(stmt.dtype) + '>' + op[4:] if op.startswith('cast(') else op}")
+        elif isinstance(stmt, Init):
+            out.append(f"{pad}{stmt.acc} = {literal(IDENTITY[stmt.op])}")
+        elif isinstance(stmt, Accumulate):
+            out.append(f"{pad}{stmt.acc} <- {ACCUMULATE_OP[stmt.op]}({stmt.acc}, {_operand(stmt.value)})")
+        elif isinstance(stmt, Store):
+            out.append(f"{pad}{stmt.buffer}[{', '.join(_index(e) for e in stmt.index)}] = {_operand(stmt.value)}")
+
+
+def print_loop_ir(program: LoopProgram) -> str:
+    out: list[str] = []
+    for k, kernel in enumerate(program.kernels):
+        out.append(f"=== {k}: {kernel.name} ===")
+        out.append(f"out {kernel.output}: {kernel.type}")
+        _lines(kernel.body, 0, out)
+    return "\n".join(out) + "\n"
