@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     rules.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
 
     suite = sub.add_parser("suite", help="compile the reference workloads and check them against torch")
-    suite.add_argument("--ir", default="tensor", metavar="STAGE", help="stage to print for each workload")
+    suite.add_argument("--ir", default="loop", metavar="STAGE", help="stage to print for each workload")
     suite.add_argument("--only", metavar="NAME", action="append", help="run only this workload (repeatable)")
     suite.add_argument("--quiet", action="store_true", help="print the summary table only")
     common(suite)

@@ -10,7 +10,7 @@ from emmy.program import BUILT_STAGES
 from emmy.workloads import WORKLOADS, get
 
 
-def run_suite(stage: str = "tensor", target: str | None = None, only=None, quiet: bool = False) -> int:
+def run_suite(stage: str = "loop", target: str | None = None, only=None, quiet: bool = False) -> int:
     from emmy.api import optimize
     from emmy.checking import compare, reference_outputs
     from emmy.errors import StageNotBuiltError
@@ -22,23 +22,24 @@ def run_suite(stage: str = "tensor", target: str | None = None, only=None, quiet
     failed = 0
     for workload in chosen:
         start = time.perf_counter()
-        program = optimize(workload.code, target=target)
+        program = optimize(workload.code, target=target, stop_after="loop")
         compile_s = time.perf_counter() - start
         if not quiet:
             print(f"=== {workload.name}: {workload.code}")
             sys.stdout.write(program.ir(stage))
             print()
-        actual = program.interpret()
         expected = reference_outputs(program.captured)
-        worst_abs, worst_rel, ok = 0.0, 0.0, True
-        for out, want, name in zip(actual, expected, program.tensor_ir.outputs):
-            dtype = program.tensor_ir[name].type.dtype
-            result = compare(out.float().numpy(), want, dtype)
-            worst_abs, worst_rel, ok = max(worst_abs, result.max_abs), max(worst_rel, result.max_rel), ok and result.ok
+        errors, ok = [], True
+        for interpreter in ("tensor", "loop"):
+            worst = 0.0
+            for out, want, name in zip(program.interpret(stage=interpreter), expected, program.tensor_ir.outputs):
+                result = compare(out.float().numpy(), want, program.tensor_ir[name].type.dtype)
+                worst, ok = max(worst, result.max_abs), ok and result.ok
+            errors.append(f"{worst:.2e}")
         failed += not ok
-        rows.append((workload.name, len(program.tensor_ir.nodes), f"{compile_s:.2f}", f"{worst_abs:.2e}",
+        rows.append((workload.name, len(program.loop_ir.kernels), f"{compile_s:.2f}", *errors,
                      "ok" if ok else "MISMATCH"))
-    header = ("workload", "tensor IR nodes", "compile s", "max abs err vs torch (f64)", "interpreter")
+    header = ("workload", "kernels", "compile s", "tensor IR err", "loop IR err", "vs torch (f64)")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     for row in [header] + rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))

@@ -57,6 +57,11 @@ def test_mlp_keeps_matmuls_apart_with_elementwise_work_fused_in():
     ops = [s.expr.op for s in _walk(first.body) if isinstance(s, Assign) and isinstance(s.expr, Op)]
     assert "sigmoid" in ops  # silu runs inside the gate/up matmul kernel
     assert sum(isinstance(s, Accumulate) for s in _walk(first.body)) == 2
+    # gate and up are sibling reductions over x: one loop, two accumulators, x loaded once.
+    folds = [s for s in _walk(first.body) if isinstance(s, Loop) and s.reduction]
+    assert len(folds) == 1
+    x_loads = [s for s in _walk(folds[0].body) if isinstance(s, Assign) and getattr(s.expr, "buffer", "") == "x"]
+    assert len(x_loads) == 1
     loads = [s.expr.buffer for s in _walk(second.body) if isinstance(s, Assign) and hasattr(s.expr, "buffer")]
     assert first.output in loads and "down_weight" in loads
 
@@ -72,6 +77,13 @@ def test_loop_interpreter_agrees_with_tensor_interpreter(code):
         dtype = program.tensor_ir[name].type.dtype
         tol = 1e-5 if dtype.value == "f32" else 2e-2
         np.testing.assert_allclose(loop_out.float().numpy(), tensor_out.float().numpy(), rtol=tol, atol=tol)
+
+
+def test_dependent_reductions_stay_in_separate_loops():
+    # softmax's sum reads its max: the two cannot share a loop.
+    program = emmy.optimize("x=torch.randn(4,64); torch.softmax(x, -1)").loop_ir
+    (kernel,) = program.kernels
+    assert sum(isinstance(s, Loop) and s.reduction for s in _walk(kernel.body)) == 2
 
 
 def test_verbose_prints_the_phase_report():

@@ -41,6 +41,8 @@ class KernelLowering:
         self.items: list[_Item] = []
         self.memo: dict = {}
         self.reduction_deps: dict[int, frozenset] = {}
+        self.siblings: dict[tuple, list] = {}
+        self.reach_memo: dict[str, frozenset] = {}
         self.counters = {"in": 0, "v": 0, "acc": 0}
         while self.choice[root].kind == "mat":  # a forced boundary at the root is the root itself
             root = self.root = self.choice[root].args[0]
@@ -114,7 +116,7 @@ class KernelLowering:
             args = [self._value(c, coords) for c in a[1:]]
             return self._op("where", DType(a[0]), args)
         if kind == "reduce":
-            return self._reduce(a[0], a[1], a[2], coords)
+            return self._reduce(cid, a[0], a[1], a[2], coords)
         if kind == "reindex":
             layout = decode_layout(a[1])
             sub = tuple(e.substitute(coords, self.extents) for e in layout.index)
@@ -130,12 +132,16 @@ class KernelLowering:
             return name, deps
         raise ValueError(kind)
 
-    def _reduce(self, op: str, axis: int, body_cid: str, coords: tuple) -> tuple:
+    def _reduce(self, cid: str, op: str, axis: int, body_cid: str, coords: tuple) -> tuple:
         extent = self.view.type(body_cid).shape[axis]
         if extent == 1:
             return self._value(body_cid, coords)
-        var = len(self.extents)
-        self.extents.append(extent)
+        outer = _vars(c for k, c in enumerate(coords) if k != axis)
+        var = self._sibling_loop(cid, body_cid, extent, outer)
+        if var is None:
+            var = len(self.extents)
+            self.extents.append(extent)
+        self.siblings.setdefault((extent, outer), []).append((var, cid))
         acc = self._fresh("acc")
         dtype = self.view.type(body_cid).dtype
         init = _Item(len(self.items), Init(acc, op, dtype), None, {acc + "@0"}, set())
@@ -144,10 +150,33 @@ class KernelLowering:
         sub[axis] = Affine.dim(var)
         value, deps = self._value(body_cid, tuple(sub))
         result_deps = frozenset(deps - {var})
-        self.reduction_deps[var] = result_deps
+        self.reduction_deps[var] = self.reduction_deps.get(var, frozenset()) | result_deps
         init.home = self._deepest(result_deps)
         self._emit(Accumulate(acc, op, value), deps | {var}, defs=[acc], uses=_names(value) | {acc + "@0"}, home=var)
         return acc, result_deps
+
+    def _sibling_loop(self, cid: str, body_cid: str, extent: int, outer: frozenset) -> int | None:
+        """A reduction loop this one can share: the multi-output fold of sibling reductions.
+
+        Two reductions over the same extent at the same place in the nest run as
+        one loop with two accumulators (their common loads then happen once),
+        unless one needs the other's result (softmax's sum needs its max).
+        """
+        for var, other in self.siblings.get((extent, outer), []):
+            if other not in self._reaches(body_cid) and cid not in self._reaches(other):
+                return var
+        return None
+
+    def _reaches(self, cid: str) -> frozenset:
+        """E-classes this kernel computes to produce `cid` (stopping at buffers)."""
+        if cid not in self.reach_memo:
+            self.reach_memo[cid] = frozenset()  # cycles cannot occur; this only guards recursion
+            found = {cid}
+            if not (cid != self.root and cid in self.buffer_of):
+                for child in self.choice[cid].children:
+                    found |= self._reaches(child)
+            self.reach_memo[cid] = frozenset(found)
+        return self.reach_memo[cid]
 
     # -- nesting ----------------------------------------------------------------
     def _deepest(self, deps) -> int | None:
