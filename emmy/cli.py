@@ -37,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
                           help="Python code whose last statement is the tensor expression to compile")
     compile_.add_argument("--ir", default="tensor", metavar="STAGE", help=f"stage to print: {'|'.join(STAGES)}")
     compile_.add_argument("-o", dest="output", metavar="FILE", help="write the stage to FILE instead of stdout")
+    compile_.add_argument("--knobs", metavar="K=V,...", help="pin schedule knobs (overrides EMMY_KNOBS)")
     optimizer_options(compile_)
     common(compile_)
 
@@ -65,9 +66,21 @@ def _check_target(target: str | None) -> None:
         get_target(target)
 
 
+def _check_knobs(text: str | None, target: str | None) -> None:
+    """Pins are checked before anything slow: spelling, then what the target allows."""
+    from emmy.config import settings
+    from emmy.extract.targets import get_target
+    from emmy.knobs import check_target, parse_pins
+
+    config = settings()
+    row = parse_pins(text if text is not None else config.knobs)
+    check_target(row, get_target(target or config.target))
+
+
 def _compile(args) -> int:
     _check_stage(args.ir)
     _check_target(args.target)
+    _check_knobs(args.knobs, args.target)
     from emmy.program import BUILT_STAGES
 
     if args.ir not in BUILT_STAGES:

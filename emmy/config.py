@@ -20,6 +20,7 @@ class Settings:
     egraph_iterations: int  # EMMY_EGRAPH_ITERATIONS: iterations per saturation phase
     egraph_enodes: int  # EMMY_EGRAPH_ENODES: e-nodes after which a phase stops
     egraph_seconds: float  # EMMY_EGRAPH_SECONDS: seconds per phase
+    knobs: str  # EMMY_KNOBS: schedule pins, "K=V,..." (see emmy/knobs.py)
 
 
 def settings(environ: dict[str, str] | None = None) -> Settings:
@@ -31,6 +32,7 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         egraph_iterations=_number(env, "EMMY_EGRAPH_ITERATIONS", int, 30),
         egraph_enodes=_number(env, "EMMY_EGRAPH_ENODES", int, 20_000),
         egraph_seconds=_number(env, "EMMY_EGRAPH_SECONDS", float, 0.5),
+        knobs=env.get("EMMY_KNOBS", ""),
     )
 
 

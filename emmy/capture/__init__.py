@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emmy.capture.source import Source
-from emmy.errors import CodeError, EmmyError
+from emmy.errors import EmmyError
 
 
 @dataclass(frozen=True)
@@ -83,4 +83,4 @@ def _export(module, args: tuple, source: Source):
         raise explain_export_failure(err, source) from err
 
 
-__all__ = ["Captured", "capture", "CodeError"]
+__all__ = ["Captured", "capture"]

@@ -114,8 +114,8 @@ def _decompose_node(captured, builder: GraphBuilder, node, env):
     args = [_resolve(a, env) for a in node.args]
     kwargs = {k: _resolve(v, env) for k, v in node.kwargs.items() if k not in ("device", "layout", "pin_memory",
                                                                              "memory_format", "non_blocking")}
-    if "dtype" in kwargs and key not in _KEEPS_DTYPE_KWARG:
-        kwargs.pop("dtype")
+    # Result dtypes come from the node's metadata, never from a dtype argument.
+    kwargs.pop("dtype", None)
     ctx = Context(builder, node, where)
     try:
         return fn(ctx, *args, **kwargs)
@@ -124,8 +124,6 @@ def _decompose_node(captured, builder: GraphBuilder, node, env):
     except TypeError as err:
         raise UnsupportedOpError(f"unsupported op {where}: unexpected arguments ({err})") from err
 
-
-_KEEPS_DTYPE_KWARG = {"aten.full.default", "aten.scalar_tensor.default"}
 
 # FX names follow ATen's; a few are long enough to drown the printed IR.
 _STEMS = {"scaled_dot_product_attention": "sdpa", "native_layer_norm": "layer_norm", "_softmax": "softmax",

@@ -15,9 +15,6 @@ from emmy.dtypes import DType
 from emmy.egraph.layout import decode_layout
 from emmy.tensor_ir.nodes import TensorType
 
-Literal = object
-
-
 @dataclass(frozen=True)
 class ENode:
     kind: str  # one of terms.CONSTRUCTORS

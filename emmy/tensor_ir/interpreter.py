@@ -148,7 +148,7 @@ def index_map(node: IndexMap, x: np.ndarray, *, use_views: bool = True) -> np.nd
     valid = np.ones(shape, dtype=bool)
     for guard in node.guards:
         valid = valid & guard.holds(coords)
-    for axis, expr in enumerate(node.index):
+    for expr in node.index:
         position = np.broadcast_to(np.asarray(expr.evaluate(coords), dtype=np.int64), shape)
         if node.guards:
             # Out-of-range coordinates read element 0 and are replaced by the fill below.
@@ -165,7 +165,7 @@ def _as_view(node: IndexMap, x: np.ndarray) -> np.ndarray | None:
     shape = node.type.shape
     picks: list[object] = []
     out_axes: list[int] = []
-    for axis, expr in enumerate(node.index):
+    for expr in node.index:
         if expr.is_constant:
             picks.append(expr.const)
             continue

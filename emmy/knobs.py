@@ -1,0 +1,111 @@
+"""The knob codec: a schedule is one row of knobs, each value with exactly one
+canonical spelling (DESIGN.md section 5).
+
+    WORK    t<N> | w<M>x<N>                  threads per block, or an M x N grid of warps
+    TILE    f<N>[/v<V>] | <atom>/f<FM>x<FN>/k<K>
+    REDUCE  (empty) | coop | g<N>a | g<N>k
+    STAGE   (empty) | d<D>/smem | d<D>/smem-async | d<D>/smem-tma
+    RASTER  (empty) | gm<G>
+
+`parse_pins` reads `K=V,...` (EMMY_KNOBS, --knobs); a misspelt value is an
+error naming the knob and its legal forms. `check_target` says which rule
+forbids a value on a GPU (`STAGE=d3/smem-tma needs sm_90 or newer; target
+is sm_80`). Whether a row suits a particular kernel is the schedule rules'
+business, not the codec's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+from emmy.errors import EmmyError
+
+MMA_ATOMS = ("mma_m16n8k16_f16_f32", "mma_m16n8k16_bf16_f32")
+VECTOR_WIDTHS = (2, 4, 8)
+_NUMBER = r"[1-9][0-9]*"  # no leading zeros: one spelling per value
+
+_FORMS = {
+    "WORK": (rf"t(?P<threads>{_NUMBER})|w(?P<warps_m>{_NUMBER})x(?P<warps_n>{_NUMBER})", "t<N> or w<M>x<N>"),
+    "TILE": (
+        rf"f(?P<elems>{_NUMBER})(/v(?P<vec>{_NUMBER}))?"
+        rf"|(?P<atom>{'|'.join(MMA_ATOMS)})/f(?P<frag_m>{_NUMBER})x(?P<frag_n>{_NUMBER})/k(?P<k_chunks>{_NUMBER})",
+        f"f<N>[/v<V>] or <atom>/f<FM>x<FN>/k<K> with atom {' | '.join(MMA_ATOMS)}",
+    ),
+    "REDUCE": (rf"|coop|g(?P<split>{_NUMBER})(?P<mode>[ak])", "(empty), coop, g<N>a or g<N>k"),
+    "STAGE": (rf"|d(?P<depth>{_NUMBER})/(?P<how>smem|smem-async|smem-tma)",
+              "(empty), d<D>/smem, d<D>/smem-async or d<D>/smem-tma"),
+    "RASTER": (rf"|gm(?P<group>{_NUMBER})", "(empty) or gm<G>"),
+}
+KNOB_NAMES = tuple(_FORMS)
+
+
+@dataclass(frozen=True)
+class KnobRow:
+    """One schedule row; a None field is not pinned."""
+
+    WORK: str | None = None
+    TILE: str | None = None
+    REDUCE: str | None = None
+    STAGE: str | None = None
+    RASTER: str | None = None
+
+    def __str__(self) -> str:
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) is not None)
+
+    def pinned(self) -> dict[str, str]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+def _value_error(knob: str, value: str, why: str = "") -> EmmyError:
+    reason = f" ({why})" if why else ""
+    return EmmyError(f"{knob}={value!r} is not a legal {knob} value{reason}; legal forms: {_FORMS[knob][1]}")
+
+
+def parse_value(knob: str, value: str) -> str:
+    """Validate one value and return it (the canonical spelling is the only spelling)."""
+    if knob not in _FORMS:
+        raise EmmyError(f"unknown knob {knob!r}; knobs are {', '.join(KNOB_NAMES)}")
+    match = re.fullmatch(_FORMS[knob][0], value)
+    if match is None:
+        raise _value_error(knob, value)
+    groups = {k: int(v) for k, v in match.groupdict().items() if v is not None and v.isdigit()}
+    if knob == "WORK":
+        threads = groups.get("threads") or 32 * groups["warps_m"] * groups["warps_n"]
+        if "threads" in groups and threads % 32:
+            raise _value_error(knob, value, "threads come in whole warps of 32")
+        if threads > 1024:
+            raise _value_error(knob, value, f"{threads} threads exceed CUDA's 1024 per block")
+    if knob == "TILE" and "vec" in groups:
+        if groups["vec"] not in VECTOR_WIDTHS:
+            raise _value_error(knob, value, f"vector width must be one of {VECTOR_WIDTHS}")
+        if groups["elems"] % groups["vec"]:
+            raise _value_error(knob, value, "elements per thread must be a multiple of the vector width")
+    if knob == "REDUCE" and groups.get("split") == 1:
+        raise _value_error(knob, value, "a split reduction needs at least 2 blocks")
+    return value
+
+
+def parse_pins(text: str) -> KnobRow:
+    """`K=V,...` -> KnobRow. An empty string pins nothing."""
+    pins: dict[str, str] = {}
+    for item in [p for p in text.split(",") if p.strip()] if text.strip() else []:
+        if "=" not in item:
+            raise EmmyError(f"knob pin {item.strip()!r} has no '='; write KNOB=VALUE, e.g. WORK=t256")
+        knob, value = (s.strip() for s in item.split("=", 1))
+        if knob in pins:
+            raise EmmyError(f"knob {knob} is pinned twice")
+        pins[knob] = parse_value(knob, value)
+    return KnobRow(**pins)
+
+
+def check_target(row: KnobRow, target) -> None:
+    """Raise when a pinned value needs a feature the target lacks (target: extract.targets.Target)."""
+    stage = row.STAGE or ""
+    if stage.endswith("smem-tma") and not target.has_tma:
+        raise EmmyError(f"STAGE={stage} needs sm_90 or newer; target is {target.name}")
+    if stage.endswith("smem-async") and not target.has_cp_async:
+        raise EmmyError(f"STAGE={stage} needs sm_80 or newer; target is {target.name}")
+    tile = row.TILE or ""
+    if tile.startswith("mma_") and target.compute_capability < (8, 0):
+        raise EmmyError(f"TILE={tile} needs sm_80 or newer; target is {target.name}")
