@@ -99,3 +99,20 @@ def test_bad_budget_flags_are_errors():
     assert "--max-iterations must be positive" in result.stderr
     env = run_emmy("compile", "-c", "x=torch.randn(2); x", "--ir", "loop", env={"EMMY_EGRAPH_ENODES": "lots"})
     assert env.returncode == 2 and "EMMY_EGRAPH_ENODES='lots'" in env.stderr
+
+
+@pytest.mark.parametrize("code", [
+    "x=torch.randn(3); x",
+    "x=torch.randn(3); (x * 2, x * 2)",
+    "x=torch.randn(3); (x, x + 1)",
+    "x=torch.randn(3); torch.scalar_tensor(2.0) * x.sum()",
+    "x=torch.randn(2,3); x + x.amax()",
+])
+def test_edge_programs_lower_and_run(code):
+    program = emmy.optimize(code)
+    loop = program.loop_ir
+    inputs = {name for name, _ in loop.inputs}
+    assert not inputs & {k.output for k in loop.kernels}, "a kernel must not write over an input"
+    for a, b in zip(program.interpret(stage="loop"), program.interpret()):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)

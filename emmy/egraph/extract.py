@@ -147,8 +147,16 @@ class BoundarySearch:
         return seen
 
     def buffer_names(self, boundaries) -> dict[str, str]:
-        names = {cid: name for cid, name in self.outputs}
-        taken = set(names.values()) | set(self.buffer_kinds)
+        names: dict[str, str] = {}
+        taken = set(self.buffer_kinds)
+        for cid, name in self.outputs:
+            if cid in names:
+                continue  # two outputs with one value share its buffer
+            # An output that is an input (or weight) as it stands still gets a buffer of its own.
+            while name in taken:
+                name += "_out"
+            names[cid] = name
+            taken.add(name)
         for cid in sorted(boundaries):
             if cid in names:
                 continue
@@ -181,7 +189,7 @@ class BoundarySearch:
             tuple(kernels),
             tuple((n, self._buffer_type(n)) for n in self._leaves("input")),
             tuple((n, self._buffer_type(n)) for n in self._leaves("weight")),
-            tuple(name for _, name in self.outputs),
+            tuple(names[cid] for cid, _ in self.outputs),
         )
         return Extraction(program, sum(c.time for c in costs), tuple(costs), boundaries)
 

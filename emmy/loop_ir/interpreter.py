@@ -86,6 +86,9 @@ class _State:
             elif isinstance(stmt, Accumulate):
                 self.accumulate(stmt, bound)
             elif isinstance(stmt, Store):
+                if not stmt.index:  # a rank-0 output
+                    self.out[()] = np.asarray(self.operand(stmt.value)).reshape(())
+                    continue
                 index = tuple(np.asarray(e.evaluate(coords)) for e in stmt.index)
                 shape = np.broadcast_shapes(*(i.shape for i in index), np.shape(self.operand(stmt.value)))
                 target = tuple(np.broadcast_to(i, shape) for i in index)
