@@ -58,7 +58,7 @@ class KernelLowering:
                 self.extents.append(extent)
         value, deps = self._node_value(root, tuple(coords))
         self._emit(Store(output, tuple(coords), value), deps | _vars(coords), uses=_names(value))
-        return Kernel(name, output, out_type, self._nest(free))
+        return Kernel(name, output, out_type, _renumber(self._nest(free), self.extents))
 
     # -- emission -------------------------------------------------------------
     def _fresh(self, prefix: str) -> str:
@@ -229,6 +229,62 @@ class KernelLowering:
             return tuple(e[1] for e in ordered), defs, uses, seq
 
         return build(None)[0]
+
+
+def _renumber(body: tuple, extents: list[int]) -> tuple:
+    """Loop variables and SSA names numbered in the order the printed kernel
+    introduces them (a0, a1, ...; in0, in1, v0, ...)."""
+    mapping: dict[str, str] = {}
+    counters: dict[str, int] = {}
+    order: list[int] = []
+
+    def collect(stmts: tuple) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, Loop):
+                order.append(stmt.var)
+                collect(stmt.body)
+
+    collect(body)
+    new_of = {old: new for new, old in enumerate(order)}
+    new_extents = [extents[old] for old in order]
+    dims = [Affine.dim(new_of[v]) if v in new_of else Affine.dim(v) for v in range(len(extents))]
+
+    def index(exprs: tuple) -> tuple:
+        return tuple(e.substitute(dims, new_extents) for e in exprs)
+
+    def define(name: str) -> str:
+        prefix = name.rstrip("0123456789")
+        mapping[name] = f"{prefix}{counters.get(prefix, 0)}"
+        counters[prefix] = counters.get(prefix, 0) + 1
+        return mapping[name]
+
+    def use(value):
+        return mapping.get(value, value) if isinstance(value, str) else value
+
+    def walk(stmts: tuple) -> tuple:
+        out = []
+        for stmt in stmts:
+            if isinstance(stmt, Loop):
+                out.append(Loop(new_of[stmt.var], stmt.extent, walk(stmt.body), stmt.reduction))
+            elif isinstance(stmt, Assign):
+                expr = stmt.expr
+                if isinstance(expr, Op):
+                    expr = Op(expr.op, tuple(use(a) for a in expr.args))
+                elif isinstance(expr, Masked):
+                    guards = tuple(Guard(g.expr.substitute(dims, new_extents), g.lo, g.hi) for g in expr.guards)
+                    expr = Masked(guards, use(expr.value), expr.fill)
+                elif isinstance(expr, Load):
+                    expr = Load(expr.buffer, index(expr.index))
+                out.append(Assign(define(stmt.name), stmt.dtype, expr))
+            elif isinstance(stmt, Init):
+                out.append(Init(define(stmt.acc), stmt.op, stmt.dtype))
+            elif isinstance(stmt, Accumulate):
+                out.append(Accumulate(use(stmt.acc), stmt.op, use(stmt.value)))
+            elif isinstance(stmt, Store):
+                out.append(Store(stmt.buffer, index(stmt.index), use(stmt.value)))
+        return tuple(out)
+
+    return walk(body)
 
 
 def _topological(entries: list) -> list:
