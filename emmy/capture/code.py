@@ -23,7 +23,7 @@ import ast
 import math
 import sys
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from emmy.capture.errors import explain_export_failure, is_data_dependent
 from emmy.capture.exporting import quiet_torch
@@ -51,8 +51,6 @@ class CodeCapture:
     example_inputs: tuple
     input_names: tuple[str, ...]
     source: Source
-    result_is_tuple: bool = False
-    modules: dict = field(default_factory=dict)
 
 
 def _is_factory(func: ast.expr) -> bool:
@@ -255,8 +253,6 @@ def capture_code(code: str) -> CodeCapture:
         example_inputs=tuple(t for _, t in made_inputs),
         input_names=tuple(names),
         source=source,
-        result_is_tuple=is_tuple,
-        modules=dict(module.named_children()),
     )
 
 

@@ -24,9 +24,16 @@ from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop
 class _Item:
     seq: int
     stmt: object
-    home: int | None  # the loop variable it belongs in (None: kernel top level)
+    # The loop variable it belongs in (None: kernel top level). Until the loop
+    # order is known this may be `_Deferred(deps)`: "the deepest of these".
+    home: object
     defs: set = field(default_factory=set)
     uses: set = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    deps: frozenset
 
 
 class KernelLowering:
@@ -67,9 +74,8 @@ class KernelLowering:
         return f"{prefix}{n}"
 
     def _emit(self, stmt, deps, uses=(), defs=(), home="auto") -> None:
-        item = _Item(len(self.items), stmt, None, set(defs), set(uses))
-        item.home = self._deepest(deps) if home == "auto" else home
-        self.items.append(item)
+        placed = _Deferred(frozenset(deps)) if home == "auto" else home
+        self.items.append(_Item(len(self.items), stmt, placed, set(defs), set(uses)))
 
     def _value(self, cid: str, coords: tuple) -> tuple:
         if cid != self.root and cid in self.buffer_of:
@@ -151,7 +157,7 @@ class KernelLowering:
         value, deps = self._value(body_cid, tuple(sub))
         result_deps = frozenset(deps - {var})
         self.reduction_deps[var] = self.reduction_deps.get(var, frozenset()) | result_deps
-        init.home = self._deepest(result_deps)
+        init.home = _Deferred(result_deps)
         self._emit(Accumulate(acc, op, value), deps | {var}, defs=[acc], uses=_names(value) | {acc + "@0"}, home=var)
         return acc, result_deps
 
@@ -179,10 +185,6 @@ class KernelLowering:
         return self.reach_memo[cid]
 
     # -- nesting ----------------------------------------------------------------
-    def _deepest(self, deps) -> int | None:
-        # Placement needs depths, which need the free-variable order: defer.
-        return ("deps", frozenset(deps))
-
     def _nest(self, free: list[int]) -> tuple:
         needed = frozenset().union(*self.reduction_deps.values()) if self.reduction_deps else frozenset()
         chain = sorted(free, key=lambda v: (v not in needed, v))
@@ -204,8 +206,8 @@ class KernelLowering:
         for var in self.reduction_deps:
             depth_of(var)
         for item in self.items:
-            if isinstance(item.home, tuple):
-                item.home = deepest(item.home[1])
+            if isinstance(item.home, _Deferred):
+                item.home = deepest(item.home.deps)
         children: dict[int | None, list] = {}
         for item in self.items:
             children.setdefault(item.home, []).append(item)
