@@ -25,6 +25,11 @@ DEFAULT_CORPUS = (
     "x=torch.randn(2,8); F.rms_norm(x, (8,)) + torch.softmax(x, -1)",
     "x=torch.randn(4,6); y=torch.randn(6,5); F.gelu(x @ y) * 0.5 + (1.0 - 0.25)",
     "x=torch.randn(3,4); torch.cat([x, x * 2], 1)[:, 2:6].exp() - x.sum(-1, keepdim=True)",
+    # softmax at large magnitudes (the max must be subtracted) and with masked (-inf) entries and rows
+    "x=torch.randn(4,16); torch.log_softmax(x * 1000, -1) + torch.softmax(x * 1000, 0)",
+    "x=torch.randn(4,8); r=torch.arange(4).unsqueeze(1); m=(torch.randn(4,8) > 0) & (r > 0); "
+    "torch.softmax(torch.where(m, x, float('-inf')), -1)",
+    "q=torch.randn(1,2,6,4); F.scaled_dot_product_attention(q, q * 2, q, is_causal=True)",
 )
 
 

@@ -17,8 +17,8 @@ from egglog import Ruleset, ruleset
 
 from emmy.errors import EmmyError
 
-PHASES = ("algebra", "fusion")
-BUILTIN_MODULES = ("emmy.rules.algebra", "emmy.rules.fusion")
+PHASES = ("algebra", "fusion", "twist")
+BUILTIN_MODULES = ("emmy.rules.algebra", "emmy.rules.fusion", "emmy.rules.twist")
 
 
 @dataclass(frozen=True)

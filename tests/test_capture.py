@@ -66,7 +66,7 @@ def test_function_module_graphmodule_and_exported_program_agree():
 def test_code_names_inputs_after_their_variables_and_hoists_inline_factories():
     program = emmy.optimize("a=torch.randn(3,4); a @ torch.randn(4,2)")
     inputs, _ = _kinds(program.tensor_ir)
-    assert inputs == ["a", "in1"]
+    assert inputs == ["a", "arg1"]
     assert [tuple(t.shape) for t in program.example_inputs] == [(3, 4), (4, 2)]
 
 

@@ -265,7 +265,7 @@ def _input_names(made_inputs, sites) -> list[str]:
     names: list[str] = []
     used: set[str] = set()
     for k, (site, _) in enumerate(made_inputs):
-        base = sites[site] or f"in{k}"
+        base = sites[site] or f"arg{k}"
         name, n = base, 1
         while name in used or name in ("self", "torch", "nn", "F", "math"):
             name, n = f"{base}_{n}", n + 1

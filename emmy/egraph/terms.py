@@ -14,6 +14,9 @@ ops, axes, layouts) is a literal on its node.
                                temporary buffer: a kernel boundary. The
                                fusion rules equate mat(x) with x, so the
                                extractor may put the boundary or not.
+- online_sum(axis, s)          sum(exp(s - max(s))) over axis in one pass:
+                               the softmax normaliser folded with state
+                               (m, d) (the twist rules introduce it).
 """
 
 from __future__ import annotations
@@ -46,8 +49,12 @@ class Term(Expr):
     @classmethod
     def mat(cls, x: Term) -> Term: ...
 
+    @classmethod
+    def online_sum(cls, axis: i64Like, s: Term) -> Term:
+        """sum(exp(s - max(s))) over `axis`, as one pass with state (m, d)."""
 
-CONSTRUCTORS = ("buffer", "literal", "unary", "binary", "select", "reduce", "reindex", "mat")
+
+CONSTRUCTORS = ("buffer", "literal", "unary", "binary", "select", "reduce", "reindex", "mat", "online_sum")
 
 
 class Named(Expr):

@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from emmy.dtypes import to_storage
-from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop, LoopProgram, Masked, Op, Store
+from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop, LoopProgram, Masked, Op, Store, Update
 from emmy.tensor_ir.interpreter import apply_scalar, reduce_axis
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
@@ -56,11 +56,14 @@ class _State:
         self.values: dict[str, np.ndarray] = {}
         self.dtypes: dict[str, object] = {}
 
-    def coords(self, bound: dict[int, int]) -> list:
+    def coords(self, bound: dict[int, int], step: tuple[int, int] | None = None) -> list:
+        """Index arrays for the bound loop variables; `step` = (var, k) pins a sequential loop at k."""
         coords = []
         for v in range(self.rank):
             shape = [1] * self.rank
-            if v in bound:
+            if step is not None and v == step[0]:
+                coords.append(np.full(shape, step[1], dtype=np.int64))
+            elif v in bound:
                 shape[v] = bound[v]
                 coords.append(np.arange(bound[v]).reshape(shape))
             else:
@@ -72,11 +75,23 @@ class _State:
             return np.asarray(value.value, dtype=value.dtype.numpy)
         return self.values[value]
 
-    def run(self, body, bound: dict[int, int]) -> None:
-        coords = self.coords(bound)
+    def run(self, body, bound: dict[int, int], step: tuple[int, int] | None = None, in_order: bool = False) -> None:
+        """Run statements; `step` pins a loop being run in order, `in_order` marks its own body."""
+        coords = self.coords(bound, step)
         for stmt in body:
             if isinstance(stmt, Loop):
-                self.run(stmt.body, {**bound, stmt.var: stmt.extent})
+                if any(isinstance(s, Update) for s in stmt.body):
+                    self.run_in_order(stmt, bound)
+                else:
+                    self.run(stmt.body, {**bound, stmt.var: stmt.extent}, step)
+                continue
+            if in_order and isinstance(stmt, Accumulate):
+                # One element of a loop run in order: combine it into the running value.
+                self.values[stmt.acc] = reduce_axis(stmt.op, np.stack(np.broadcast_arrays(
+                    self.values[stmt.acc], self.operand(stmt.value))), 0, self.dtypes[stmt.acc].dtype)[0]
+                continue
+            if isinstance(stmt, Update):
+                self.values[stmt.acc] = self.operand(stmt.value)
                 continue
             if isinstance(stmt, Assign):
                 self.values[stmt.name] = self.evaluate(stmt, coords)
@@ -93,6 +108,12 @@ class _State:
                 shape = np.broadcast_shapes(*(i.shape for i in index), np.shape(self.operand(stmt.value)))
                 target = tuple(np.broadcast_to(i, shape) for i in index)
                 self.out[target] = np.broadcast_to(self.operand(stmt.value), shape)
+
+    def run_in_order(self, loop: Loop, bound: dict[int, int]) -> None:
+        """A loop whose state is updated in place (Update) runs element by element."""
+        inner = {**bound, loop.var: 1}
+        for k in range(loop.extent):
+            self.run(loop.body, inner, (loop.var, k), in_order=True)
 
     def accumulate(self, stmt: Accumulate, bound: dict[int, int]) -> None:
         init = self.dtypes[stmt.acc]

@@ -17,7 +17,7 @@ from emmy.affine import Affine, Guard
 from emmy.dtypes import DType
 from emmy.egraph.layout import decode_layout
 from emmy.egraph.view import EGraphView, ENode
-from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop, Masked, Op, Store
+from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop, Masked, Op, Store, Update
 
 
 @dataclass
@@ -123,6 +123,8 @@ class KernelLowering:
             return self._op("where", DType(a[0]), args)
         if kind == "reduce":
             return self._reduce(cid, a[0], a[1], a[2], coords)
+        if kind == "online_sum":
+            return self._online_sum(cid, a[0], a[1], coords)
         if kind == "reindex":
             layout = decode_layout(a[1])
             sub = tuple(e.substitute(coords, self.extents) for e in layout.index)
@@ -160,6 +162,56 @@ class KernelLowering:
         init.home = _Deferred(result_deps)
         self._emit(Accumulate(acc, op, value), deps | {var}, defs=[acc], uses=_names(value) | {acc + "@0"}, home=var)
         return acc, result_deps
+
+    def _online_sum(self, cid: str, axis: int, s_cid: str, coords: tuple) -> tuple:
+        """sum(exp(s - max s)) in one pass: m' = max(m, x); d = d*exp(m - m') + exp(x - m').
+
+        Where m == m' (both -inf early in a masked row) the factor is 1, not
+        exp(nan); a fully masked row then ends as d = count and m = -inf, and
+        the consumer's exp(x - m) gives NaN, as PyTorch's softmax does.
+        """
+        shape = self.view.type(s_cid).shape
+        extent = shape[axis]
+        dtype = self.view.type(s_cid).dtype
+        outer = _vars(c for k, c in enumerate(coords) if k != axis)
+        var = self._sibling_loop(cid, s_cid, extent, outer)
+        if var is None:
+            var = len(self.extents)
+            self.extents.append(extent)
+        self.siblings.setdefault((extent, outer), []).append((var, cid))
+        m, d = self._fresh("acc"), self._fresh("acc")
+        inits = []
+        for acc, op in ((m, "max"), (d, "sum")):
+            inits.append(_Item(len(self.items), Init(acc, op, dtype), None, {acc + "@0"}, set()))
+            self.items.append(inits[-1])
+        sub = list(coords)
+        sub[axis] = Affine.dim(var)
+        x, deps = self._value(s_cid, tuple(sub))
+        here = deps | {var}
+        running_m = (m, here)
+        running_d = (d, here)
+        x_ = (x, here)
+
+        def op(name, out_dtype, *args):
+            value, _ = self._op(name, out_dtype, list(args))
+            self.items[-1].uses |= {o + "@0" for o in (m, d) if o in self.items[-1].stmt.expr.args}
+            self.items[-1].home = var
+            return value, here
+
+        m_new = op("maximum", dtype, running_m, x_)
+        one = (Lit(1.0, dtype), frozenset())
+        scale = op("where", dtype, op("equal", DType.BOOL, running_m, m_new), one,
+                   op("exp", dtype, op("subtract", dtype, running_m, m_new)))
+        term = op("where", dtype, op("equal", DType.BOOL, x_, m_new), one,
+                  op("exp", dtype, op("subtract", dtype, x_, m_new)))
+        d_new = op("add", dtype, op("multiply", dtype, running_d, scale), term)
+        self._emit(Update(d, d_new[0]), here, defs=[d], uses={d_new[0], d + "@0"}, home=var)
+        self._emit(Update(m, m_new[0]), here, defs=[m], uses={m_new[0], m + "@0"}, home=var)
+        result_deps = frozenset(deps - {var})
+        self.reduction_deps[var] = self.reduction_deps.get(var, frozenset()) | result_deps
+        for item in inits:
+            item.home = _Deferred(result_deps)
+        return d, result_deps
 
     def _sibling_loop(self, cid: str, body_cid: str, extent: int, outer: frozenset) -> int | None:
         """A reduction loop this one can share: the multi-output fold of sibling reductions.
@@ -282,6 +334,8 @@ def _renumber(body: tuple, extents: list[int]) -> tuple:
                 out.append(Init(define(stmt.acc), stmt.op, stmt.dtype))
             elif isinstance(stmt, Accumulate):
                 out.append(Accumulate(use(stmt.acc), stmt.op, use(stmt.value)))
+            elif isinstance(stmt, Update):
+                out.append(Update(use(stmt.acc), use(stmt.value)))
             elif isinstance(stmt, Store):
                 out.append(Store(stmt.buffer, index(stmt.index), use(stmt.value)))
         return tuple(out)

@@ -67,6 +67,15 @@ class Accumulate:
 
 
 @dataclass(frozen=True)
+class Update:
+    """acc := value, in loop order: the step of a fold whose state is not a monoid
+    accumulator (the online softmax's running max and rescaled sum)."""
+
+    acc: str
+    value: Operand
+
+
+@dataclass(frozen=True)
 class Store:
     buffer: str
     index: tuple[Affine, ...]
@@ -81,7 +90,7 @@ class Loop:
     reduction: bool = False
 
 
-Stmt = Union[Assign, Init, Accumulate, Store, Loop]
+Stmt = Union[Assign, Init, Accumulate, Update, Store, Loop]
 
 
 @dataclass(frozen=True)

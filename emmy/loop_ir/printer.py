@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from emmy.affine import Affine
-from emmy.loop_ir.nodes import Accumulate, Assign, Init, Lit, Load, LoopProgram, Masked, Op, Store, Loop
+from emmy.loop_ir.nodes import Accumulate, Assign, Init, Lit, Load, Loop, LoopProgram, Masked, Op, Store, Update
 from emmy.tensor_ir.printer import literal
 
 ACCUMULATE_OP = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}
@@ -44,6 +44,8 @@ def _lines(body, depth: int, out: list[str]) -> None:
             out.append(f"{pad}{stmt.acc} = {literal(IDENTITY[stmt.op])}")
         elif isinstance(stmt, Accumulate):
             out.append(f"{pad}{stmt.acc} <- {ACCUMULATE_OP[stmt.op]}({stmt.acc}, {_operand(stmt.value)})")
+        elif isinstance(stmt, Update):
+            out.append(f"{pad}{stmt.acc} := {_operand(stmt.value)}")
         elif isinstance(stmt, Store):
             out.append(f"{pad}{stmt.buffer}[{', '.join(_index(e) for e in stmt.index)}] = {_operand(stmt.value)}")
 

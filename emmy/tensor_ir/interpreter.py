@@ -102,7 +102,8 @@ def apply_scalar(op_name: str, out: DType, args: list[np.ndarray]) -> np.ndarray
         args = [_compute(a, out) for a in args]
     elif op.kind == "compare":
         args = [np.asarray(a, dtype=np.float32) if a.dtype == np.float16 else a for a in args]
-    return to_storage(op.apply(*args), out)
+    with np.errstate(all="ignore"):  # inf - inf and friends are meant: they give NaN as on a GPU
+        return to_storage(op.apply(*args), out)
 
 
 def _float_to_int(x: np.ndarray, dtype: DType) -> np.ndarray:
@@ -117,6 +118,11 @@ def _reduce(node: Reduce, x: np.ndarray) -> np.ndarray:
 
 def reduce_axis(op: str, x: np.ndarray, axis: int, dtype: DType) -> np.ndarray:
     """A monoid over one axis, kept with extent 1; sums and products accumulate in 64 bits."""
+    with np.errstate(all="ignore"):  # NaN and inf propagate as they would on the GPU
+        return _reduce_axis(op, x, axis, dtype)
+
+
+def _reduce_axis(op: str, x: np.ndarray, axis: int, dtype: DType) -> np.ndarray:
     if op == "sum":
         acc = np.float64 if dtype.is_float else np.int64
         result = np.sum(x, axis=axis, keepdims=True, dtype=acc)
