@@ -30,6 +30,8 @@ DEFAULT_CORPUS = (
     "x=torch.randn(4,8); r=torch.arange(4).unsqueeze(1); m=(torch.randn(4,8) > 0) & (r > 0); "
     "torch.softmax(torch.where(m, x, float('-inf')), -1)",
     "q=torch.randn(1,2,6,4); F.scaled_dot_product_attention(q, q * 2, q, is_causal=True)",
+    # variance far from zero: where a one-pass E[x^2] - E[x]^2 would cancel catastrophically
+    "x=torch.randn(3,16); y=x * 100 + 1000; F.layer_norm(y, (16,)) + y.var(-1, keepdim=True)",
 )
 
 

@@ -10,7 +10,7 @@ form stays in the e-graph beside it.
 
 from __future__ import annotations
 
-from egglog import PyObject, String, i64, ne, rewrite, vars_
+from egglog import PyObject, String, f64, i64, ne, rewrite, vars_
 
 from emmy.egraph.layout import decode_layout
 from emmy.egraph.terms import Term
@@ -48,3 +48,31 @@ twist.rule(
 )
 
 RULESETS = [twist]
+
+
+def mean_along(layout_text: str, axis: int, scale_text: str) -> str:
+    """"yes" if the layout broadcasts back along `axis` and the scale is 1/extent of that axis (a mean)."""
+    if not broadcasts_back_along(layout_text, axis):
+        return ""
+    extent = decode_layout(layout_text).shape[axis]
+    return "yes" if extent and abs(float(scale_text) * extent - 1.0) <= 1e-9 else ""
+
+
+x, centred = vars_("x centred", Term)
+(k,) = vars_("k", f64)
+_is_mean = PyObject(mean_along)(PyObject.from_string(layout), PyObject.from_int(axis),
+                                PyObject.from_string(k.to_string())).to_string()
+
+
+def _centred(mean: Term) -> Term:
+    return Term.binary("subtract", d, x, Term.reindex(mean, layout))
+
+
+twist.rule(
+    "welford_variance",
+    "sum((x - mean(x))^2) over an axis -> welford_m2: one pass with state (n, mean, m2)",
+    rewrite(Term.reduce("sum", axis, Term.binary("multiply", d, _centred(
+        Term.binary("multiply", d, Term.reduce("sum", axis, x), Term.literal(k, d))),
+        _centred(Term.binary("multiply", d, Term.reduce("sum", axis, x), Term.literal(k, d)))))).to(
+        Term.welford_m2(axis, x), ne(_is_mean).to(String(""))),
+)

@@ -64,3 +64,14 @@ def test_multi_pass_form_stays_beside_the_fold():
     twisted = [nodes for nodes in view.classes.values() if any(n.kind == "online_sum" for n in nodes)]
     assert twisted
     assert all(any(n.kind == "reduce" for n in nodes) for nodes in twisted)
+
+
+def test_layernorm_is_one_welford_pass_then_the_sweep():
+    code = "x=torch.randn(4,64); w=torch.randn(64); b=torch.randn(64); F.layer_norm(x * 100 + 1000, (64,), w, b)"
+    program = emmy.optimize(code)
+    (kernel,) = program.loop_ir.kernels
+    row_loops = [l for l in _loops(kernel.body) if l.extent == 64]
+    assert len(row_loops) == 2
+    assert sum(isinstance(s, Update) for s in row_loops[0].body) == 3  # n, mean, m2
+    (ours,), (reference,) = program.interpret(stage="loop"), program.interpret()
+    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)

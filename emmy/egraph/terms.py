@@ -17,6 +17,8 @@ ops, axes, layouts) is a literal on its node.
 - online_sum(axis, s)          sum(exp(s - max(s))) over axis in one pass:
                                the softmax normaliser folded with state
                                (m, d) (the twist rules introduce it).
+- welford_m2(axis, x)          sum((x - mean x)^2) over axis in one pass
+                               (Welford's n, mean, m2), likewise.
 """
 
 from __future__ import annotations
@@ -53,8 +55,13 @@ class Term(Expr):
     def online_sum(cls, axis: i64Like, s: Term) -> Term:
         """sum(exp(s - max(s))) over `axis`, as one pass with state (m, d)."""
 
+    @classmethod
+    def welford_m2(cls, axis: i64Like, x: Term) -> Term:
+        """sum((x - mean(x))^2) over `axis`, as one pass with state (n, mean, m2) (Welford)."""
 
-CONSTRUCTORS = ("buffer", "literal", "unary", "binary", "select", "reduce", "reindex", "mat", "online_sum")
+
+CONSTRUCTORS = ("buffer", "literal", "unary", "binary", "select", "reduce", "reindex", "mat", "online_sum",
+                "welford_m2")
 
 
 class Named(Expr):

@@ -114,7 +114,7 @@ class EGraphView:
             return TensorType(decode_layout(a[1]).shape, self._infer(a[0], visiting).dtype)
         if node.kind == "mat":
             return self._infer(a[0], visiting)
-        if node.kind == "online_sum":
+        if node.kind in ("online_sum", "welford_m2"):
             inner = self._infer(a[1], visiting)
             shape = list(inner.shape)
             shape[a[0]] = 1

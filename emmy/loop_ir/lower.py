@@ -125,6 +125,8 @@ class KernelLowering:
             return self._reduce(cid, a[0], a[1], a[2], coords)
         if kind == "online_sum":
             return self._online_sum(cid, a[0], a[1], coords)
+        if kind == "welford_m2":
+            return self._welford_m2(cid, a[0], a[1], coords)
         if kind == "reindex":
             layout = decode_layout(a[1])
             sub = tuple(e.substitute(coords, self.extents) for e in layout.index)
@@ -163,6 +165,65 @@ class KernelLowering:
         self._emit(Accumulate(acc, op, value), deps | {var}, defs=[acc], uses=_names(value) | {acc + "@0"}, home=var)
         return acc, result_deps
 
+    def _fold_loop(self, cid: str, axis: int, x_cid: str, coords: tuple, state: tuple[str, ...]):
+        """Open a loop over `axis` for a fold with `state` (monoid names of the Inits).
+
+        Returns the loop variable, the accumulators, their Init items, the value
+        of x at the loop's element with its deps, and an `op` helper that emits
+        a step statement inside the loop."""
+        shape = self.view.type(x_cid).shape
+        extent = shape[axis]
+        dtype = self.view.type(x_cid).dtype
+        outer = _vars(c for k, c in enumerate(coords) if k != axis)
+        var = self._sibling_loop(cid, x_cid, extent, outer)
+        if var is None:
+            var = len(self.extents)
+            self.extents.append(extent)
+        self.siblings.setdefault((extent, outer), []).append((var, cid))
+        accs, inits = [], []
+        for op in state:
+            acc = self._fresh("acc")
+            accs.append(acc)
+            inits.append(_Item(len(self.items), Init(acc, op, dtype), None, {acc + "@0"}, set()))
+            self.items.append(inits[-1])
+        sub = list(coords)
+        sub[axis] = Affine.dim(var)
+        x, deps = self._value(x_cid, tuple(sub))
+        here = deps | {var}
+
+        def op(name, out_dtype, *args):
+            value, _ = self._op(name, out_dtype, list(args))
+            item = self.items[-1]
+            # A step reads the state as it was before this element's Updates.
+            read = {a for a in accs if a in item.stmt.expr.args}
+            item.uses = (item.uses - read) | {a + "@0" for a in read}
+            item.home = var
+            return value, here
+
+        return var, accs, inits, (x, here), dtype, here, deps, op
+
+    def _close_fold(self, var: int, inits, deps, updates) -> frozenset:
+        for acc, value, here in updates:
+            self._emit(Update(acc, value), here, defs=[acc], uses={value, acc + "@0"}, home=var)
+        result_deps = frozenset(deps - {var})
+        self.reduction_deps[var] = self.reduction_deps.get(var, frozenset()) | result_deps
+        for item in inits:
+            item.home = _Deferred(result_deps)
+        return result_deps
+
+    def _welford_m2(self, cid: str, axis: int, x_cid: str, coords: tuple) -> tuple:
+        """sum((x - mean)^2) in one pass: n += 1; delta = x - mean; mean += delta / n;
+        m2 += delta * (x - mean), with the new mean in the last step (Welford, 1962)."""
+        var, (n, mean, m2), inits, x_, dtype, here, deps, op = self._fold_loop(
+            cid, axis, x_cid, coords, ("sum", "sum", "sum"))
+        n_new = op("add", dtype, (n, here), (Lit(1.0, dtype), frozenset()))
+        delta = op("subtract", dtype, x_, (mean, here))
+        mean_new = op("add", dtype, (mean, here), op("divide", dtype, delta, n_new))
+        m2_new = op("add", dtype, (m2, here), op("multiply", dtype, delta, op("subtract", dtype, x_, mean_new)))
+        result_deps = self._close_fold(var, inits, deps, [(m2, m2_new[0], here), (mean, mean_new[0], here),
+                                                          (n, n_new[0], here)])
+        return m2, result_deps
+
     def _online_sum(self, cid: str, axis: int, s_cid: str, coords: tuple) -> tuple:
         """sum(exp(s - max s)) in one pass: m' = max(m, x); d = d*exp(m - m') + exp(x - m').
 
@@ -170,34 +231,9 @@ class KernelLowering:
         exp(nan); a fully masked row then ends as d = count and m = -inf, and
         the consumer's exp(x - m) gives NaN, as PyTorch's softmax does.
         """
-        shape = self.view.type(s_cid).shape
-        extent = shape[axis]
-        dtype = self.view.type(s_cid).dtype
-        outer = _vars(c for k, c in enumerate(coords) if k != axis)
-        var = self._sibling_loop(cid, s_cid, extent, outer)
-        if var is None:
-            var = len(self.extents)
-            self.extents.append(extent)
-        self.siblings.setdefault((extent, outer), []).append((var, cid))
-        m, d = self._fresh("acc"), self._fresh("acc")
-        inits = []
-        for acc, op in ((m, "max"), (d, "sum")):
-            inits.append(_Item(len(self.items), Init(acc, op, dtype), None, {acc + "@0"}, set()))
-            self.items.append(inits[-1])
-        sub = list(coords)
-        sub[axis] = Affine.dim(var)
-        x, deps = self._value(s_cid, tuple(sub))
-        here = deps | {var}
+        var, (m, d), inits, x_, dtype, here, deps, op = self._fold_loop(cid, axis, s_cid, coords, ("max", "sum"))
         running_m = (m, here)
         running_d = (d, here)
-        x_ = (x, here)
-
-        def op(name, out_dtype, *args):
-            value, _ = self._op(name, out_dtype, list(args))
-            self.items[-1].uses |= {o + "@0" for o in (m, d) if o in self.items[-1].stmt.expr.args}
-            self.items[-1].home = var
-            return value, here
-
         m_new = op("maximum", dtype, running_m, x_)
         one = (Lit(1.0, dtype), frozenset())
         scale = op("where", dtype, op("equal", DType.BOOL, running_m, m_new), one,
@@ -205,12 +241,7 @@ class KernelLowering:
         term = op("where", dtype, op("equal", DType.BOOL, x_, m_new), one,
                   op("exp", dtype, op("subtract", dtype, x_, m_new)))
         d_new = op("add", dtype, op("multiply", dtype, running_d, scale), term)
-        self._emit(Update(d, d_new[0]), here, defs=[d], uses={d_new[0], d + "@0"}, home=var)
-        self._emit(Update(m, m_new[0]), here, defs=[m], uses={m_new[0], m + "@0"}, home=var)
-        result_deps = frozenset(deps - {var})
-        self.reduction_deps[var] = self.reduction_deps.get(var, frozenset()) | result_deps
-        for item in inits:
-            item.home = _Deferred(result_deps)
+        result_deps = self._close_fold(var, inits, deps, [(d, d_new[0], here), (m, m_new[0], here)])
         return d, result_deps
 
     def _sibling_loop(self, cid: str, body_cid: str, extent: int, outer: frozenset) -> int | None:
