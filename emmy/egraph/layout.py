@@ -87,12 +87,6 @@ def compose(inner_text: str, outer_text: str) -> str:
     return encode_layout(Layout(outer.shape, index, guards, fill))
 
 
-def is_identity(text: str, operand_shape: tuple[int, ...]) -> bool:
-    layout = decode_layout(text)
-    return (not layout.guards and layout.shape == tuple(operand_shape)
-            and all(e.as_dim() == k for k, e in enumerate(layout.index)))
-
-
 def scalar_unguarded(text: str) -> str:
     """"yes" if the layout reads a rank-0 value as rank 0 with no guards (an identity), else ""."""
     layout = decode_layout(text)
