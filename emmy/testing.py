@@ -60,42 +60,35 @@ def check_ruleset(group, corpus=DEFAULT_CORPUS, variants: int = 4, seed: int = 0
     """
     import emmy
     from emmy.egraph import saturate
-    from emmy.egraph.driver import Budget
-    from emmy.egraph.extract import BoundarySearch, choose_representatives, random_weights, reachable
+    from emmy.egraph.driver import Budget, run_phase
+    from emmy.egraph.extract import BoundarySearch, choose_representatives, random_weights
     from emmy.egraph.view import EGraphView
     from emmy.loop_ir.interpreter import run_program
-    from emmy.tensor_ir.interpreter import evaluate
-    from emmy.tensor_ir.nodes import Input, Weight
-
     from emmy.rules import builtin_groups
+    from emmy.tensor_ir.interpreter import evaluate
 
     if context is None:
         context = builtin_groups()
     result = RulesetCheck(fired={r.name: 0 for r in group.rules})
     budget = Budget(iterations=6, enodes=5_000, seconds=2.0)
-    programs = [emmy.optimize(code) if isinstance(code, str) else code for code in corpus]
-    for rule in group.rules:
-        for index, program in enumerate(programs):
-            graph = program.tensor_ir
-            inputs = _inputs(graph, seed + index)
-            expected = evaluate(graph, inputs, program.weights)
-            egraph, _, _ = saturate(graph, list(context), budget)
-            from emmy.egraph.driver import run_phase
-
+    for index, code in enumerate(corpus):
+        program = emmy.optimize(code) if isinstance(code, str) else code
+        graph = program.tensor_ir
+        inputs = _inputs(graph, seed + index)
+        expected = evaluate(graph, inputs, program.weights)
+        # The context is saturated once per program; each rule then runs on a copy (push/pop).
+        egraph, _, _ = saturate(graph, list(context), budget)
+        for rule in group.rules:
+            egraph.push()
             report = run_phase(egraph, "check", rule.ruleset, budget, {})
             result.fired[rule.name] += sum(report.matches.values())
-            view = EGraphView(egraph._serialize().to_json())
-            outputs = [(view.class_of_name(n), n) for n in graph.outputs]
-            kinds = {n.name: "input" for n in graph.nodes if isinstance(n, Input)}
-            kinds.update({n.name: "weight" for n in graph.nodes if isinstance(n, Weight)})
+            view = EGraphView.of(egraph)
+            egraph.pop()
             for k in range(variants):
                 weight = random_weights(seed * 1000 + index * 10 + k) if k else None
                 choice = choose_representatives(view, weight) if weight else choose_representatives(view)
-                search = BoundarySearch(view, choice, outputs, kinds)
-                roots = frozenset(c for c, _ in outputs)
-                forced = {choice[c].args[0] for c in reachable(choice, roots) if choice[c].kind == "mat"}
-                program_ir = search.lower(roots | forced).program
-                actual = run_program(program_ir, inputs, program.weights)
+                search = BoundarySearch(view, choice, graph)
+                actual = run_program(search.lower(search.required()).program, inputs, program.weights)
                 result.checked += 1
                 for name, a, e in zip(graph.outputs, actual, expected):
                     cmp = compare(a, e, graph[name].type.dtype)

@@ -126,7 +126,7 @@ def programs(draw):
 @given(code=programs(), seed=st.integers(0, 1000))
 def test_random_programs_every_extracted_variant_is_correct(code, seed):
     from emmy.egraph import saturate
-    from emmy.egraph.extract import BoundarySearch, choose_representatives, random_weights, reachable
+    from emmy.egraph.extract import BoundarySearch, choose_representatives, random_weights
     from emmy.egraph.view import EGraphView
     from emmy.loop_ir.interpreter import run_program
     from emmy.tensor_ir.interpreter import evaluate
@@ -139,17 +139,12 @@ def test_random_programs_every_extracted_variant_is_correct(code, seed):
     inputs = {n.name: rng.standard_normal(n.type.shape).astype(np.float32) for n in graph.inputs}
     expected = evaluate(graph, inputs)
     egraph, _, _ = saturate(graph, builtin_groups(), Budget())
-    view = EGraphView(egraph._serialize().to_json())
-    outputs = [(view.class_of_name(n), n) for n in graph.outputs]
-    kinds = {n.name: "input" for n in graph.inputs}
+    view = EGraphView.of(egraph)
     for k in range(4):
         choice = choose_representatives(view, random_weights(seed + k)) if k else choose_representatives(view)
-        search = BoundarySearch(view, choice, outputs, kinds)
-        roots = frozenset(c for c, _ in outputs)
-        live = reachable(choice, roots)
-        optional = sorted(c for c in live if any(n.kind == "mat" and n.args[0] == c for n in view.classes[c]))
-        boundaries = roots | {c for i, c in enumerate(optional) if (seed + i + k) % 3 == 0}
-        boundaries |= {choice[c].args[0] for c in live if choice[c].kind == "mat"}
+        search = BoundarySearch(view, choice, graph)
+        optional = sorted(search.optional())
+        boundaries = search.required() | {c for i, c in enumerate(optional) if (seed + i + k) % 3 == 0}
         actual = run_program(search.lower(frozenset(boundaries)).program, inputs)
         for a, e in zip(actual, expected):
             assert compare(a, e, graph[graph.outputs[0]].type.dtype).ok, (code, k)

@@ -60,7 +60,7 @@ def test_multi_pass_form_stays_beside_the_fold():
 
     graph = emmy.optimize(SPELLINGS["softmax"]).tensor_ir
     egraph, _, _ = saturate(graph, builtin_groups(), Budget())
-    view = EGraphView(egraph._serialize().to_json())
+    view = EGraphView.of(egraph)
     twisted = [nodes for nodes in view.classes.values() if any(n.kind == "online_sum" for n in nodes)]
     assert twisted
     assert all(any(n.kind == "reduce" for n in nodes) for nodes in twisted)

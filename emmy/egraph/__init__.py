@@ -64,12 +64,7 @@ ROUNDS = 3
 def optimize_loops(graph, groups, budget: Budget = Budget()) -> LoopResult:
     from emmy.egraph.extract import extract_program
     from emmy.egraph.view import EGraphView
-    from emmy.tensor_ir.nodes import Input, Weight
 
     egraph, _, reports = saturate(graph, groups, budget)
-    view = EGraphView(egraph._serialize().to_json())
-    outputs = [(view.class_of_name(name), name) for name in graph.outputs]
-    kinds = {n.name: "input" for n in graph.nodes if isinstance(n, Input)}
-    kinds.update({n.name: "weight" for n in graph.nodes if isinstance(n, Weight)})
-    extraction = extract_program(view, outputs, kinds)
+    extraction = extract_program(EGraphView.of(egraph), graph)
     return LoopResult(extraction.program, reports, extraction.cost)

@@ -124,15 +124,34 @@ class Extraction:
 
 
 class BoundarySearch:
-    """Lower and cost the program for a set of materialized e-classes."""
+    """Lower and cost a Tensor IR graph's e-graph for a set of materialized e-classes."""
 
-    def __init__(self, view: EGraphView, choice: dict[str, ENode], outputs: list[tuple[str, str]],
-                 buffer_kinds: dict[str, str]):
+    def __init__(self, view: EGraphView, choice: dict[str, ENode], graph):
+        from emmy.tensor_ir.nodes import Input, Weight
+
         self.view = view
         self.choice = choice
-        self.outputs = outputs  # (e-class, output buffer name)
-        self.buffer_kinds = buffer_kinds  # input/weight buffer name -> "input" | "weight"
+        # (e-class, output buffer name); an output whose only form is mat(child) is the child's kernel.
+        self.outputs = [(_unwrap(choice, view.class_of_name(name)), name) for name in graph.outputs]
+        # input/weight buffer name -> "input" | "weight"
+        self.buffer_kinds = {n.name: "input" if isinstance(n, Input) else "weight"
+                             for n in graph.nodes if isinstance(n, (Input, Weight))}
         self._kernels: dict = {}
+
+    @property
+    def roots(self) -> frozenset:
+        return frozenset(c for c, _ in self.outputs)
+
+    def live(self) -> list[str]:
+        return reachable(self.choice, self.roots)
+
+    def required(self) -> frozenset:
+        """Boundaries every program has: the outputs, and classes with no fused form."""
+        return self.roots | {self.choice[c].args[0] for c in self.live() if self.choice[c].kind == "mat"}
+
+    def optional(self) -> list[str]:
+        """Live classes whose fused and materialized forms are equal: the choices to make."""
+        return [c for c in self.live() if _optional(self.view, c)]
 
     def region(self, root: str, boundaries) -> set[str]:
         seen, stack = set(), [root]
@@ -195,7 +214,7 @@ class BoundarySearch:
 
     def _leaves(self, kind: str) -> list[str]:
         found = []
-        for cid in reachable(self.choice, [c for c, _ in self.outputs]):
+        for cid in self.live():
             node = self.choice[cid]
             if node.kind == "buffer" and self.buffer_kinds.get(node.args[0]) == kind and node.args[0] not in found:
                 found.append(node.args[0])
@@ -239,17 +258,12 @@ class BoundarySearch:
         return order
 
 
-def extract_program(view: EGraphView, outputs: list[tuple[str, str]], buffer_kinds: dict[str, str],
-                    choice: dict[str, ENode] | None = None) -> Extraction:
+def extract_program(view: EGraphView, graph, choice: dict[str, ENode] | None = None) -> Extraction:
     choice = choice or choose_representatives(view)
-    outputs = [(_unwrap(choice, c), name) for c, name in outputs]
-    search = BoundarySearch(view, choice, outputs, buffer_kinds)
-    roots = [c for c, _ in outputs]
-    live = reachable(choice, roots)
-    forced = {choice[c].args[0] for c in live if choice[c].kind == "mat"}
-    current = frozenset(roots) | frozenset(forced)
+    search = BoundarySearch(view, choice, graph)
+    current = search.required()
     reduces = contains_reduction(choice)
-    candidates = [c for c in live if c not in current and reduces[c] and _optional(view, c)]
+    candidates = [c for c in search.optional() if c not in current and reduces[c]]
     best = search.lower(current)
     while candidates:
         trials = [(search.lower(current | {c}), c) for c in candidates]

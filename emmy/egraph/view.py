@@ -71,6 +71,10 @@ class EGraphView:
                     self.names.setdefault(node.args[0], name)
         self._types: dict[str, TensorType] = {}
 
+    @classmethod
+    def of(cls, egraph) -> "EGraphView":
+        return cls(egraph._serialize().to_json())
+
     def class_of_name(self, name: str) -> str:
         return self.classes_named[name]
 

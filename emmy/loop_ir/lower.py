@@ -146,33 +146,15 @@ class KernelLowering:
         extent = self.view.type(body_cid).shape[axis]
         if extent == 1:
             return self._value(body_cid, coords)
-        outer = _vars(c for k, c in enumerate(coords) if k != axis)
-        var = self._sibling_loop(cid, body_cid, extent, outer)
-        if var is None:
-            var = len(self.extents)
-            self.extents.append(extent)
-        self.siblings.setdefault((extent, outer), []).append((var, cid))
-        acc = self._fresh("acc")
-        dtype = self.view.type(body_cid).dtype
-        init = _Item(len(self.items), Init(acc, op, dtype), None, {acc + "@0"}, set())
-        self.items.append(init)
-        sub = list(coords)
-        sub[axis] = Affine.dim(var)
-        value, deps = self._value(body_cid, tuple(sub))
-        result_deps = frozenset(deps - {var})
-        self.reduction_deps[var] = self.reduction_deps.get(var, frozenset()) | result_deps
-        init.home = _Deferred(result_deps)
+        var, (acc,), inits, value, deps = self._open_fold(cid, axis, body_cid, coords, (op,))
         self._emit(Accumulate(acc, op, value), deps | {var}, defs=[acc], uses=_names(value) | {acc + "@0"}, home=var)
-        return acc, result_deps
+        return acc, self._close_fold(var, inits, deps, [])
 
-    def _fold_loop(self, cid: str, axis: int, x_cid: str, coords: tuple, state: tuple[str, ...]):
-        """Open a loop over `axis` for a fold with `state` (monoid names of the Inits).
-
-        Returns the loop variable, the accumulators, their Init items, the value
-        of x at the loop's element with its deps, and an `op` helper that emits
-        a step statement inside the loop."""
-        shape = self.view.type(x_cid).shape
-        extent = shape[axis]
+    def _open_fold(self, cid: str, axis: int, x_cid: str, coords: tuple, state: tuple[str, ...]):
+        """Open a loop over `axis` (or join a sibling's) with one accumulator per monoid in
+        `state`; returns the loop variable, accumulators, their Init items, and x at the
+        loop's element with its deps."""
+        extent = self.view.type(x_cid).shape[axis]
         dtype = self.view.type(x_cid).dtype
         outer = _vars(c for k, c in enumerate(coords) if k != axis)
         var = self._sibling_loop(cid, x_cid, extent, outer)
@@ -189,6 +171,13 @@ class KernelLowering:
         sub = list(coords)
         sub[axis] = Affine.dim(var)
         x, deps = self._value(x_cid, tuple(sub))
+        return var, accs, inits, x, deps
+
+    def _fold_loop(self, cid: str, axis: int, x_cid: str, coords: tuple, state: tuple[str, ...]):
+        """`_open_fold` for a fold stepped by Update statements; adds an `op` helper that emits
+        a step statement inside the loop, reading the state as it was before the element."""
+        var, accs, inits, x, deps = self._open_fold(cid, axis, x_cid, coords, state)
+        dtype = self.view.type(x_cid).dtype
         here = deps | {var}
 
         def op(name, out_dtype, *args):
