@@ -1,7 +1,15 @@
 """Tensor IR -> e-graph terms, unfused: every computed value starts as mat(...),
 a kernel of its own. Each value's name is recorded with a Named fact, so the
 extractor finds the outputs' e-classes and names temporary buffers after the
-Tensor IR values they came from."""
+Tensor IR values they came from.
+
+Every node is bound to a global let of our own naming, one node per let, so
+that egglog-python never invents its own `$__expr_N` lets. It invents them
+for any shared subterm, and egglog 13.2 confuses globals whose names differ
+by trailing digits (`$__expr_31` read back as the value of `$__expr_3`;
+found as a reduce whose op came back "up_weight"). Our names end in "_", so
+no name is another plus digits, and no expression we send shares a subterm.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ def literal_value(value) -> float:
 def encode(egraph: EGraph, graph: TensorGraph) -> dict[str, Term]:
     """Add `graph` to `egraph`; returns the term of every Tensor IR value by name."""
     terms: dict[str, Term] = {}
-    for node in graph.nodes:
+    for index, node in enumerate(graph.nodes):
         dtype = str(node.type.dtype)
         if isinstance(node, (Input, Weight)):
             term = Term.buffer(node.name, shape_text(node.type.shape), dtype)
@@ -45,6 +53,12 @@ def encode(egraph: EGraph, graph: TensorGraph) -> dict[str, Term]:
             raise TypeError(node)
         if not isinstance(node, (Input, Weight, Constant)):
             term = Term.mat(term)
-        egraph.register(Named(node.name, term))
+        term = egraph.let(let_name("t", index), term)
+        egraph.let(let_name("n", index), Named(node.name, term))
         terms[node.name] = term
     return terms
+
+
+def let_name(kind: str, index: int) -> str:
+    """A global's name that is never another global's name plus digits (see above)."""
+    return f"emmy_{kind}{index}_"
