@@ -6,7 +6,7 @@ from emmy.program import Program
 
 
 def optimize(graph, *example_inputs, target: str | None = None, stop_after: str = "tensor",
-             rules: tuple = (), budget=None) -> Program:
+             rules: tuple = (), budget=None, knobs=None) -> Program:
     """Compile a PyTorch program.
 
     `graph` is `-c`-style code (a string), an `nn.Module` or `fx.GraphModule`
@@ -15,20 +15,27 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     built now, so its errors surface here; later stages build when asked.
     `rules` adds rule groups (emmy.rules.RuleGroup) to the built-in ones;
     `budget` (emmy.egraph.driver.Budget) bounds saturation, by default from
-    EMMY_EGRAPH_* settings.
+    EMMY_EGRAPH_* settings. `knobs` pins schedule knobs for every kernel
+    (`"K=V,..."` or an emmy.knobs.KnobRow; default EMMY_KNOBS).
     """
     from emmy.capture import capture
     from emmy.config import settings
     from emmy.extract.targets import get_target
 
     config = settings()
+    from emmy.knobs import KnobRow, check_target, parse_pins
+
     chosen = get_target(target or config.target)  # fail fast, before the slow capture
+    pins = knobs if isinstance(knobs, KnobRow) else parse_pins(config.knobs if knobs is None else knobs)
+    check_target(pins, chosen)
     groups, budget = _optimizer_setup(rules, budget, config)
-    program = Program(capture(graph, *example_inputs), chosen, groups, budget)
+    program = Program(capture(graph, *example_inputs), chosen, groups, budget, pins)
     if stop_after != "torch":
         program.tensor_program  # noqa: B018 - decompose now, so unsupported ops fail here
     if stop_after not in ("torch", "tensor"):
         program.loop_result  # noqa: B018
+    if stop_after not in ("torch", "tensor", "loop"):
+        program.tile_ir  # noqa: B018
     return program
 
 

@@ -41,6 +41,15 @@ def _parser() -> argparse.ArgumentParser:
     optimizer_options(compile_)
     common(compile_)
 
+    schedules = sub.add_parser("schedules", help="list every legal knob row of each kernel, with its cost estimate")
+    schedules.add_argument("-c", dest="code", required=True, metavar="CODE",
+                           help="Python code whose last statement is the tensor expression to compile")
+    schedules.add_argument("--limit", type=int, default=20, metavar="N",
+                           help="rows to print per kernel, cheapest first (0: all; default 20)")
+    schedules.add_argument("--knobs", metavar="K=V,...", help="pin schedule knobs (overrides EMMY_KNOBS)")
+    optimizer_options(schedules)
+    common(schedules)
+
     rules = sub.add_parser("rules", help="list the rulesets and rules, with their descriptions")
     rules.add_argument("--rules", dest="rule_files", action="append", default=[], metavar="FILE",
                        help="also load the rulesets of this Python module")
@@ -91,7 +100,8 @@ def _compile(args) -> int:
     from emmy.api import optimize
 
     rules, budget = _optimizer_args(args)
-    program = optimize(args.code, target=args.target, stop_after=args.ir, rules=rules, budget=budget)
+    program = optimize(args.code, target=args.target, stop_after=args.ir, rules=rules, budget=budget,
+                       knobs=args.knobs)
     text = program.ir(args.ir)
     if args.verbose and args.ir not in ("torch", "tensor"):
         for report in program.loop_result.reports:
@@ -125,6 +135,51 @@ def _optimizer_args(args):
     return rules, budget
 
 
+def _schedules(args) -> int:
+    _check_target(args.target)
+    _check_knobs(args.knobs, args.target)
+    if args.limit < 0:
+        raise EmmyError(f"--limit must be 0 (all) or positive, got {args.limit}")
+    from emmy.api import optimize
+    from emmy.extract.schedule_cost import row_cost
+    from emmy.knobs import KNOB_NAMES
+    from emmy.tile_ir.shape import kernel_shape
+
+    rules, budget = _optimizer_args(args)
+    program = optimize(args.code, target=args.target, stop_after="loop", rules=rules, budget=budget,
+                       knobs=args.knobs)
+    space = program.schedule_space()
+    target = program.target
+    if program.knobs.pinned():
+        from emmy.tile_ir.build import no_row_message
+
+        unpinned = None
+        for kernel in program.loop_ir.kernels:
+            if not space.rows[kernel.name]:
+                from emmy.egraph.schedules import build_space
+
+                shapes = [kernel_shape(k) for k in program.loop_ir.kernels]
+                unpinned = unpinned or build_space(shapes, target)
+                raise EmmyError(no_row_message(kernel_shape(kernel), program.knobs, unpinned.rows[kernel.name], target))
+    for index, kernel in enumerate(program.loop_ir.kernels):
+        shape = kernel_shape(kernel)
+        rows = space.rows[kernel.name]
+        costed = sorted(((row_cost(shape, r, target).seconds, i, r) for i, r in enumerate(rows)))
+        print(f"=== {index}: {kernel.name} ({shape.describe()}) ===")
+        print(f"{len(rows)} legal rows on {target.name}")
+        shown = costed if args.limit == 0 else costed[:args.limit]
+        table = [[f"{seconds * 1e6:.2f}"] + [getattr(r, k) or "-" for k in KNOB_NAMES] for seconds, _, r in shown]
+        header = ["est us", *KNOB_NAMES]
+        widths = [max(len(row[c]) for row in [header, *table]) for c in range(len(header))]
+        for row in [header, *table]:
+            print("  " + "  ".join(cell.rjust(w) if c == 0 else cell.ljust(w)
+                                   for c, (cell, w) in enumerate(zip(row, widths))).rstrip())
+        if len(shown) < len(rows):
+            print(f"  ({len(rows) - len(shown)} more; --limit 0 shows all)")
+    log.info("schedule space built in %.3f s", space.seconds)
+    return 0
+
+
 def _rules(args) -> int:
     from emmy.rules import builtin_groups, load_rules_file
 
@@ -153,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="emmy: %(message)s")
     try:
-        return {"compile": _compile, "suite": _suite, "rules": _rules}[args.command](args)
+        return {"compile": _compile, "schedules": _schedules, "suite": _suite, "rules": _rules}[args.command](args)
     except EmmyError as err:
         if args.verbose:
             traceback.print_exc()

@@ -86,6 +86,13 @@ def parse_value(knob: str, value: str) -> str:
     return value
 
 
+def value_fields(knob: str, value: str) -> dict[str, int | str]:
+    """The parts of a legal value: numbers as ints, the atom, the staging mode, the split mode."""
+    parse_value(knob, value)
+    match = re.fullmatch(_FORMS[knob][0], value)
+    return {name: int(part) if part.isdigit() else part for name, part in match.groupdict().items() if part is not None}
+
+
 def parse_pins(text: str) -> KnobRow:
     """`K=V,...` -> KnobRow. An empty string pins nothing."""
     pins: dict[str, str] = {}

@@ -10,7 +10,7 @@ import numpy as np
 from emmy.errors import EmmyError, StageNotBuiltError
 
 STAGES = ("torch", "tensor", "loop", "tile", "kernel", "cuda")
-BUILT_STAGES = ("torch", "tensor", "loop")
+BUILT_STAGES = ("torch", "tensor", "loop", "tile")
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class Program:
     target: object  # emmy.extract.targets.Target
     rule_groups: tuple = ()  # emmy.rules.RuleGroup, built-in ones and any the user loaded
     budget: object = None  # emmy.egraph.driver.Budget
+    knobs: object = None  # emmy.knobs.KnobRow: pins for every kernel
 
     @cached_property
     def tensor_program(self):
@@ -40,6 +41,22 @@ class Program:
     @property
     def loop_ir(self):
         return self.loop_result.program
+
+    @cached_property
+    def tile_ir(self):
+        """Each kernel with its cheapest legal knob row (within the pins) and its Fold tree."""
+        from emmy.knobs import KnobRow
+        from emmy.tile_ir.build import build_tile_program
+
+        return build_tile_program(self.loop_ir, self.target, self.knobs or KnobRow())
+
+    def schedule_space(self):
+        """Every legal knob row for every kernel, within the pins."""
+        from emmy.egraph.schedules import build_space
+        from emmy.knobs import KnobRow
+        from emmy.tile_ir.shape import kernel_shape
+
+        return build_space([kernel_shape(k) for k in self.loop_ir.kernels], self.target, self.knobs or KnobRow())
 
     @property
     def weights(self) -> dict[str, np.ndarray]:
@@ -65,6 +82,10 @@ class Program:
             from emmy.loop_ir.printer import print_loop_ir
 
             return print_loop_ir(self.loop_ir)
+        if stage == "tile":
+            from emmy.tile_ir.printer import print_tile_ir
+
+            return print_tile_ir(self.tile_ir)
         raise StageNotBuiltError(f"the {stage} stage is not built yet; stages so far: {', '.join(BUILT_STAGES)}")
 
     def interpret(self, *inputs, stage: str = "tensor") -> list:

@@ -23,7 +23,7 @@ BAD_INPUT = [
     ("x=torch.randn(4,dtype=torch.float64); x*2", [], ["unsupported dtype float64 (input x)"]),
     ("x=torch.randn(4)\nx.double() * 2", [], ["unsupported dtype float64", "line 2: `x.double() * 2`"]),
     (MATMUL, ["--target", "sm_70"], ["unknown target 'sm_70'", "sm_80, sm_89, sm_90, sm_120"]),
-    (MATMUL, ["--ir", "tile"], ["the tile stage is not built yet"]),
+    (MATMUL, ["--ir", "kernel"], ["the kernel stage is not built yet"]),
     (MATMUL, ["--ir", "llvm"], ["unknown --ir stage 'llvm'"]),
 ]
 

@@ -31,23 +31,30 @@ def _expr(expr) -> str:
     raise TypeError(expr)
 
 
+def statement_text(stmt) -> str:
+    """One non-loop statement as `--ir loop` prints it."""
+    if isinstance(stmt, Assign):
+        op = _expr(stmt.expr)
+        return f"{stmt.name} = {'cast<' + str(stmt.dtype) + '>' + op[4:] if op.startswith('cast(') else op}"
+    if isinstance(stmt, Init):
+        return f"{stmt.acc} = {literal(IDENTITY[stmt.op])}"
+    if isinstance(stmt, Accumulate):
+        return f"{stmt.acc} <- {ACCUMULATE_OP[stmt.op]}({stmt.acc}, {_operand(stmt.value)})"
+    if isinstance(stmt, Update):
+        return f"{stmt.acc} := {_operand(stmt.value)}"
+    if isinstance(stmt, Store):
+        return f"{stmt.buffer}[{', '.join(_index(e) for e in stmt.index)}] = {_operand(stmt.value)}"
+    raise TypeError(stmt)
+
+
 def _lines(body, depth: int, out: list[str]) -> None:
     pad = "  " * depth
     for stmt in body:
         if isinstance(stmt, Loop):
             out.append(f"{pad}for a{stmt.var} in 0..{stmt.extent}")
             _lines(stmt.body, depth + 1, out)
-        elif isinstance(stmt, Assign):
-            op = _expr(stmt.expr)
-            out.append(f"{pad}{stmt.name} = {'cast<' + str(stmt.dtype) + '>' + op[4:] if op.startswith('cast(') else op}")
-        elif isinstance(stmt, Init):
-            out.append(f"{pad}{stmt.acc} = {literal(IDENTITY[stmt.op])}")
-        elif isinstance(stmt, Accumulate):
-            out.append(f"{pad}{stmt.acc} <- {ACCUMULATE_OP[stmt.op]}({stmt.acc}, {_operand(stmt.value)})")
-        elif isinstance(stmt, Update):
-            out.append(f"{pad}{stmt.acc} := {_operand(stmt.value)}")
-        elif isinstance(stmt, Store):
-            out.append(f"{pad}{stmt.buffer}[{', '.join(_index(e) for e in stmt.index)}] = {_operand(stmt.value)}")
+        else:
+            out.append(pad + statement_text(stmt))
 
 
 def print_loop_ir(program: LoopProgram) -> str:

@@ -1,0 +1,128 @@
+"""The schedule space: kernels and candidate knob values in, legal rows out.
+
+Facts about each kernel (emmy.tile_ir.shape) and the target go into an
+e-graph with one relation per kind of candidate value; the schedule rules
+(rules/schedules.py) run to saturation and `legal_row` holds the space. A
+pinned knob narrows its relation to the pinned value (which need not be a
+default candidate: any legal spelling may be pinned).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from emmy.knobs import KNOB_NAMES, KnobRow, value_fields
+from emmy.tile_ir.shape import KernelShape
+
+
+@dataclass(frozen=True)
+class ScheduleSpace:
+    rows: dict[str, tuple[KnobRow, ...]]  # kernel name -> legal rows, in a stable order
+    seconds: float
+
+
+def default_candidates() -> dict[str, list[str]]:
+    """Every default candidate spelling per knob."""
+    from emmy.rules.schedules import (ATOM_DTYPE, CANDIDATES, tile_mma_spelling, tile_simt_spelling,
+                                 work_threads_spelling, work_warps_spelling)
+
+    c = CANDIDATES
+    return {
+        "WORK": [work_threads_spelling(t) for t in c["WORK_THREADS"]]
+        + [work_warps_spelling(m, n) for m, n in c["WORK_WARPS"]],
+        "TILE": [tile_simt_spelling(e, v) for e, v in c["TILE_SIMT"]]
+        + [tile_mma_spelling(a, fm, fn, kc) for a in ATOM_DTYPE for fm in c["TILE_MMA_FRAGMENTS"]
+           for fn in c["TILE_MMA_FRAGMENTS"] for kc in c["TILE_MMA_K"]],
+        "REDUCE": ["", "coop"] + [f"g{n}{m}" for n in c["REDUCE_SPLITS"] for m in "ak"],
+        "STAGE": [""] + [f"d{d}/smem" for d in c["STAGE_PLAIN_DEPTHS"]]
+        + [f"d{d}/{how}" for how in ("smem-async", "smem-tma") for d in c["STAGE_PIPELINE_DEPTHS"]],
+        "RASTER": [""] + [f"gm{g}" for g in c["RASTER_GROUPS"]],
+    }
+
+
+def candidate_values(pins: KnobRow) -> dict[str, list[str]]:
+    values = default_candidates()
+    for knob, value in pins.pinned().items():
+        values[knob] = [value]
+    return values
+
+
+def _candidate_facts(values: dict[str, list[str]]) -> list:
+    import emmy.rules.schedules as R
+
+    facts = []
+    for value in values["WORK"]:
+        f = value_fields("WORK", value)
+        facts.append(R.work_threads(value, f["threads"]) if "threads" in f
+                     else R.work_warps(value, f["warps_m"], f["warps_n"]))
+    for value in values["TILE"]:
+        f = value_fields("TILE", value)
+        if "atom" in f:
+            facts.append(R.tile_mma(value, R.ATOM_DTYPE[f["atom"]], f["frag_m"], f["frag_n"], f["k_chunks"]))
+        else:
+            facts.append(R.tile_simt(value, f["elems"], f.get("vec", 1)))
+    for value in values["REDUCE"]:
+        f = value_fields("REDUCE", value)
+        facts.append(R.reduce_none(value) if value == "" else R.reduce_coop(value) if value == "coop"
+                     else R.reduce_split(value, f["split"], f["mode"]))
+    for value in values["STAGE"]:
+        f = value_fields("STAGE", value)
+        if value == "":
+            facts.append(R.stage_none(value))
+        else:
+            relation = {"smem": R.stage_plain, "smem-async": R.stage_async, "smem-tma": R.stage_tma}[f["how"]]
+            facts.append(relation(value, f["depth"]))
+    for value in values["RASTER"]:
+        facts.append(R.raster_none(value) if value == "" else R.raster_group(value, value_fields("RASTER", value)["group"]))
+    return facts
+
+
+def _kernel_facts(shape: KernelShape) -> list:
+    import emmy.rules.schedules as R
+
+    facts = [R.kernel(shape.kernel, shape.kind, shape.rows, shape.cols, shape.red, shape.inner, shape.itemsize,
+                      shape.batch)]
+    flags = {"foldonly": not shape.sweep, "raw": not shape.epilogue, "atomic": shape.atomic_ok}
+    facts += [R.kernel_flag(shape.kernel, flag) for flag, on in flags.items() if on]
+    if shape.mma:
+        facts.append(R.kernel_mma(shape.kernel, shape.mma))
+    return facts
+
+
+def build_space(shapes: list[KernelShape], target, pins: KnobRow = KnobRow()) -> ScheduleSpace:
+    import time
+
+    from egglog import EGraph
+
+    import emmy.rules.schedules as R
+
+    start = time.perf_counter()
+    egraph = EGraph()
+    facts = _candidate_facts(candidate_values(pins))
+    facts.append(R.target(target.smem_per_block, target.sms, int(target.has_cp_async), int(target.has_tma)))
+    for shape in shapes:
+        facts += _kernel_facts(shape)
+    egraph.register(*facts)
+    combined = R.SCHEDULE_RULESETS[0]
+    for ruleset in R.SCHEDULE_RULESETS[1:]:
+        combined = combined | ruleset
+    egraph.run(combined.saturate())
+    rows = {shape.kernel: [] for shape in shapes}
+    for kernel, row in _legal_rows(egraph):
+        rows[kernel].append(row)
+    order = {knob: {v: i for i, v in enumerate(vals)} for knob, vals in candidate_values(pins).items()}
+    ranked = {name: tuple(sorted(found, key=lambda r: tuple(order[k][getattr(r, k)] for k in KNOB_NAMES)))
+              for name, found in rows.items()}
+    return ScheduleSpace(ranked, time.perf_counter() - start)
+
+
+def _legal_rows(egraph):
+    """(kernel, KnobRow) for every legal_row fact, read from egglog's serialized e-graph."""
+    data = json.loads(egraph._serialize().to_json())
+    nodes = data["nodes"]
+    for node in nodes.values():
+        if node["op"] != "legal_row":
+            continue
+        kernel, *values = (json.loads(nodes[c]["op"]) for c in node["children"])
+        yield kernel, KnobRow(**dict(zip(KNOB_NAMES, values)))

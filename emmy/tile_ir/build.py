@@ -1,0 +1,116 @@
+"""Loop IR + the schedule space -> Tile IR: each kernel gets its cheapest legal row."""
+
+from __future__ import annotations
+
+from emmy.errors import EmmyError
+from emmy.knobs import KnobRow, check_target
+from emmy.loop_ir.nodes import Accumulate, Init, Kernel, Loop, LoopProgram, Update
+from emmy.tile_ir.geometry import Geometry, geometry
+from emmy.tile_ir.nodes import Epilogue, Fold, Placement, Sweep, TileKernel, TileProgram
+from emmy.tile_ir.shape import KernelShape, kernel_shape
+
+
+def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow()) -> TileProgram:
+    from emmy.egraph.schedules import build_space
+    from emmy.extract.schedule_cost import row_cost
+
+    check_target(pins, target)
+    shapes = [kernel_shape(k) for k in loops.kernels]
+    space = build_space(shapes, target, pins)
+    full = build_space(shapes, target) if pins.pinned() else space
+    kernels = []
+    for kernel, shape in zip(loops.kernels, shapes):
+        rows = space.rows[kernel.name]
+        if not rows:
+            raise EmmyError(no_row_message(shape, pins, full.rows[kernel.name], target))
+        seconds, _, row = min((row_cost(shape, r, target).seconds, i, r) for i, r in enumerate(rows))
+        g = geometry(shape, row)
+        kernels.append(TileKernel(kernel, shape, row, g, _placement(shape, row, g), tuple(_parts(kernel, shape)),
+                                  len(full.rows[kernel.name]), seconds))
+    return TileProgram(tuple(kernels), loops)
+
+
+def no_row_message(shape: KernelShape, pins: KnobRow, unpinned: tuple[KnobRow, ...], target) -> str:
+    """Why pins leave a kernel no legal row: each pinned value the kernel cannot take at all, with
+    the values it can; or, when each could be legal alone, that they are not legal together."""
+    pinned = pins.pinned()
+    head = f"no legal schedule for kernel {shape.kernel} ({shape.describe()}) on {target.name} with {pins}"
+    reasons = []
+    tile_atom = pinned.get("TILE", "").split("/")[0]
+    if tile_atom.startswith("mma_"):
+        from emmy.rules.schedules import ATOM_DTYPE
+
+        if not shape.mma:
+            reasons.append(f"TILE={pinned['TILE']} needs a contraction of f16 or bf16 operands; this kernel is a "
+                           f"{shape.describe()}")
+        elif ATOM_DTYPE[tile_atom] != shape.mma:
+            reasons.append(f"TILE={pinned['TILE']} multiplies {ATOM_DTYPE[tile_atom]} operands; this kernel's are "
+                           f"{shape.mma}")
+    for knob, value in pinned.items():
+        legal = sorted({getattr(r, knob) for r in unpinned})
+        if value not in legal and not (knob == "TILE" and reasons):
+            shown = ", ".join(v if v else "(empty)" for v in legal[:12]) + (" ..." if len(legal) > 12 else "")
+            reasons.append(f"{knob}={value} is not legal for this kernel; legal {knob} values here: {shown}")
+    work, tile = pinned.get("WORK", ""), pinned.get("TILE", "")
+    if work and tile and work.startswith("w") != tile.startswith("mma_"):
+        reasons.append("WORK=t<N> (threads) goes with SIMT tiles f<N>[/v<V>], WORK=w<M>x<N> (warps) with mma tiles; "
+                       f"WORK={work} and TILE={tile} do not pair")
+    if not reasons:
+        reasons.append("each pinned value is legal alone but no legal row has them together "
+                       "(tile sizes, shared memory or split limits; `emmy schedules` lists the rows)")
+    return head + ": " + "; ".join(reasons)
+
+
+def _placement(shape: KernelShape, row: KnobRow, g: Geometry) -> Placement:
+    free = shape.free_vars
+    names = [f"a{v}" for v in free]
+    if shape.kind == "contraction":
+        m = "·".join(f"a{v}" for v in shape.m_vars)
+        n = "·".join(f"a{v}" for v in shape.n_vars)
+        batch = [f"a{v}" for v in free if v not in shape.m_vars and v not in shape.n_vars]
+        grid = (f"{m}/{g.tile_m}", f"{n}/{g.tile_n}", *batch)
+    elif shape.kind == "row" and row.REDUCE == "":
+        grid = (f"{'·'.join(names) or '1'}/{g.threads}",)
+    elif shape.kind == "map":
+        grid = (f"{'·'.join(names) or '1'}/{g.threads * g.elems}",)
+    else:
+        grid = tuple(names) or ("1",)
+    if g.split > 1:
+        grid = (*grid, f"split {g.split}")
+    return Placement(tuple(free), grid, row.WORK, g.blocks, g.threads)
+
+
+def _parts(kernel: Kernel, shape: KernelShape):
+    """The statements inside the free loops, grouped into folds, epilogues and sweeps."""
+    body = kernel.body
+    while len(body) == 1 and isinstance(body[0], Loop) and not body[0].reduction and body[0].var in shape.free_vars:
+        body = body[0].body
+    inits, pending = [], []
+    for stmt in body:
+        if isinstance(stmt, Init):
+            inits.append(stmt)
+        elif isinstance(stmt, Loop) and stmt.reduction:
+            if pending:
+                yield Epilogue(tuple(pending))
+                pending = []
+            combine = tuple(s for s in stmt.body if isinstance(s, (Accumulate, Update)))
+            accs = {s.acc for s in combine}
+            mine = tuple(i for i in inits if i.acc in accs)
+            inits = [i for i in inits if i.acc not in accs]
+            lift = tuple(s for s in stmt.body if not isinstance(s, (Accumulate, Update)))
+            yield Fold(stmt.var, stmt.extent, _twist(combine, mine), mine, lift, combine)
+        elif isinstance(stmt, Loop):
+            if pending:
+                yield Epilogue(tuple(pending))
+                pending = []
+            yield Sweep(stmt.var, stmt.extent, stmt.body)
+        else:
+            pending.append(stmt)
+    if pending:
+        yield Epilogue(tuple(pending))
+
+
+def _twist(combine, inits) -> str:
+    if not any(isinstance(s, Update) for s in combine):
+        return ""
+    return "softmax" if any(i.op == "max" for i in inits) else "welford"

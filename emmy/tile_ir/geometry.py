@@ -1,0 +1,64 @@
+"""What a knob row makes of a kernel: block size, block count, tiles, shared memory.
+
+The schedule rules decide legality; this computes the launch a legal row
+implies, for the Tile IR's placement line and for the schedule cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil, isqrt
+
+from emmy.knobs import KnobRow, value_fields
+from emmy.tile_ir.shape import KernelShape
+
+SIMT_PANEL = 64 * 32  # elements of a SIMT contraction's shared-memory panel (rules/schedules.py)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    threads: int  # per block
+    blocks: int
+    elems: int  # per thread per step (TILE f<N>), or outputs per thread
+    vec: int  # vector width of loads
+    smem_bytes: int
+    split: int = 1  # blocks sharing one reduction (REDUCE g<N>)
+    tile_m: int = 1  # output rows per block (contractions)
+    tile_n: int = 1
+    tile_k: int = 1
+    mma: bool = False
+    stage_depth: int = 0
+    stage_how: str = ""  # smem | smem-async | smem-tma
+    raster_group: int = 0
+
+
+def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
+    work = value_fields("WORK", row.WORK or "t32")
+    tile = value_fields("TILE", row.TILE or "f1")
+    reduce = value_fields("REDUCE", row.REDUCE or "")
+    stage = value_fields("STAGE", row.STAGE or "")
+    raster = value_fields("RASTER", row.RASTER or "")
+    threads = work.get("threads") or 32 * work["warps_m"] * work["warps_n"]
+    split = reduce.get("split", 1)
+    depth, how = stage.get("depth", 0), stage.get("how", "")
+    group = raster.get("group", 0)
+    if "atom" in tile:
+        bm = 16 * tile["frag_m"] * work["warps_m"]
+        bn = 8 * tile["frag_n"] * work["warps_n"]
+        bk = 16 * tile["k_chunks"]
+        blocks = ceil(shape.rows / bm) * ceil(shape.cols / bn) * shape.batch * split
+        smem = depth * (bm * bk + bk * bn) * shape.itemsize
+        return Geometry(threads, blocks, tile["frag_m"] * tile["frag_n"], 1, smem, split, bm, bn, bk, True,
+                        depth, how, group)
+    elems, vec = tile["elems"], tile.get("vec", 1)
+    if shape.kind == "map":
+        return Geometry(threads, ceil(shape.rows / (threads * elems)), elems, vec, 0)
+    if shape.kind == "row":
+        if row.REDUCE == "":  # a thread a row
+            return Geometry(threads, ceil(shape.rows / threads), elems, vec, 0)
+        return Geometry(threads, shape.rows * split, elems, vec, 0, split)
+    per_block = threads * elems
+    side = max(1, isqrt(per_block))
+    blocks = ceil(shape.rows * shape.cols * shape.batch / per_block) * split
+    return Geometry(threads, blocks, elems, vec, depth * 2 * SIMT_PANEL * shape.itemsize, split,
+                    side, max(1, per_block // side), 32, False, depth, how, group)

@@ -1,0 +1,70 @@
+"""Tile IR: a Loop IR kernel with its schedule, as a Fold tree.
+
+A kernel is its free loops (placed on the grid and the threads), then a
+sequence of parts: folds (a reduction loop: init, the lifted element, the
+combine step), epilogue statements between them, and sweeps (free loops over
+a row after its folds, writing outputs). The knob row is the one the
+schedule space chose for it (cheapest, or the one pins left).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from emmy.knobs import KnobRow
+from emmy.loop_ir.nodes import Kernel, LoopProgram, Stmt
+from emmy.tile_ir.geometry import Geometry
+from emmy.tile_ir.shape import KernelShape
+
+
+@dataclass(frozen=True)
+class Placement:
+    free: tuple[int, ...]  # loop variables with one output element (or row) each
+    grid: tuple[str, ...]  # what each grid dimension walks, e.g. "a0" or "a0/16"
+    work: str  # the WORK knob
+    blocks: int
+    threads: int
+
+
+@dataclass(frozen=True)
+class Fold:
+    var: int
+    extent: int
+    twist: str  # "" | "softmax" | "welford": a fold whose state is stepped by Updates
+    init: tuple[Stmt, ...]  # Init statements
+    lift: tuple[Stmt, ...]  # statements computing the element (loads, ops)
+    combine: tuple[Stmt, ...]  # Accumulate and Update statements
+
+
+@dataclass(frozen=True)
+class Sweep:
+    var: int
+    extent: int
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    body: tuple[Stmt, ...]  # statements after the folds, once per row
+
+
+Part = Union[Fold, Sweep, Epilogue]
+
+
+@dataclass(frozen=True)
+class TileKernel:
+    kernel: Kernel
+    shape: KernelShape
+    row: KnobRow  # every knob set
+    geometry: Geometry
+    placement: Placement
+    parts: tuple[Part, ...]
+    legal_rows: int  # size of the space the row was chosen from
+    seconds: float  # the row's cost estimate
+
+
+@dataclass(frozen=True)
+class TileProgram:
+    kernels: tuple[TileKernel, ...]
+    loops: LoopProgram

@@ -1,0 +1,149 @@
+"""What a schedule needs to know about a Loop IR kernel: its kind and extents.
+
+- map          no reduction: `numel` outputs, `inner` the innermost extent.
+- row          a reduction per row: `rows` rows of `red` elements (folds of
+               several monoids and twisted folds included); `sweep` when the
+               row is read again after the fold (RMSNorm's scaling pass).
+- contraction  sum over k of a[.., m, k] * b[.., k, n]: `rows` = M, `cols` = N,
+               `red` = K, `batch` the extents both operands share. `mma` when
+               both operands are loaded as f16 or bf16 (tensor-core atoms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from emmy.dtypes import DType
+from emmy.loop_ir.nodes import Accumulate, Assign, Kernel, Load, Loop, Op, Update
+
+_MMA_DTYPES = {DType.F16: "f16", DType.BF16: "bf16"}
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    kernel: str
+    kind: str  # map | row | contraction
+    rows: int  # map: numel; row: rows; contraction: M
+    cols: int  # contraction: N; otherwise 1
+    red: int  # reduced extent; 1 for map
+    inner: int  # contiguous innermost extent read along (vector loads must divide it)
+    itemsize: int  # bytes per element of the widest input
+    batch: int = 1
+    sweep: bool = False  # the row is read again after its fold
+    epilogue: bool = False  # the output is not the raw accumulator
+    atomic_ok: bool = False  # every fold is a sum/max/min monoid (blocks may combine with atomics)
+    mma: str = ""  # "f16" | "bf16" when tensor-core atoms apply
+    free_vars: tuple[int, ...] = ()  # loop variables outside the folds (one output element or row each)
+    m_vars: tuple[int, ...] = ()  # contraction: free variables only the first operand reads
+    n_vars: tuple[int, ...] = ()  # ... only the second operand reads
+
+    def describe(self) -> str:
+        if self.kind == "map":
+            return f"map of {self.rows} elements"
+        if self.kind == "row":
+            return f"row reduction {self.rows} x {self.red}" + (" with sweep" if self.sweep else "")
+        dims = f"{self.rows}x{self.cols}x{self.red}" + (f" (batch {self.batch})" if self.batch > 1 else "")
+        return f"contraction {dims}" + (f", {self.mma} operands" if self.mma else "")
+
+
+def kernel_shape(kernel: Kernel) -> KernelShape:
+    free, reductions, sweep = [], [], False
+    _walk(kernel.body, free, reductions)
+    loads = [s for s in _statements(kernel.body) if isinstance(s, Assign) and isinstance(s.expr, Load)]
+    itemsize = max([s.dtype.itemsize for s in loads] or [kernel.type.dtype.itemsize])
+    inner_free = [l for l in free if l[2]]  # free loops inside a reduction's enclosing nest (sweeps)
+    outer = [l for l in free if not l[2]]
+    if not reductions:
+        numel = prod(l[1] for l in free) if free else 1
+        inner = free[-1][1] if free else 1
+        return KernelShape(kernel.name, "map", numel, 1, 1, inner, itemsize,
+                           free_vars=tuple(l[0] for l in free))
+    sweep = bool(inner_free)
+    red = max(r.extent for r in reductions)
+    stmts = list(_statements(kernel.body))
+    folds = [s for s in stmts if isinstance(s, (Accumulate, Update))]
+    atomic_ok = all(isinstance(s, Accumulate) and s.op in ("sum", "max", "min") for s in folds)
+    output_is_acc = any(getattr(s, "value", None) in {f.acc for f in folds} for s in stmts if type(s).__name__ == "Store")
+    contraction = _contraction(kernel, stmts, outer, reductions)
+    if contraction is not None:
+        rows, cols, batch, mma, m_vars, n_vars = contraction
+        return KernelShape(kernel.name, "contraction", rows, cols, red, red, itemsize, batch=batch,
+                           epilogue=not output_is_acc, atomic_ok=atomic_ok, mma=mma,
+                           free_vars=tuple(l[0] for l in outer), m_vars=m_vars, n_vars=n_vars)
+    rows = prod(l[1] for l in outer) if outer else 1
+    return KernelShape(kernel.name, "row", rows, 1, red, red, itemsize, sweep=sweep,
+                       epilogue=not output_is_acc, atomic_ok=atomic_ok, free_vars=tuple(l[0] for l in outer))
+
+
+def _walk(body, free: list, reductions: list, inside: bool = False) -> None:
+    """free: (var, extent, inside-a-row) for every non-reduction loop; reductions: the reduction loops."""
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            if stmt.reduction:
+                reductions.append(stmt)
+                _walk(stmt.body, free, reductions, True)
+            else:
+                has_fold = any(isinstance(s, Loop) and s.reduction for s in _statements(stmt.body))
+                free.append((stmt.var, stmt.extent, inside or (not has_fold and _sibling_of_fold(body))))
+                _walk(stmt.body, free, reductions, inside)
+
+
+def _sibling_of_fold(body) -> bool:
+    return any(isinstance(s, Loop) and s.reduction for s in body)
+
+
+def _statements(body):
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, Loop):
+            yield from _statements(stmt.body)
+
+
+def _contraction(kernel, stmts, outer, reductions):
+    """(M, N, batch, mma dtype, M variables, N variables) when the kernel's one fold is a sum of a product of two loads."""
+    if len(reductions) != 1:
+        return None
+    accs = [s for s in stmts if isinstance(s, Accumulate)]
+    if len(accs) != 1 or accs[0].op != "sum" or any(isinstance(s, Update) for s in stmts):
+        return None
+    defs = {s.name: s for s in stmts if isinstance(s, Assign)}
+    product = defs.get(accs[0].value)
+    if product is None or not isinstance(product.expr, Op) or product.expr.op != "multiply":
+        return None
+    operands = [_source_load(defs, a) for a in product.expr.args]
+    if any(o is None for o in operands):
+        return None
+    (a, a_dtype), (b, b_dtype) = operands
+    k = reductions[0].var
+    uses_a, uses_b = _vars(a.index), _vars(b.index)
+    if k not in uses_a or k not in uses_b:
+        return None
+    extents = {var: extent for var, extent, _ in outer}
+    m_vars = [v for v in uses_a - uses_b if v in extents]
+    n_vars = [v for v in uses_b - uses_a if v in extents]
+    if not m_vars or not n_vars:
+        return None
+    rows, cols = prod(extents[v] for v in m_vars), prod(extents[v] for v in n_vars)
+    batch = prod(extents[v] for v in extents if v not in m_vars and v not in n_vars)
+    mma = _MMA_DTYPES.get(a_dtype, "") if a_dtype == b_dtype else ""
+    return rows, cols, batch, mma, tuple(m_vars), tuple(n_vars)
+
+
+def _source_load(defs, name):
+    """The load a value comes from through casts, with the loaded dtype."""
+    seen = 0
+    while name in defs and seen < 8:
+        stmt = defs[name]
+        if isinstance(stmt.expr, Load):
+            return stmt.expr, stmt.dtype
+        if isinstance(stmt.expr, Op) and stmt.expr.op == "cast" and len(stmt.expr.args) == 1:
+            name = stmt.expr.args[0]
+            seen += 1
+            continue
+        return None
+    return None
+
+
+def _vars(index) -> set[int]:
+    return set().union(*(e.dims() for e in index)) if index else set()

@@ -1,0 +1,187 @@
+"""Schedule rules: every legal knob row for a kernel (DESIGN.md section 5).
+
+The candidate values of each knob are data: relations filled from the
+CANDIDATES table below (a pin or a tuner narrows or widens a knob by filling
+its relation with other values). A kernel enters as a `kernel` fact with its
+kind and extents (emmy.tile_ir.shape) and positive `kernel_flag` facts; the
+target as one `target` fact. Each rule joins a kernel with candidate values
+and guards the join with one legality condition per clause:
+
+- threads: whole warps, at most 1024 a block (the WORK candidates hold only
+  such values), and no block wider than the problem (idle blocks);
+- vector loads: the width divides the contiguous extent and moves at most 16 bytes;
+- tensor cores: an mma atom's dtype matches the operands; the block tile
+  (16*FM*WM x 8*FN*WN, K step 16*KC) fits the extents and K divides into
+  steps (M and N tails are masked); at most 64 accumulator registers a thread;
+- shared memory: stage depth x (A tile + B tile) fits the target's per-block limit;
+- features: cp.async from sm_80, TMA from sm_90 (target flags);
+- splits: a reduction splits across blocks only when there are fewer rows
+  (or output tiles) than SMs, each block keeps work, and nothing reads the
+  row after the fold; atomics (`g<N>a`) only for sum/max/min monoids whose
+  accumulator is the output.
+
+`legal_row(kernel, WORK, TILE, REDUCE, STAGE, RASTER)` holds each legal row.
+"""
+
+from __future__ import annotations
+
+from egglog import String, eq, i64, relation, rule, ruleset, vars_
+
+from emmy.knobs import MMA_ATOMS
+
+# Candidate values, one canonical spelling each (emmy.knobs parses them).
+CANDIDATES = {
+    "WORK_THREADS": (32, 64, 128, 256, 512, 1024),
+    "WORK_WARPS": ((1, 1), (1, 2), (2, 1), (2, 2), (2, 4), (4, 2), (4, 4)),
+    "TILE_SIMT": ((1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 4), (8, 4), (8, 8)),  # (elements, vector width)
+    "TILE_MMA_FRAGMENTS": (1, 2, 4),
+    "TILE_MMA_K": (1, 2, 4, 8),
+    "REDUCE_SPLITS": (2, 4, 8),
+    "STAGE_PLAIN_DEPTHS": (1, 2),
+    "STAGE_PIPELINE_DEPTHS": (2, 3, 4),
+    "RASTER_GROUPS": (4, 8),
+}
+ATOM_DTYPE = {"mma_m16n8k16_f16_f32": "f16", "mma_m16n8k16_bf16_f32": "bf16"}
+assert set(ATOM_DTYPE) == set(MMA_ATOMS)
+from emmy.tile_ir.geometry import SIMT_PANEL  # noqa: E402  (one panel size for rules and geometry)
+MAX_ACC_REGS = 64
+
+
+def work_threads_spelling(threads: int) -> str:
+    return f"t{threads}"
+
+
+def work_warps_spelling(wm: int, wn: int) -> str:
+    return f"w{wm}x{wn}"
+
+
+def tile_simt_spelling(elems: int, vec: int) -> str:
+    return f"f{elems}" + (f"/v{vec}" if vec > 1 else "")
+
+
+def tile_mma_spelling(atom: str, fm: int, fn: int, kc: int) -> str:
+    return f"{atom}/f{fm}x{fn}/k{kc}"
+
+
+kernel = relation("kernel", String, String, i64, i64, i64, i64, i64, i64)  # name kind rows cols red inner itemsize batch
+kernel_flag = relation("kernel_flag", String, String)  # foldonly | raw | atomic
+kernel_mma = relation("kernel_mma", String, String)  # tensor-core operand dtype: f16 | bf16
+target = relation("target", i64, i64, i64, i64)  # smem per block, SMs, has cp.async, has TMA
+work_threads = relation("work_threads", String, i64)
+work_warps = relation("work_warps", String, i64, i64)
+tile_simt = relation("tile_simt", String, i64, i64)
+tile_mma = relation("tile_mma", String, String, i64, i64, i64)  # spelling, dtype, FM, FN, KC
+reduce_split = relation("reduce_split", String, i64, String)  # spelling, blocks, a | k
+stage_plain = relation("stage_plain", String, i64)  # d<D>/smem
+stage_async = relation("stage_async", String, i64)  # d<D>/smem-async
+stage_tma = relation("stage_tma", String, i64)  # d<D>/smem-tma
+stage_none = relation("stage_none", String)
+reduce_none = relation("reduce_none", String)
+reduce_coop = relation("reduce_coop", String)
+raster_none = relation("raster_none", String)
+raster_group = relation("raster_group", String, i64)
+# Intermediate relations: a block shape, then a staged block, then rows.
+simt_block = relation("simt_block", String, String, String, i64)  # kernel, WORK, TILE, outputs per block
+mma_block = relation("mma_block", String, String, String, i64, i64, i64)  # kernel, WORK, TILE, BM, BN, BK
+staged = relation("staged", String, String, String, String, i64, i64, i64)  # + STAGE, rows of blocks, blocks, K steps
+legal_row = relation("legal_row", String, String, String, String, String, String)
+
+k, kind, w, t, r, s, g, dt = vars_("k kind w t r s g dt", String)
+rows, cols, red, inner, isz, batch = vars_("rows cols red inner isz batch", i64)
+threads, elems, vec, wm, wn, fm, fn, kc, depth, split, group = vars_(
+    "threads elems vec wm wn fm fn kc depth split group", i64)
+bm, bn, bk, smem, sms, has_async, has_tma, per_block, brows, nblocks, ksteps = vars_(
+    "bm bn bk smem sms has_async has_tma per_block brows nblocks ksteps", i64)
+
+_K = kernel(k, kind, rows, cols, red, inner, isz, batch)
+
+
+def _vector_ok(extent, vector, itemsize):
+    return [eq(extent % vector).to(i64(0)), vector * itemsize <= i64(16)]
+
+
+map_rows = ruleset(
+    rule(kernel(k, "map", rows, cols, red, inner, isz, batch), work_threads(w, threads), tile_simt(t, elems, vec),
+         stage_none(s), reduce_none(r), raster_none(g),
+         threads * elems <= rows + 31, *_vector_ok(inner, vec, isz)).then(legal_row(k, w, t, r, s, g)),
+    name="map",
+)
+
+row_rows = ruleset(
+    # one thread a row, serial over the row
+    rule(kernel(k, "row", rows, cols, red, inner, isz, batch), work_threads(w, threads), tile_simt(t, elems, vec),
+         stage_none(s), reduce_none(r), raster_none(g),
+         threads <= rows + 31, elems <= red, *_vector_ok(inner, vec, isz)).then(legal_row(k, w, t, r, s, g)),
+    # one block a row, cooperating (warp shuffles, then a shared-memory tree)
+    rule(kernel(k, "row", rows, cols, red, inner, isz, batch), work_threads(w, threads), tile_simt(t, elems, vec),
+         stage_none(s), reduce_coop(r), raster_none(g),
+         threads * elems <= red, *_vector_ok(inner, vec, isz)).then(legal_row(k, w, t, r, s, g)),
+    # a row split across blocks: a workspace and a finishing kernel
+    rule(kernel(k, "row", rows, cols, red, inner, isz, batch), kernel_flag(k, "foldonly"), target(smem, sms, has_async, has_tma),
+         work_threads(w, threads), tile_simt(t, elems, vec), stage_none(s), reduce_split(r, split, "k"), raster_none(g),
+         rows < sms, threads * elems * split <= red, *_vector_ok(inner, vec, isz)).then(legal_row(k, w, t, r, s, g)),
+    # ... or with atomics into the output
+    rule(kernel(k, "row", rows, cols, red, inner, isz, batch), kernel_flag(k, "foldonly"), kernel_flag(k, "raw"),
+         kernel_flag(k, "atomic"), target(smem, sms, has_async, has_tma),
+         work_threads(w, threads), tile_simt(t, elems, vec), stage_none(s), reduce_split(r, split, "a"), raster_none(g),
+         rows < sms, threads * elems * split <= red, *_vector_ok(inner, vec, isz)).then(legal_row(k, w, t, r, s, g)),
+    name="row",
+)
+
+contraction_blocks = ruleset(
+    # SIMT: each thread computes `elems` outputs; vector loads along K
+    rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), work_threads(w, threads), tile_simt(t, elems, vec),
+         threads * elems <= rows * cols * batch + 31, *_vector_ok(red, vec, isz),
+         ).then(simt_block(k, w, t, threads * elems)),
+    # tensor cores: WM x WN warps, each FM x FN atoms of 16 x 8, K in steps of 16*KC
+    rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), kernel_mma(k, dt),
+         work_warps(w, wm, wn), tile_mma(t, dt, fm, fn, kc),
+         16 * fm * wm <= rows, 8 * fn * wn <= cols, 16 * kc <= red, eq(red % (16 * kc)).to(i64(0)),
+         fm * fn * 4 <= i64(MAX_ACC_REGS)).then(mma_block(k, w, t, 16 * fm * wm, 8 * fn * wn, 16 * kc)),
+    name="contraction blocks",
+)
+
+
+def _simt_staged(stage_atom, feature_guard):
+    return rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), simt_block(k, w, t, per_block),
+                target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
+                depth * 2 * SIMT_PANEL * isz <= smem,
+                ).then(staged(k, w, t, s, i64(1), (rows * cols * batch + per_block - 1) / per_block, red / 32))
+
+
+def _mma_staged(stage_atom, feature_guard):
+    return rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), mma_block(k, w, t, bm, bn, bk),
+                target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
+                depth * (bm * bk + bk * bn) * isz <= smem,
+                ).then(staged(k, w, t, s, (rows + bm - 1) / bm,
+                              ((rows + bm - 1) / bm) * ((cols + bn - 1) / bn) * batch, red / bk))
+
+
+contraction_staging = ruleset(
+    rule(simt_block(k, w, t, per_block), kernel(k, kind, rows, cols, red, inner, isz, batch), stage_none(s)).then(
+        staged(k, w, t, s, i64(1), (rows * cols * batch + per_block - 1) / per_block, red / 32)),
+    rule(mma_block(k, w, t, bm, bn, bk), kernel(k, kind, rows, cols, red, inner, isz, batch), stage_none(s)).then(
+        staged(k, w, t, s, (rows + bm - 1) / bm, ((rows + bm - 1) / bm) * ((cols + bn - 1) / bn) * batch, red / bk)),
+    _simt_staged(stage_plain(s, depth), []),
+    _simt_staged(stage_async(s, depth), [eq(has_async).to(i64(1))]),
+    _mma_staged(stage_plain(s, depth), []),
+    _mma_staged(stage_async(s, depth), [eq(has_async).to(i64(1))]),
+    _mma_staged(stage_tma(s, depth), [eq(has_tma).to(i64(1))]),
+    name="contraction staging",
+)
+
+contraction_rows = ruleset(
+    rule(staged(k, w, t, s, brows, nblocks, ksteps), reduce_none(r), raster_none(g)).then(legal_row(k, w, t, r, s, g)),
+    # grouped launch order: only with at least two groups of block rows
+    rule(staged(k, w, t, s, brows, nblocks, ksteps), reduce_none(r), raster_group(g, group),
+         2 * group <= brows).then(legal_row(k, w, t, r, s, g)),
+    # split-K: fewer output tiles than SMs, and each split keeps at least two K steps
+    rule(staged(k, w, t, s, brows, nblocks, ksteps), target(smem, sms, has_async, has_tma), reduce_split(r, split, "k"),
+         raster_none(g), nblocks < sms, 2 * split <= ksteps).then(legal_row(k, w, t, r, s, g)),
+    rule(staged(k, w, t, s, brows, nblocks, ksteps), kernel_flag(k, "raw"), kernel_flag(k, "atomic"),
+         target(smem, sms, has_async, has_tma), reduce_split(r, split, "a"),
+         raster_none(g), nblocks < sms, 2 * split <= ksteps).then(legal_row(k, w, t, r, s, g)),
+    name="contraction rows",
+)
+
+SCHEDULE_RULESETS = (map_rows, row_rows, contraction_blocks, contraction_staging, contraction_rows)

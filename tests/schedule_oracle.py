@@ -1,0 +1,94 @@
+"""An independent enumeration of the schedule rules in plain Python.
+
+Written from the legality clauses in rules/schedules.py's docstring, with
+loops and integer arithmetic instead of egglog joins, so a rule that is
+mis-encoded in egglog (a wrong variable, a missing guard, a wrong relation)
+shows up as a difference in the sets of rows.
+"""
+
+from __future__ import annotations
+
+from math import ceil
+
+from emmy.egraph.schedules import default_candidates
+from emmy.knobs import KnobRow, value_fields
+from emmy.rules.schedules import ATOM_DTYPE, MAX_ACC_REGS
+from emmy.tile_ir.geometry import SIMT_PANEL
+
+
+def _parsed(knob):
+    return [(v, value_fields(knob, v)) for v in default_candidates()[knob]]
+
+
+def enumerate_rows(shape, target) -> set[KnobRow]:
+    works, tiles = _parsed("WORK"), _parsed("TILE")
+    reduces, stages, rasters = _parsed("REDUCE"), _parsed("STAGE"), _parsed("RASTER")
+    threads_of = [(w, f["threads"]) for w, f in works if "threads" in f]
+    warps_of = [(w, f["warps_m"], f["warps_n"]) for w, f in works if "warps_m" in f]
+    simt = [(t, f["elems"], f.get("vec", 1)) for t, f in tiles if "atom" not in f]
+    mma = [(t, ATOM_DTYPE[f["atom"]], f["frag_m"], f["frag_n"], f["k_chunks"]) for t, f in tiles if "atom" in f]
+    splits = [(r, f["split"], f["mode"]) for r, f in reduces if "split" in f]
+    out: set[KnobRow] = set()
+
+    def add(work, tile, reduce="", stage="", raster=""):
+        out.add(KnobRow(work, tile, reduce, stage, raster))
+
+    def vector_ok(extent, vec):
+        return extent % vec == 0 and vec * shape.itemsize <= 16
+
+    if shape.kind == "map":
+        for w, threads in threads_of:
+            for t, elems, vec in simt:
+                if threads * elems <= shape.rows + 31 and vector_ok(shape.inner, vec):
+                    add(w, t)
+        return out
+    if shape.kind == "row":
+        for w, threads in threads_of:
+            for t, elems, vec in simt:
+                if not vector_ok(shape.inner, vec):
+                    continue
+                if threads <= shape.rows + 31 and elems <= shape.red:
+                    add(w, t)
+                if threads * elems <= shape.red:
+                    add(w, t, "coop")
+                for r, split, mode in splits:
+                    allowed = not shape.sweep and (mode == "k" or (not shape.epilogue and shape.atomic_ok))
+                    if allowed and shape.rows < target.sms and threads * elems * split <= shape.red:
+                        add(w, t, r)
+        return out
+    # contraction: blocks, then staging, then reduce and raster
+    blocks = []  # (work, tile, smem bytes per stage depth, rows of blocks, blocks, K steps, pipelines allowed)
+    for w, threads in threads_of:
+        for t, elems, vec in simt:
+            per_block = threads * elems
+            if per_block <= shape.rows * shape.cols * shape.batch + 31 and vector_ok(shape.red, vec):
+                blocks.append((w, t, 2 * SIMT_PANEL * shape.itemsize, 1,
+                               ceil(shape.rows * shape.cols * shape.batch / per_block), shape.red // 32, False))
+    if shape.mma:
+        for w, wm, wn in warps_of:
+            for t, dtype, fm, fn, kc in mma:
+                bm, bn, bk = 16 * fm * wm, 8 * fn * wn, 16 * kc
+                if (dtype == shape.mma and bm <= shape.rows and bn <= shape.cols and bk <= shape.red
+                        and shape.red % bk == 0 and fm * fn * 4 <= MAX_ACC_REGS):
+                    brows = ceil(shape.rows / bm)
+                    blocks.append((w, t, (bm * bk + bk * bn) * shape.itemsize, brows,
+                                   brows * ceil(shape.cols / bn) * shape.batch, shape.red // bk, True))
+    for w, t, smem_per_depth, brows, nblocks, ksteps, is_mma in blocks:
+        staged = [""]
+        for s, f in stages:
+            if not s:
+                continue
+            feature = {"smem": True, "smem-async": target.has_cp_async, "smem-tma": target.has_tma and is_mma}[f["how"]]
+            if feature and f["depth"] * smem_per_depth <= target.smem_per_block:
+                staged.append(s)
+        for s in staged:
+            add(w, t, "", s, "")
+            for g, f in rasters:
+                if g and 2 * f["group"] <= brows:
+                    add(w, t, "", s, g)
+            for r, split, mode in splits:
+                if mode == "a" and (shape.epilogue or not shape.atomic_ok):
+                    continue
+                if nblocks < target.sms and 2 * split <= ksteps:
+                    add(w, t, r, s, "")
+    return out

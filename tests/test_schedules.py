@@ -1,0 +1,124 @@
+"""The schedule space, Tile IR and the knob pins, checked end to end."""
+
+import pytest
+
+import emmy
+from emmy.egraph.schedules import build_space
+from emmy.extract.targets import TARGETS, get_target
+from emmy.knobs import KNOB_NAMES, parse_pins
+from emmy.tile_ir.shape import kernel_shape
+from emmy.workloads import WORKLOADS
+from tests.conftest import run_emmy
+from tests.schedule_oracle import enumerate_rows
+
+RMSNORM = "x=torch.randn(1,32,2048); w=torch.randn(2048); F.rms_norm(x,(2048,),w,eps=1e-6)"
+MATMUL_128 = "a=torch.randn(128,128,dtype=torch.float16); b=torch.randn(128,128,dtype=torch.float16); a@b"
+PINNED = "WORK=w1x2,TILE=mma_m16n8k16_f16_f32/f1x1/k8,REDUCE=,STAGE=d3/smem-tma,RASTER="
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    return {w.name: [kernel_shape(k) for k in emmy.optimize(w.code).loop_ir.kernels] for w in WORKLOADS}
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_egglog_space_equals_an_independent_enumeration(shapes, target):
+    t = get_target(target)
+    for name, kernel_shapes in shapes.items():
+        space = build_space(kernel_shapes, t)
+        for shape in kernel_shapes:
+            got = set(space.rows[shape.kernel])
+            assert len(got) == len(space.rows[shape.kernel]), "rows are listed once each"
+            expected = enumerate_rows(shape, t)
+            assert got == expected, (name, shape.kernel, sorted(map(str, got ^ expected))[:5])
+
+
+def test_space_sizes_match_the_design(shapes):
+    sm_120 = get_target("sm_120")
+    (rms,) = shapes["rmsnorm"]
+    assert 24 <= len(build_space([rms], sm_120).rows[rms.kernel]) <= 96  # "tens of legal rows"
+    for name in ("matmul_f16", "attention"):
+        space = build_space(shapes[name], sm_120)
+        assert max(len(rows) for rows in space.rows.values()) >= 200, name  # "hundreds or more"
+
+
+def test_target_features_shape_the_space(shapes):
+    (mm,) = shapes["matmul_f16"]
+    by_target = {t: build_space([mm], get_target(t)).rows[mm.kernel] for t in ("sm_80", "sm_90")}
+    assert not any(r.STAGE.endswith("smem-tma") for r in by_target["sm_80"])
+    assert any(r.STAGE.endswith("smem-tma") for r in by_target["sm_90"])
+    assert any(r.STAGE.endswith("smem-async") for r in by_target["sm_80"])
+
+
+def test_every_row_is_canonical_and_round_trips(shapes):
+    space = build_space(shapes["attention"], get_target("sm_90"))
+    for rows in space.rows.values():
+        for row in rows:
+            assert set(row.pinned()) == set(KNOB_NAMES)
+            assert parse_pins(str(row)) == row
+
+
+def test_pins_narrow_the_space_to_the_matching_rows(shapes):
+    (mm,) = shapes["matmul_f16"]
+    target = get_target("sm_90")
+    full = build_space([mm], target).rows[mm.kernel]
+    pins = parse_pins("WORK=w2x2,STAGE=d3/smem-async")
+    pinned = build_space([mm], target, pins).rows[mm.kernel]
+    assert pinned and set(pinned) == {r for r in full if r.WORK == "w2x2" and r.STAGE == "d3/smem-async"}
+
+
+def test_a_pin_outside_the_default_candidates_widens_the_space(shapes):
+    (rms,) = shapes["rmsnorm"]
+    rows = build_space([rms], get_target("sm_90"), parse_pins("WORK=t96,REDUCE=coop")).rows[rms.kernel]
+    assert rows and all(r.WORK == "t96" for r in rows)
+
+
+def test_tile_ir_of_rmsnorm_is_a_fold_and_a_sweep():
+    text = emmy.optimize(RMSNORM, target="sm_120").ir("tile")
+    lines = text.splitlines()
+    assert lines[0] == "=== 0: k_rms_norm ==="
+    assert lines[1].startswith("knobs WORK=") and "(43 legal rows" in lines[1]
+    assert lines[2].startswith("place free=(a0) ")
+    assert any(line.startswith("Fold[a1 in 0..2048] reduce ⟨REDUCE=") for line in lines)
+    assert any(line.startswith("└─ sweep(a2 in 0..2048)") for line in lines)
+
+
+@pytest.mark.parametrize("name, twist, merge", [("softmax", "softmax", "online-softmax merge"),
+                                                ("layernorm", "welford", "Chan's merge")])
+def test_tile_ir_shows_the_twisted_fold(name, twist, merge):
+    code = next(w.code for w in WORKLOADS if w.name == name)
+    lines = emmy.optimize(code, target="sm_90").ir("tile").splitlines()
+    (fold,) = [i for i, line in enumerate(lines) if line.startswith("Fold[")]
+    assert lines[fold].endswith(f"<twist={twist}>")
+    init = lines[fold + 1]
+    assert init.startswith("│ init     (") and ") = (" in init
+    if twist == "softmax":  # the running max starts at -inf, the rescaled sum at 0
+        assert "-inf" in init and init.endswith(", 0.0)")
+    assert any(line.startswith(f"│ combine  {merge}") for line in lines[fold:])
+    assert any(line.startswith("│ step     ") for line in lines[fold:])
+
+
+def test_pinned_row_prints_through_the_cli():
+    result = run_emmy("compile", "-c", MATMUL_128, "--target", "sm_120", "--ir", "tile", env={"EMMY_KNOBS": PINNED})
+    assert result.returncode == 0, result.stderr
+    assert f"knobs {PINNED}  (" in result.stdout
+    assert "tile 16x16x128 by mma_m16n8k16_f16_f32, staged d3/smem-tma" in result.stdout
+
+
+def test_a_pin_the_kernel_cannot_take_says_why():
+    result = run_emmy("compile", "-c", MATMUL_128, "--target", "sm_90", "--ir", "tile",
+                      "--knobs", "TILE=mma_m16n8k16_bf16_f32/f1x1/k1")
+    assert result.returncode == 2
+    assert "multiplies bf16 operands; this kernel's are f16" in result.stderr
+
+
+def test_schedules_command_counts_and_lists_rows():
+    result = run_emmy("schedules", "-c", RMSNORM, "--target", "sm_120", "--limit", "3")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "=== 0: k_rms_norm (row reduction 32 x 2048 with sweep) ==="
+    assert lines[1] == "43 legal rows on sm_120"
+    assert lines[2].split() == ["est", "us", *KNOB_NAMES]
+    costs = [float(line.split()[0]) for line in lines[3:6]]
+    assert costs == sorted(costs)
+    assert lines[6].strip() == "(40 more; --limit 0 shows all)"
