@@ -30,6 +30,13 @@ DEFAULT_CORPUS = (
     "x=torch.randn(4,8); r=torch.arange(4).unsqueeze(1); m=(torch.randn(4,8) > 0) & (r > 0); "
     "torch.softmax(torch.where(m, x, float('-inf')), -1)",
     "q=torch.randn(1,2,6,4); F.scaled_dot_product_attention(q, q * 2, q, is_causal=True)",
+    # attention's weighted sum at large scores, with masked entries and a fully masked row (NaN, as torch)
+    "q=torch.randn(1,2,6,4); k=torch.randn(1,2,6,4); v=torch.randn(1,2,6,4); r=torch.arange(6).unsqueeze(1); "
+    "m=(torch.randn(6,6) > 0) & (r > 0); "
+    "torch.softmax(torch.where(m, q @ k.transpose(-1, -2) * 30, float('-inf')), -1) @ v",
+    # half-precision attention written out: the probabilities round to f16 between the two products
+    "q=torch.randn(1,2,6,8,dtype=torch.float16); k=torch.randn(1,2,6,8,dtype=torch.float16); "
+    "v=torch.randn(1,2,6,8,dtype=torch.float16); torch.softmax(q @ k.transpose(-1, -2) / 8, -1) @ v",
     # variance far from zero: where a one-pass E[x^2] - E[x]^2 would cancel catastrophically
     "x=torch.randn(3,16); y=x * 100 + 1000; F.layer_norm(y, (16,)) + y.var(-1, keepdim=True)",
 )

@@ -36,8 +36,12 @@ def row_cost(shape: KernelShape, row: KnobRow, target) -> RowCost:
     bytes_moved = _bytes(shape, g, row)
     bandwidth = target.dram_bandwidth * min(1.0, 0.5 + g.vec * shape.itemsize / 32)
     memory = bytes_moved / bandwidth
-    flops = 2.0 * shape.rows * shape.cols * shape.red * shape.batch if shape.kind == "contraction" \
-        else float(shape.rows * max(shape.red, 1)) * (3 if shape.sweep else 1)
+    if shape.kind == "contraction":
+        flops = 2.0 * shape.rows * shape.cols * shape.red * shape.batch
+    elif shape.kind == "attention":  # q.k and the weighted sum
+        flops = 2.0 * shape.rows * shape.red * (shape.inner + shape.cols) * shape.batch
+    else:
+        flops = float(shape.rows * max(shape.red, 1)) * (3 if shape.sweep else 1)
     compute = flops / (target.tensor_flops if g.mma else target.fp32_flops)
     efficiency = _wave_efficiency(g, target)
     overlap = max(memory, compute) if (not g.mma or g.stage_depth) else memory + compute
@@ -55,6 +59,10 @@ def _bytes(shape: KernelShape, g: Geometry, row: KnobRow) -> float:
     isz = shape.itemsize
     if shape.kind == "map":
         return 2.0 * shape.rows * isz
+    if shape.kind == "attention":  # q once; k and v once per block of query rows
+        q = shape.rows * shape.inner * shape.batch * isz
+        kv = shape.red * (shape.inner + shape.cols) * shape.batch * isz * ceil(shape.rows / g.tile_m)
+        return q + kv * (1.0 if g.stage_depth else 1.5) + shape.rows * shape.cols * shape.batch * isz
     if shape.kind == "row":
         reread = 0.5 if shape.sweep else 0.0  # the sweep's second read mostly hits L2
         return shape.rows * shape.red * isz * (1 + reread) + shape.rows * isz

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from egglog import PyObject, String, f64, ne, rewrite, vars_
 
-from emmy.egraph.layout import compose, scalar_unguarded
+from emmy.egraph.layout import compose, scalar_unguarded, unguarded
 from emmy.egraph.terms import Term
 from emmy.rules import RuleGroup
 
@@ -44,6 +44,12 @@ algebra.rule("compose_layouts", "reindex(reindex(x, m1), m2) -> reindex(x, m1 th
 _scalar = PyObject(scalar_unguarded)(PyObject.from_string(outer)).to_string()
 algebra.rule("scalar_literal", "reindex(literal, rank-0 identity) -> literal",
              rewrite(Term.reindex(Term.literal(a, d), outer)).to(Term.literal(a, d), ne(_scalar).to(String(""))))
+
+_unguarded = PyObject(unguarded)(PyObject.from_string(outer)).to_string()
+algebra.rule("cast_before_layout", "cast(reindex(x, m)) -> reindex(cast(x), m) for m without guards "
+             "(casts meet, so a rounding round trip shows: half-precision softmax(...) @ v)",
+             rewrite(Term.unary("cast", d, Term.reindex(x, outer))).to(
+                 Term.reindex(Term.unary("cast", d, x), outer), ne(_unguarded).to(String(""))))
 
 for op in ("add", "multiply", "maximum", "minimum"):
     algebra.rule(f"commute_{op}", f"{op}(x, y) -> {op}(y, x)",

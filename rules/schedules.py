@@ -20,6 +20,14 @@ and guards the join with one legality condition per clause:
   row after the fold; atomics (`g<N>a`) only for sum/max/min monoids whose
   accumulator is the output.
 
+- attention (flash): a block takes BM query rows (16*FM*WM with mma atoms,
+  warps side by side over rows, WN = 1; or FLASH_SIMT_ROWS*TILE f<N> rows a
+  warp in SIMT), steps over the keys BN at a time (8*FN, or 32 in SIMT),
+  keeps (m, d, z) in registers (S and O accumulators at most 128 registers a
+  thread), K and V tiles staged depth-deep (smem: depth*BN*(D+N) + the Q
+  tile), and may split the keys across blocks (split-KV, a workspace and a
+  finishing merge) under the split clause.
+
 `legal_row(kernel, WORK, TILE, REDUCE, STAGE, RASTER)` holds each legal row.
 """
 
@@ -43,8 +51,9 @@ CANDIDATES = {
 }
 ATOM_DTYPE = {"mma_m16n8k16_f16_f32": "f16", "mma_m16n8k16_bf16_f32": "bf16"}
 assert set(ATOM_DTYPE) == set(MMA_ATOMS)
-from emmy.tile_ir.geometry import SIMT_PANEL  # noqa: E402  (one panel size for rules and geometry)
+from emmy.tile_ir.geometry import FLASH_SIMT_KEYS, SIMT_PANEL  # noqa: E402  (one source for rules and geometry)
 MAX_ACC_REGS = 64
+MAX_FLASH_ACC_REGS = 128  # S tile + O accumulators a thread, flash attention
 
 
 def work_threads_spelling(threads: int) -> str:
@@ -84,6 +93,7 @@ raster_group = relation("raster_group", String, i64)
 simt_block = relation("simt_block", String, String, String, i64)  # kernel, WORK, TILE, outputs per block
 mma_block = relation("mma_block", String, String, String, i64, i64, i64)  # kernel, WORK, TILE, BM, BN, BK
 staged = relation("staged", String, String, String, String, i64, i64, i64)  # + STAGE, rows of blocks, blocks, K steps
+flash_block = relation("flash_block", String, String, String, i64, i64)  # kernel, WORK, TILE, BM, BN
 legal_row = relation("legal_row", String, String, String, String, String, String)
 
 k, kind, w, t, r, s, g, dt = vars_("k kind w t r s g dt", String)
@@ -184,4 +194,34 @@ contraction_rows = ruleset(
     name="contraction rows",
 )
 
-SCHEDULE_RULESETS = (map_rows, row_rows, contraction_blocks, contraction_staging, contraction_rows)
+def _flash_rows(stage_atom, feature_guard):
+    return rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), flash_block(k, w, t, bm, bn),
+                target(smem, sms, has_async, has_tma), stage_atom, reduce_none(r), raster_none(g), *feature_guard,
+                depth * bn * (inner + cols) * isz + bm * inner * isz <= smem,
+                ).then(legal_row(k, w, t, r, s, g))
+
+
+attention_rows = ruleset(
+    # tensor cores for q.k and for the weighted sum: warps over query rows
+    rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), kernel_mma(k, dt),
+         work_warps(w, wm, wn), tile_mma(t, dt, fm, fn, kc), eq(wn).to(i64(1)),
+         16 * fm * wm <= rows, 8 * fn <= red, 16 * kc <= inner, eq(inner % (16 * kc)).to(i64(0)),
+         fm * fn * 4 + fm * cols / 2 <= i64(MAX_FLASH_ACC_REGS)).then(flash_block(k, w, t, 16 * fm * wm, 8 * fn)),
+    # SIMT: each warp owns TILE query rows, vector loads along the head dimension
+    rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), work_threads(w, threads),
+         tile_simt(t, elems, vec), threads / 32 * elems <= rows, i64(FLASH_SIMT_KEYS) <= red,
+         *_vector_ok(cols, vec, isz), *_vector_ok(inner, vec, isz),
+         ).then(flash_block(k, w, t, threads / 32 * elems, i64(FLASH_SIMT_KEYS))),
+    rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), flash_block(k, w, t, bm, bn),
+         stage_none(s), reduce_none(r), raster_none(g)).then(legal_row(k, w, t, r, s, g)),
+    _flash_rows(stage_plain(s, depth), []),
+    _flash_rows(stage_async(s, depth), [eq(has_async).to(i64(1))]),
+    _flash_rows(stage_tma(s, depth), [eq(has_tma).to(i64(1))]),
+    # split-KV: fewer query blocks than SMs, each split keeps at least two key steps
+    rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), flash_block(k, w, t, bm, bn),
+         target(smem, sms, has_async, has_tma), stage_none(s), reduce_split(r, split, "k"), raster_none(g),
+         (rows + bm - 1) / bm * batch < sms, 2 * split <= red / bn).then(legal_row(k, w, t, r, s, g)),
+    name="attention",
+)
+
+SCHEDULE_RULESETS = (map_rows, row_rows, contraction_blocks, contraction_staging, contraction_rows, attention_rows)

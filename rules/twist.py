@@ -2,7 +2,9 @@
 through exp(x - max) becomes one fold (DESIGN.md section 3).
 
 sum(exp(s - max(s))) over an axis, the softmax normaliser, is folded with
-state (m, d) into `online_sum`: one pass over s instead of two. The rule
+state (m, d) into `online_sum`: one pass over s instead of two. A weighted
+sum of softmax(s) (attention's `softmax(q @ k.T) @ v`) is folded with state
+(m, d, z) into `softmax_wsum`: one pass over the keys instead of three. The rule
 matches the structure, so torch.softmax, log_softmax, a hand-written
 exp/amax/sum and the softmax inside attention all reach it; the multi-pass
 form stays in the e-graph beside it.
@@ -45,6 +47,56 @@ twist.rule(
     rewrite(Term.reduce("sum", axis, Term.unary("exp", d, Term.binary(
         "subtract", d, s, Term.reindex(Term.reduce("max", axis, s), layout))))).to(
         Term.online_sum(axis, s), ne(_broadcast).to(String(""))),
+)
+
+
+
+def carries_axis(layout_text: str, out_axis: int, in_axis: int, source_text: str) -> str:
+    """"yes" if the layout (no guards) reads input axis `in_axis` exactly from output axis
+    `out_axis`, over the input's whole extent (taken from `source_text`, a layout whose output
+    has the input's shape), and no other input position depends on `out_axis`: then softmax over
+    `out_axis` of the reindexed scores is the reindexed softmax over `in_axis`."""
+    layout, source = decode_layout(layout_text), decode_layout(source_text)
+    if layout.guards or not 0 <= in_axis < len(layout.index) or not 0 <= out_axis < len(layout.shape):
+        return ""
+    if layout.index[in_axis].as_dim() != out_axis or layout.shape[out_axis] != source.shape[in_axis]:
+        return ""
+    if any(out_axis in expr.dims() for k, expr in enumerate(layout.index) if k != in_axis):
+        return ""
+    return "yes"
+
+
+e, w = vars_("e w", Term)
+lm, lb, l1 = vars_("lm lb l1", String)
+(ax,) = vars_("ax", i64)
+_exp_shifted = Term.unary("exp", d, Term.binary("subtract", d, s, Term.reindex(Term.reduce("max", axis, s), lm)))
+_softmax = Term.binary("divide", d, _exp_shifted, Term.reindex(Term.reduce("sum", axis, _exp_shifted), lb))
+
+
+def _yes(fn, *args):
+    return ne(PyObject(fn)(*args).to_string()).to(String(""))
+
+
+_weighted_sum_guards = (
+    _yes(broadcasts_back_along, PyObject.from_string(lm), PyObject.from_int(axis)),
+    _yes(broadcasts_back_along, PyObject.from_string(lb), PyObject.from_int(axis)),
+    _yes(carries_axis, PyObject.from_string(l1), PyObject.from_int(ax), PyObject.from_int(axis),
+         PyObject.from_string(lm)),
+)
+twist.rule(
+    "online_softmax_weighted_sum",
+    "sum(softmax(s) * w) over the softmax axis -> softmax_wsum: one pass with state (m, d, z)",
+    rewrite(Term.reduce("sum", ax, Term.binary("multiply", d, Term.reindex(_softmax, l1), w))).to(
+        Term.softmax_wsum(ax, Term.reindex(s, l1), w), *_weighted_sum_guards),
+)
+(half,) = vars_("half", String)
+twist.rule(
+    "online_softmax_weighted_sum_rounded",
+    "the same when the probabilities are rounded to f16/bf16 and widened back (a half-precision "
+    "`softmax(...) @ v`): the fold keeps them in f32, as flash attention keeps them in registers",
+    rewrite(Term.reduce("sum", ax, Term.binary("multiply", d, Term.reindex(
+        Term.unary("cast", d, Term.unary("cast", half, _softmax)), l1), w))).to(
+        Term.softmax_wsum(ax, Term.reindex(s, l1), w), *_weighted_sum_guards, ne(half).to(String("f32"))),
 )
 
 RULESETS = [twist]

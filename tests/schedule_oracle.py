@@ -12,8 +12,8 @@ from math import ceil
 
 from emmy.egraph.schedules import default_candidates
 from emmy.knobs import KnobRow, value_fields
-from emmy.rules.schedules import ATOM_DTYPE, MAX_ACC_REGS
-from emmy.tile_ir.geometry import SIMT_PANEL
+from emmy.rules.schedules import ATOM_DTYPE, MAX_ACC_REGS, MAX_FLASH_ACC_REGS
+from emmy.tile_ir.geometry import FLASH_SIMT_KEYS, SIMT_PANEL
 
 
 def _parsed(knob):
@@ -56,6 +56,8 @@ def enumerate_rows(shape, target) -> set[KnobRow]:
                     if allowed and shape.rows < target.sms and threads * elems * split <= shape.red:
                         add(w, t, r)
         return out
+    if shape.kind == "attention":
+        return _flash(shape, target, threads_of, warps_of, simt, mma, stages, splits, vector_ok)
     # contraction: blocks, then staging, then reduce and raster
     blocks = []  # (work, tile, smem bytes per stage depth, rows of blocks, blocks, K steps, pipelines allowed)
     for w, threads in threads_of:
@@ -91,4 +93,35 @@ def enumerate_rows(shape, target) -> set[KnobRow]:
                     continue
                 if nblocks < target.sms and 2 * split <= ksteps:
                     add(w, t, r, s, "")
+    return out
+
+
+def _flash(shape, target, threads_of, warps_of, simt, mma, stages, splits, vector_ok) -> set[KnobRow]:
+    blocks = []  # (work, tile, query rows a block, keys a step)
+    if shape.mma:
+        for w, wm, wn in warps_of:
+            for t, dtype, fm, fn, kc in mma:
+                if (wn == 1 and dtype == shape.mma and 16 * fm * wm <= shape.rows and 8 * fn <= shape.red
+                        and 16 * kc <= shape.inner and shape.inner % (16 * kc) == 0
+                        and fm * fn * 4 + fm * shape.cols // 2 <= MAX_FLASH_ACC_REGS):
+                    blocks.append((w, t, 16 * fm * wm, 8 * fn))
+    for w, threads in threads_of:
+        for t, elems, vec in simt:
+            rows = threads // 32 * elems
+            if (rows <= shape.rows and FLASH_SIMT_KEYS <= shape.red and vector_ok(shape.cols, vec)
+                    and vector_ok(shape.inner, vec)):
+                blocks.append((w, t, rows, FLASH_SIMT_KEYS))
+    out = set()
+    for w, t, bm, bn in blocks:
+        out.add(KnobRow(w, t, "", "", ""))
+        for s, f in stages:
+            if not s:
+                continue
+            feature = {"smem": True, "smem-async": target.has_cp_async, "smem-tma": target.has_tma}[f["how"]]
+            smem = f["depth"] * bn * (shape.inner + shape.cols) * shape.itemsize + bm * shape.inner * shape.itemsize
+            if feature and smem <= target.smem_per_block:
+                out.add(KnobRow(w, t, "", s, ""))
+        for r, split, mode in splits:
+            if mode == "k" and ceil(shape.rows / bm) * shape.batch < target.sms and 2 * split <= shape.red // bn:
+                out.add(KnobRow(w, t, r, "", ""))
     return out

@@ -75,3 +75,61 @@ def test_layernorm_is_one_welford_pass_then_the_sweep():
     assert sum(isinstance(s, Update) for s in row_loops[0].body) == 3  # n, mean, m2
     (ours,), (reference,) = program.interpret(stage="loop"), program.interpret()
     torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+
+
+ATTENTION = {
+    "sdpa": "q=torch.randn(1,2,16,8); k=torch.randn(1,2,16,8); v=torch.randn(1,2,16,8); "
+            "F.scaled_dot_product_attention(q, k, v)",
+    "sdpa_scale_causal": "q=torch.randn(1,2,16,8); k=torch.randn(1,2,16,8); v=torch.randn(1,2,16,8); "
+                         "F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)",
+    "sdpa_grouped_heads": "q=torch.randn(1,4,16,8); k=torch.randn(1,2,16,8); v=torch.randn(1,2,16,8); "
+                          "F.scaled_dot_product_attention(q, k, v, enable_gqa=True)",
+    "by_hand": SPELLINGS["attention_by_hand"],
+    "large_scores_masked_rows": "q=torch.randn(1,2,6,4); k=torch.randn(1,2,6,4); v=torch.randn(1,2,6,4); "
+                                "r=torch.arange(6).unsqueeze(1); m=(torch.randn(6,6) > 0) & (r > 0); "
+                                "torch.softmax(torch.where(m, q @ k.transpose(-1, -2) * 30, float('-inf')), -1) @ v",
+}
+
+
+@pytest.mark.parametrize("name", ATTENTION)
+def test_attention_is_one_kernel_with_state_m_d_z(name):
+    from emmy.tile_ir.shape import kernel_shape
+
+    program = emmy.optimize(ATTENTION[name])
+    (kernel,) = program.loop_ir.kernels
+    (fold,) = [l for l in _loops(kernel.body) if any(isinstance(s, Update) for s in l.body)]
+    assert sum(isinstance(s, Update) for s in fold.body) == 3  # m, d, z
+    assert any(isinstance(s, Loop) and s.reduction for s in fold.body)  # q.k inside the element
+    assert kernel_shape(kernel).kind == "attention"
+    (ours,), (reference,) = program.interpret(stage="loop"), program.interpret()
+    assert torch.equal(torch.isnan(ours), torch.isnan(reference))
+    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_masked_attention_rows_are_nan_like_torch():
+    program = emmy.optimize(ATTENTION["large_scores_masked_rows"])
+    (ours,) = program.interpret(stage="loop")
+    q, k, v, r, m = program.example_inputs
+    mask = (m > 0) & (r.unsqueeze(1) > 0)
+    theirs = torch.softmax(torch.where(mask, q @ k.transpose(-1, -2) * 30, float("-inf")), -1) @ v
+    assert torch.isnan(ours[0, :, 0]).all() and torch.isnan(theirs[0, :, 0]).all()
+    torch.testing.assert_close(ours[0, :, 1:], theirs[0, :, 1:], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("code", [
+    "q=torch.randn(1,8,1024,64,dtype=torch.float16); k=torch.randn(1,8,1024,64,dtype=torch.float16); "
+    "v=torch.randn(1,8,1024,64,dtype=torch.float16); F.scaled_dot_product_attention(q, k, v)",
+    "q=torch.randn(1,8,1024,64,dtype=torch.float16); k=torch.randn(1,8,1024,64,dtype=torch.float16); "
+    "v=torch.randn(1,8,1024,64,dtype=torch.float16); F.scaled_dot_product_attention(q, k, v, is_causal=True)",
+    "q=torch.randn(1,8,1024,64,dtype=torch.float16); k=torch.randn(1,8,1024,64,dtype=torch.float16); "
+    "v=torch.randn(1,8,1024,64,dtype=torch.float16); torch.softmax(q @ k.transpose(-1, -2) / 8, -1) @ v",
+], ids=["sdpa", "sdpa_causal", "by_hand"])
+def test_full_size_attention_tile_ir_shows_the_twisted_contraction(code):
+    lines = emmy.optimize(code, target="sm_90").ir("tile").splitlines()
+    assert sum(line.startswith("=== ") for line in lines) == 1
+    (fold,) = [i for i, line in enumerate(lines) if line.startswith("Fold[")]
+    assert lines[fold].startswith("Fold[a3 in 0..1024] contraction ⟨REDUCE=")
+    assert lines[fold].endswith("<twist=softmax>")
+    assert lines[fold + 1].startswith("│ init     (m, d, z) = (-inf, 0.0, 0.0)")
+    assert "│ output   z / d" in lines
+    assert any(line.startswith("flash ") and "(m, d, z) in registers" in line for line in lines)

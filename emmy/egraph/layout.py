@@ -91,3 +91,8 @@ def scalar_unguarded(text: str) -> str:
     """"yes" if the layout reads a rank-0 value as rank 0 with no guards (an identity), else ""."""
     layout = decode_layout(text)
     return "yes" if layout.shape == () and not layout.guards else ""
+
+
+def unguarded(text: str) -> str:
+    """"yes" if the layout has no guards (every output element reads an input element), else ""."""
+    return "" if decode_layout(text).guards else "yes"

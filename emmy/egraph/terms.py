@@ -19,6 +19,9 @@ ops, axes, layouts) is a literal on its node.
                                (m, d) (the twist rules introduce it).
 - welford_m2(axis, x)          sum((x - mean x)^2) over axis in one pass
                                (Welford's n, mean, m2), likewise.
+- softmax_wsum(axis, s, w)     sum over axis of softmax(s) * w, in one pass
+                               with state (m, d, z): attention's weighted
+                               sum, output z / d.
 """
 
 from __future__ import annotations
@@ -60,8 +63,13 @@ class Term(Expr):
         """sum((x - mean(x))^2) over `axis`, as one pass with state (n, mean, m2) (Welford)."""
 
 
+    @classmethod
+    def softmax_wsum(cls, axis: i64Like, s: Term, w: Term) -> Term:
+        """sum(softmax(s) * w) over `axis` (s and w of one shape), as one pass with state (m, d, z)."""
+
+
 CONSTRUCTORS = ("buffer", "literal", "unary", "binary", "select", "reduce", "reindex", "mat", "online_sum",
-                "welford_m2")
+                "welford_m2", "softmax_wsum")
 
 
 class Named(Expr):

@@ -118,8 +118,8 @@ class EGraphView:
             return TensorType(decode_layout(a[1]).shape, self._infer(a[0], visiting).dtype)
         if node.kind == "mat":
             return self._infer(a[0], visiting)
-        if node.kind in ("online_sum", "welford_m2"):
-            inner = self._infer(a[1], visiting)
+        if node.kind in ("online_sum", "welford_m2", "softmax_wsum"):
+            inner = self._infer(a[-1], visiting)
             shape = list(inner.shape)
             shape[a[0]] = 1
             return TensorType(tuple(shape), inner.dtype)

@@ -127,6 +127,8 @@ class KernelLowering:
             return self._online_sum(cid, a[0], a[1], coords)
         if kind == "welford_m2":
             return self._welford_m2(cid, a[0], a[1], coords)
+        if kind == "softmax_wsum":
+            return self._softmax_wsum(cid, a[0], a[1], a[2], coords)
         if kind == "reindex":
             layout = decode_layout(a[1])
             sub = tuple(e.substitute(coords, self.extents) for e in layout.index)
@@ -232,6 +234,34 @@ class KernelLowering:
         d_new = op("add", dtype, op("multiply", dtype, running_d, scale), term)
         result_deps = self._close_fold(var, inits, deps, [(d, d_new[0], here), (m, m_new[0], here)])
         return d, result_deps
+
+    def _softmax_wsum(self, cid: str, axis: int, s_cid: str, w_cid: str, coords: tuple) -> tuple:
+        """sum(softmax(s) * w) in one pass with state (m, d, z):
+        m' = max(m, s); a = exp(m - m'); e = exp(s - m'); d' = d*a + e; z' = z*a + e*w; out z / d.
+
+        As in `_online_sum`, equal maxima give the factor 1 rather than exp(nan);
+        a fully masked row ends with m = -inf, and the output adds m - m (NaN
+        there, 0 elsewhere) so it is NaN as PyTorch's softmax makes it.
+        """
+        var, (m, d, z), inits, s_, dtype, here, deps, op = self._fold_loop(
+            cid, axis, s_cid, coords, ("max", "sum", "sum"))
+        sub = list(coords)
+        sub[axis] = Affine.dim(var)
+        w, w_deps = self._value(w_cid, tuple(sub))
+        at = here | w_deps
+        m_new = op("maximum", dtype, (m, here), s_)
+        one = (Lit(1.0, dtype), frozenset())
+        scale = op("where", dtype, op("equal", DType.BOOL, (m, here), m_new), one,
+                   op("exp", dtype, op("subtract", dtype, (m, here), m_new)))
+        term = op("where", dtype, op("equal", DType.BOOL, s_, m_new), one,
+                  op("exp", dtype, op("subtract", dtype, s_, m_new)))
+        d_new = op("add", dtype, op("multiply", dtype, (d, here), scale), term)
+        z_new = op("add", dtype, op("multiply", dtype, (z, at), scale), op("multiply", dtype, term, (w, at)))
+        result_deps = self._close_fold(var, inits, deps | (w_deps - {var}),
+                                       [(z, z_new[0], at), (d, d_new[0], here), (m, m_new[0], here)])
+        ratio = self._op("divide", dtype, [(z, result_deps), (d, result_deps)])
+        nan_if_masked = self._op("subtract", dtype, [(m, result_deps), (m, result_deps)])
+        return self._op("add", dtype, [ratio, nan_if_masked])
 
     def _sibling_loop(self, cid: str, body_cid: str, extent: int, outer: frozenset) -> int | None:
         """A reduction loop this one can share: the multi-output fold of sibling reductions.

@@ -64,7 +64,11 @@ def no_row_message(shape: KernelShape, pins: KnobRow, unpinned: tuple[KnobRow, .
 def _placement(shape: KernelShape, row: KnobRow, g: Geometry) -> Placement:
     free = shape.free_vars
     names = [f"a{v}" for v in free]
-    if shape.kind == "contraction":
+    if shape.kind == "attention":  # query-row blocks by batch; the value dimension is the state vector
+        m = "·".join(f"a{v}" for v in shape.m_vars)
+        batch = [f"a{v}" for v in free if v not in shape.m_vars and v not in shape.n_vars]
+        grid = (f"{m}/{g.tile_m}", *batch)
+    elif shape.kind == "contraction":
         m = "·".join(f"a{v}" for v in shape.m_vars)
         n = "·".join(f"a{v}" for v in shape.n_vars)
         batch = [f"a{v}" for v in free if v not in shape.m_vars and v not in shape.n_vars]

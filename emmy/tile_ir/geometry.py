@@ -13,6 +13,7 @@ from emmy.knobs import KnobRow, value_fields
 from emmy.tile_ir.shape import KernelShape
 
 SIMT_PANEL = 64 * 32  # elements of a SIMT contraction's shared-memory panel (rules/schedules.py)
+FLASH_SIMT_KEYS = 32  # keys a SIMT flash-attention block steps over at once
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,15 @@ def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
     split = reduce.get("split", 1)
     depth, how = stage.get("depth", 0), stage.get("how", "")
     group = raster.get("group", 0)
+    if shape.kind == "attention":  # flash: BM query rows a block, BN keys a step
+        if "atom" in tile:
+            bm, bn = 16 * tile["frag_m"] * work["warps_m"], 8 * tile["frag_n"]
+        else:
+            bm, bn = threads // 32 * tile["elems"], FLASH_SIMT_KEYS
+        smem = depth * bn * (shape.inner + shape.cols) * shape.itemsize + (bm * shape.inner * shape.itemsize
+                                                                           if depth else 0)
+        return Geometry(threads, ceil(shape.rows / bm) * shape.batch * split, tile.get("elems", 1),
+                        tile.get("vec", 1), smem, split, bm, shape.cols, bn, "atom" in tile, depth, how, group)
     if "atom" in tile:
         bm = 16 * tile["frag_m"] * work["warps_m"]
         bn = 8 * tile["frag_n"] * work["warps_n"]

@@ -20,6 +20,8 @@ from emmy.tensor_ir.printer import literal
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel, TileProgram
 
 _IDENTITY = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
+# The state of a twisted fold, in the order lowering creates it.
+_ROLES = {("softmax", 2): ("m", "d"), ("softmax", 3): ("m", "d", "z"), ("welford", 3): ("n", "mean", "m2")}
 
 
 def _flat(body) -> str:
@@ -30,14 +32,16 @@ def _flat(body) -> str:
 
 def _fold(fold: Fold, tk: TileKernel, out: list[str]) -> None:
     twist = f" <twist={fold.twist}>" if fold.twist else ""
-    what = "contraction" if tk.shape.kind == "contraction" else "reduce"
+    what = "contraction" if tk.shape.kind in ("contraction", "attention") else "reduce"
     out.append(f"Fold[a{fold.var} in 0..{fold.extent}] {what} ⟨REDUCE={tk.row.REDUCE}⟩{twist}")
-    if fold.twist:
-        state = ", ".join(i.acc for i in fold.init)
-        values = ", ".join(literal(_IDENTITY[i.op]) for i in fold.init)
-        out.append(f"│ init     ({state}) = ({values})")
-    else:
-        out.extend(f"│ init     {statement_text(i)}" for i in fold.init)
+    stepped = {u.acc for u in fold.combine if isinstance(u, Update)}
+    state = [i for i in fold.init if i.acc in stepped]
+    out.extend(f"│ init     {statement_text(i)}" for i in fold.init if i.acc not in stepped)
+    if state:
+        roles = _ROLES.get((fold.twist, len(state)), tuple(i.acc for i in state))
+        values = ", ".join(literal(_IDENTITY[i.op]) for i in state)
+        named = ", ".join(f"{r}={i.acc}" for r, i in zip(roles, state))
+        out.append(f"│ init     ({', '.join(roles)}) = ({values})  [{named}]")
     out.append(f"│ lift     λ(a{fold.var}): {_flat(fold.lift)}")
     steps = [s for s in fold.combine if not isinstance(s, Update)]
     updates = [s for s in fold.combine if isinstance(s, Update)]
@@ -45,8 +49,11 @@ def _fold(fold: Fold, tk: TileKernel, out: list[str]) -> None:
         out.append(f"│ combine  {statement_text(s)}")
     if updates:
         out.append(f"│ step     {'; '.join(statement_text(u) for u in updates)}")
-        merge = "online-softmax merge (m, d)" if fold.twist == "softmax" else "Chan's merge (n, mean, m2)"
-        out.append(f"│ combine  {merge}: associative, splits across threads and blocks")
+        roles = _ROLES.get((fold.twist, len(state)), ())
+        merge = {"softmax": "online-softmax merge", "welford": "Chan's merge"}[fold.twist]
+        out.append(f"│ combine  {merge} ({', '.join(roles)}): associative, splits across threads and blocks")
+        if roles == ("m", "d", "z"):
+            out.append("│ output   z / d")
 
 
 def print_tile_kernel(index: int, tk: TileKernel) -> list[str]:
@@ -56,6 +63,10 @@ def print_tile_kernel(index: int, tk: TileKernel) -> list[str]:
            f"knobs {tk.row}  ({tk.legal_rows} legal rows; est {tk.seconds * 1e6:.2f} us)",
            f"place free=({free}) grid=({', '.join(p.grid)}) work {p.work}  [{p.blocks} blocks x {p.threads} threads]"]
     g = tk.geometry
+    if tk.shape.kind == "attention":
+        unit = tk.row.TILE.split("/")[0] if g.mma else "SIMT"
+        stage = f"K, V staged {tk.row.STAGE}" if tk.row.STAGE else "K, V from global memory"
+        out.append(f"flash {g.tile_m} query rows x {g.tile_k} keys a step by {unit}, (m, d, z) in registers, {stage}")
     if tk.shape.kind == "contraction":
         unit = tk.row.TILE.split("/")[0] if g.mma else "SIMT"
         stage = f"staged {tk.row.STAGE}" if tk.row.STAGE else "operands from global memory"

@@ -7,6 +7,10 @@
 - contraction  sum over k of a[.., m, k] * b[.., k, n]: `rows` = M, `cols` = N,
                `red` = K, `batch` the extents both operands share. `mma` when
                both operands are loaded as f16 or bf16 (tensor-core atoms).
+- attention    a twisted fold over keys (`red`) whose element is itself a
+               contraction (`inner`, the q.k head dimension) and whose state
+               has a vector over `cols` (the value head dimension): flash
+               attention. `rows` = query rows, `batch` = the rest.
 """
 
 from __future__ import annotations
@@ -65,6 +69,12 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
     folds = [s for s in stmts if isinstance(s, (Accumulate, Update))]
     atomic_ok = all(isinstance(s, Accumulate) and s.op in ("sum", "max", "min") for s in folds)
     output_is_acc = any(getattr(s, "value", None) in {f.acc for f in folds} for s in stmts if type(s).__name__ == "Store")
+    attention = _attention(outer, reductions)
+    if attention is not None:
+        rows, cols, batch, inner, mma, m_vars, n_vars = attention
+        return KernelShape(kernel.name, "attention", rows, cols, red, inner, itemsize, batch=batch, sweep=False,
+                           epilogue=True, mma=mma, free_vars=tuple(l[0] for l in outer), m_vars=m_vars,
+                           n_vars=n_vars)
     contraction = _contraction(kernel, stmts, outer, reductions)
     if contraction is not None:
         rows, cols, batch, mma, m_vars, n_vars = contraction
@@ -128,6 +138,36 @@ def _contraction(kernel, stmts, outer, reductions):
     batch = prod(extents[v] for v in extents if v not in m_vars and v not in n_vars)
     mma = _MMA_DTYPES.get(a_dtype, "") if a_dtype == b_dtype else ""
     return rows, cols, batch, mma, tuple(m_vars), tuple(n_vars)
+
+
+def _attention(outer, reductions):
+    """(rows, cols, batch, inner, mma dtype, row variables, col variables) for a twisted fold
+    whose element holds a contraction: q.k inside, the weights v read beside it."""
+    for fold in reductions:
+        if not any(isinstance(s, Update) for s in fold.body):
+            continue
+        nested = [s for s in fold.body if isinstance(s, Loop) and s.reduction]
+        if len(nested) != 1:
+            continue
+        inside = [s for s in _statements(nested[0].body) if isinstance(s, Assign) and isinstance(s.expr, Load)]
+        beside = [s for s in fold.body if isinstance(s, Assign) and isinstance(s.expr, Load)]
+        if not inside or not beside:
+            continue
+        extents = {var: extent for var, extent, _ in outer}
+        qk_vars = set().union(*(_vars(s.expr.index) for s in inside))
+        n_vars = tuple(v for v in extents if v not in qk_vars
+                       and any(v in _vars(s.expr.index) for s in beside))
+        # the weights are the loads beside q.k that read the value dimension (not a mask's)
+        w_vars = set().union(set(), *(_vars(s.expr.index) for s in beside if _vars(s.expr.index) & set(n_vars)))
+        m_vars = tuple(v for v in extents if v in qk_vars and v not in w_vars)
+        if not m_vars or not n_vars:
+            continue
+        batch = prod(extents[v] for v in extents if v not in m_vars and v not in n_vars)
+        dtypes = {s.dtype for s in inside + beside}
+        mma = _MMA_DTYPES.get(dtypes.pop(), "") if len(dtypes) == 1 else ""
+        return (prod(extents[v] for v in m_vars), prod(extents[v] for v in n_vars), batch, nested[0].extent, mma,
+                m_vars, n_vars)
+    return None
 
 
 def _source_load(defs, name):
