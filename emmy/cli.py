@@ -142,7 +142,7 @@ def _schedules(args) -> int:
         raise EmmyError(f"--limit must be 0 (all) or positive, got {args.limit}")
     from emmy.api import optimize
     from emmy.extract.schedule_cost import row_cost
-    from emmy.knobs import KNOB_NAMES
+    from emmy.knobs import KNOB_NAMES, KnobRow
     from emmy.tile_ir.shape import kernel_shape
 
     rules, budget = _optimizer_args(args)
@@ -159,7 +159,8 @@ def _schedules(args) -> int:
                 from emmy.egraph.schedules import build_space
 
                 shapes = [kernel_shape(k) for k in program.loop_ir.kernels]
-                unpinned = unpinned or build_space(shapes, target)
+                unpinned = unpinned or build_space(shapes, target, KnobRow(), program.loop_result.egraph,
+                                                   program.loop_result.kernel_roots())
                 raise EmmyError(no_row_message(kernel_shape(kernel), program.knobs, unpinned.rows[kernel.name], target))
     for index, kernel in enumerate(program.loop_ir.kernels):
         shape = kernel_shape(kernel)
@@ -189,6 +190,12 @@ def _rules(args) -> int:
         width = max((len(r.name) for r in group.rules), default=0)
         for rule in group.rules:
             print(f"  {rule.name.ljust(width)}  {rule.description}")
+    from emmy.rules.schedules import SCHEDULE_DESCRIPTIONS
+
+    print("schedules  (after extraction, on each kernel's e-class): every legal knob row")
+    width = max(len(name) for name in SCHEDULE_DESCRIPTIONS)
+    for name, description in SCHEDULE_DESCRIPTIONS.items():
+        print(f"  {name.ljust(width)}  {description}")
     return 0
 
 

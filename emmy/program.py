@@ -48,7 +48,8 @@ class Program:
         from emmy.knobs import KnobRow
         from emmy.tile_ir.build import build_tile_program
 
-        return build_tile_program(self.loop_ir, self.target, self.knobs or KnobRow())
+        return build_tile_program(self.loop_ir, self.target, self.knobs or KnobRow(), self.loop_result.egraph,
+                                  self.loop_result.kernel_roots())
 
     def schedule_space(self):
         """Every legal knob row for every kernel, within the pins."""
@@ -56,7 +57,8 @@ class Program:
         from emmy.knobs import KnobRow
         from emmy.tile_ir.shape import kernel_shape
 
-        return build_space([kernel_shape(k) for k in self.loop_ir.kernels], self.target, self.knobs or KnobRow())
+        return build_space([kernel_shape(k) for k in self.loop_ir.kernels], self.target, self.knobs or KnobRow(),
+                           self.loop_result.egraph, self.loop_result.kernel_roots())
 
     @property
     def weights(self) -> dict[str, np.ndarray]:

@@ -2,9 +2,11 @@
 
 The candidate values of each knob are data: relations filled from the
 CANDIDATES table below (a pin or a tuner narrows or widens a knob by filling
-its relation with other values). A kernel enters as a `kernel` fact with its
-kind and extents (emmy.tile_ir.shape) and positive `kernel_flag` facts; the
-target as one `target` fact. Each rule joins a kernel with candidate values
+its relation with other values). A kernel enters as a `kernel` fact on its
+root term (the e-class of the value it materializes, in the optimizer's
+saturated e-graph, so the rows attach to that e-class) with its kind and
+extents (emmy.tile_ir.shape) and positive `kernel_flag` facts; the target as
+one `target` fact. Each rule joins a kernel with candidate values
 and guards the join with one legality condition per clause:
 
 - threads: whole warps, at most 1024 a block (the WORK candidates hold only
@@ -28,13 +30,14 @@ and guards the join with one legality condition per clause:
   tile), and may split the keys across blocks (split-KV, a workspace and a
   finishing merge) under the split clause.
 
-`legal_row(kernel, WORK, TILE, REDUCE, STAGE, RASTER)` holds each legal row.
+`legal_row(root, WORK, TILE, REDUCE, STAGE, RASTER)` holds each legal row.
 """
 
 from __future__ import annotations
 
 from egglog import String, eq, i64, relation, rule, ruleset, vars_
 
+from emmy.egraph.terms import Term
 from emmy.knobs import MMA_ATOMS
 
 # Candidate values, one canonical spelling each (emmy.knobs parses them).
@@ -72,9 +75,11 @@ def tile_mma_spelling(atom: str, fm: int, fn: int, kc: int) -> str:
     return f"{atom}/f{fm}x{fn}/k{kc}"
 
 
-kernel = relation("kernel", String, String, i64, i64, i64, i64, i64, i64)  # name kind rows cols red inner itemsize batch
-kernel_flag = relation("kernel_flag", String, String)  # foldonly | raw | atomic
-kernel_mma = relation("kernel_mma", String, String)  # tensor-core operand dtype: f16 | bf16
+# A kernel is its root term: the e-class of the value it materializes in the optimizer's e-graph.
+kernel = relation("kernel", Term, String, i64, i64, i64, i64, i64, i64)  # root kind rows cols red inner itemsize batch
+kernel_name = relation("kernel_name", Term, String)
+kernel_flag = relation("kernel_flag", Term, String)  # foldonly | raw | atomic
+kernel_mma = relation("kernel_mma", Term, String)  # tensor-core operand dtype: f16 | bf16
 target = relation("target", i64, i64, i64, i64)  # smem per block, SMs, has cp.async, has TMA
 work_threads = relation("work_threads", String, i64)
 work_warps = relation("work_warps", String, i64, i64)
@@ -90,13 +95,14 @@ reduce_coop = relation("reduce_coop", String)
 raster_none = relation("raster_none", String)
 raster_group = relation("raster_group", String, i64)
 # Intermediate relations: a block shape, then a staged block, then rows.
-simt_block = relation("simt_block", String, String, String, i64)  # kernel, WORK, TILE, outputs per block
-mma_block = relation("mma_block", String, String, String, i64, i64, i64)  # kernel, WORK, TILE, BM, BN, BK
-staged = relation("staged", String, String, String, String, i64, i64, i64)  # + STAGE, rows of blocks, blocks, K steps
-flash_block = relation("flash_block", String, String, String, i64, i64)  # kernel, WORK, TILE, BM, BN
-legal_row = relation("legal_row", String, String, String, String, String, String)
+simt_block = relation("simt_block", Term, String, String, i64)  # kernel, WORK, TILE, outputs per block
+mma_block = relation("mma_block", Term, String, String, i64, i64, i64)  # kernel, WORK, TILE, BM, BN, BK
+staged = relation("staged", Term, String, String, String, i64, i64, i64)  # + STAGE, rows of blocks, blocks, K steps
+flash_block = relation("flash_block", Term, String, String, i64, i64)  # kernel, WORK, TILE, BM, BN
+legal_row = relation("legal_row", Term, String, String, String, String, String)
 
-k, kind, w, t, r, s, g, dt = vars_("k kind w t r s g dt", String)
+(k,) = vars_("k", Term)
+kind, w, t, r, s, g, dt = vars_("kind w t r s g dt", String)
 rows, cols, red, inner, isz, batch = vars_("rows cols red inner isz batch", i64)
 threads, elems, vec, wm, wn, fm, fn, kc, depth, split, group = vars_(
     "threads elems vec wm wn fm fn kc depth split group", i64)
@@ -225,3 +231,12 @@ attention_rows = ruleset(
 )
 
 SCHEDULE_RULESETS = (map_rows, row_rows, contraction_blocks, contraction_staging, contraction_rows, attention_rows)
+# For `emmy rules`: each schedule ruleset and what its rules add.
+SCHEDULE_DESCRIPTIONS = {
+    "map": "elementwise kernels: threads x elements a thread, vector loads that divide the row",
+    "row": "row reductions: a thread a row, a block a row (coop), or split across blocks (g<N>k, g<N>a)",
+    "contraction blocks": "matrix products: SIMT blocks, or mma atoms tiled by warps within the extents",
+    "contraction staging": "operand staging: none, shared memory, cp.async (sm_80+), TMA (sm_90+) within smem",
+    "contraction rows": "launch order (grouped rasterisation) and split-K for matrix products",
+    "attention": "flash attention: query-row blocks, mma or SIMT, K/V staging, split-KV",
+}

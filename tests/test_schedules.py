@@ -33,6 +33,35 @@ def test_egglog_space_equals_an_independent_enumeration(shapes, target):
             assert got == expected, (name, shape.kernel, sorted(map(str, got ^ expected))[:5])
 
 
+def test_rows_attach_to_the_kernels_eclass_in_the_optimizers_egraph():
+    import json
+
+    from emmy.egraph.schedules import attach_rows
+    from emmy.egraph.view import EGraphView
+    from emmy.knobs import KnobRow
+
+    program = emmy.optimize(next(w.code for w in WORKLOADS if w.name == "mlp"), target="sm_90")
+    result = program.loop_result
+    kernels = program.loop_ir.kernels
+    egraph = result.egraph
+    egraph.push()
+    attach_rows(egraph, [kernel_shape(k) for k in kernels], program.target, KnobRow(), result.kernel_roots())
+    data = json.loads(egraph._serialize().to_json())
+    view = EGraphView(json.dumps(data))
+    egraph.pop()
+    nodes = data["nodes"]
+    row_classes = {}
+    for node in nodes.values():
+        if node["op"] == "legal_row":
+            cid = nodes[node["children"][0]]["eclass"]
+            row_classes[cid] = row_classes.get(cid, 0) + 1
+    expected = {view.class_of_name(k.output): len(program.schedule_space().rows[k.name]) for k in kernels}
+    assert row_classes == expected
+    # popped: the optimizer's e-graph holds no rows afterwards
+    after = json.loads(egraph._serialize().to_json())["nodes"].values()
+    assert not any(node["op"] == "legal_row" for node in after)
+
+
 def test_space_sizes_match_the_design(shapes):
     sm_120 = get_target("sm_120")
     (rms,) = shapes["rmsnorm"]
@@ -121,3 +150,14 @@ def test_schedules_command_counts_and_lists_rows():
     costs = [float(line.split()[0]) for line in lines[3:6]]
     assert costs == sorted(costs)
     assert lines[6].strip() == "(40 more; --limit 0 shows all)"
+
+
+def test_every_schedule_ruleset_is_listed_by_emmy_rules():
+    from emmy.rules.schedules import SCHEDULE_DESCRIPTIONS, SCHEDULE_RULESETS
+
+    names = [str(r.ident).rsplit(".", 1)[-1] for r in SCHEDULE_RULESETS]
+    assert names == list(SCHEDULE_DESCRIPTIONS)
+    listing = run_emmy("rules")
+    assert listing.returncode == 0, listing.stderr
+    for name, description in SCHEDULE_DESCRIPTIONS.items():
+        assert f"  {name.ljust(max(map(len, names)))}  {description}" in listing.stdout

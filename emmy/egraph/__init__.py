@@ -16,6 +16,13 @@ class LoopResult:
     program: object  # emmy.loop_ir.nodes.LoopProgram
     reports: tuple[PhaseReport, ...]
     predicted_seconds: float
+    egraph: object = None  # the saturated e-graph: schedules attach rows to kernels' e-classes in it
+    terms: dict | None = None  # Tensor IR value name -> its Term in `egraph`
+
+    def kernel_roots(self) -> dict:
+        """Kernel name -> the Term of the value it materializes."""
+        terms = self.terms or {}
+        return {k.name: terms[k.output] for k in self.program.kernels if k.output in terms}
 
 
 def groups_by_phase(groups):
@@ -65,6 +72,6 @@ def optimize_loops(graph, groups, budget: Budget = Budget()) -> LoopResult:
     from emmy.egraph.extract import extract_program
     from emmy.egraph.view import EGraphView
 
-    egraph, _, reports = saturate(graph, groups, budget)
+    egraph, terms, reports = saturate(graph, groups, budget)
     extraction = extract_program(EGraphView.of(egraph), graph)
-    return LoopResult(extraction.program, reports, extraction.cost)
+    return LoopResult(extraction.program, reports, extraction.cost, egraph, terms)

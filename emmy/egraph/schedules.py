@@ -1,10 +1,14 @@
 """The schedule space: kernels and candidate knob values in, legal rows out.
 
-Facts about each kernel (emmy.tile_ir.shape) and the target go into an
-e-graph with one relation per kind of candidate value; the schedule rules
-(rules/schedules.py) run to saturation and `legal_row` holds the space. A
-pinned knob narrows its relation to the pinned value (which need not be a
-default candidate: any legal spelling may be pinned).
+Facts about each kernel (emmy.tile_ir.shape), keyed by the kernel's root
+term, and the target go into an e-graph with one relation per kind of
+candidate value; the schedule rules (rules/schedules.py) run to saturation
+and `legal_row` holds the space. Given the optimizer's saturated e-graph and
+the root term of each kernel, the rows attach to the kernels' own e-classes
+there; without one (a space built from shapes alone) each kernel stands as a
+`buffer` term of its name in a fresh e-graph. A pinned knob narrows its
+relation to the pinned value (which need not be a default candidate: any
+legal spelling may be pinned).
 """
 
 from __future__ import annotations
@@ -78,51 +82,72 @@ def _candidate_facts(values: dict[str, list[str]]) -> list:
     return facts
 
 
-def _kernel_facts(shape: KernelShape) -> list:
+def _kernel_facts(shape: KernelShape, root) -> list:
     import emmy.rules.schedules as R
 
-    facts = [R.kernel(shape.kernel, shape.kind, shape.rows, shape.cols, shape.red, shape.inner, shape.itemsize,
+    facts = [R.kernel_name(root, shape.kernel), R.kernel(root, shape.kind, shape.rows, shape.cols, shape.red, shape.inner, shape.itemsize,
                       shape.batch)]
     flags = {"foldonly": not shape.sweep, "raw": not shape.epilogue, "atomic": shape.atomic_ok}
-    facts += [R.kernel_flag(shape.kernel, flag) for flag, on in flags.items() if on]
+    facts += [R.kernel_flag(root, flag) for flag, on in flags.items() if on]
     if shape.mma:
-        facts.append(R.kernel_mma(shape.kernel, shape.mma))
+        facts.append(R.kernel_mma(root, shape.mma))
     return facts
 
 
-def build_space(shapes: list[KernelShape], target, pins: KnobRow = KnobRow()) -> ScheduleSpace:
+def build_space(shapes: list[KernelShape], target, pins: KnobRow = KnobRow(), egraph=None,
+                roots: dict | None = None) -> ScheduleSpace:
+    """`roots`: kernel name -> its root Term in `egraph` (the optimizer's saturated e-graph)."""
     import time
 
     from egglog import EGraph
 
-    import emmy.rules.schedules as R
-
     start = time.perf_counter()
-    egraph = EGraph()
-    facts = _candidate_facts(candidate_values(pins))
-    facts.append(R.target(target.smem_per_block, target.sms, int(target.has_cp_async), int(target.has_tma)))
-    for shape in shapes:
-        facts += _kernel_facts(shape)
-    egraph.register(*facts)
-    combined = R.SCHEDULE_RULESETS[0]
-    for ruleset in R.SCHEDULE_RULESETS[1:]:
-        combined = combined | ruleset
-    egraph.run(combined.saturate())
+    if egraph is None:
+        egraph, roots = EGraph(), {}
+    # Pushed, so the optimizer's e-graph is left as it was once the rows are read.
+    egraph.push()
+    attach_rows(egraph, shapes, target, pins, roots or {})
     rows = {shape.kernel: [] for shape in shapes}
     for kernel, row in _legal_rows(egraph):
         rows[kernel].append(row)
+    egraph.pop()
     order = {knob: {v: i for i, v in enumerate(vals)} for knob, vals in candidate_values(pins).items()}
     ranked = {name: tuple(sorted(found, key=lambda r: tuple(order[k][getattr(r, k)] for k in KNOB_NAMES)))
               for name, found in rows.items()}
     return ScheduleSpace(ranked, time.perf_counter() - start)
 
 
+def attach_rows(egraph, shapes: list[KernelShape], target, pins: KnobRow, roots: dict) -> None:
+    """Add kernel, target and candidate facts to `egraph` and run the schedule rules to
+    saturation: `legal_row(root, ...)` then holds every legal row of each kernel's root e-class.
+    A kernel without a root in `roots` stands as a `buffer` term of its name."""
+    import emmy.rules.schedules as R
+    from emmy.egraph.terms import Term
+
+    facts = _candidate_facts(candidate_values(pins))
+    facts.append(R.target(target.smem_per_block, target.sms, int(target.has_cp_async), int(target.has_tma)))
+    for shape in shapes:
+        facts += _kernel_facts(shape, roots.get(shape.kernel, Term.buffer(shape.kernel, "", "kernel")))
+    egraph.register(*facts)
+    combined = R.SCHEDULE_RULESETS[0]
+    for ruleset in R.SCHEDULE_RULESETS[1:]:
+        combined = combined | ruleset
+    egraph.run(combined.saturate())
+
+
 def _legal_rows(egraph):
-    """(kernel, KnobRow) for every legal_row fact, read from egglog's serialized e-graph."""
+    """(kernel name, KnobRow) for every legal_row fact, read from egglog's serialized e-graph:
+    the row's first argument is the kernel's root e-class, named by its kernel_name fact."""
     data = json.loads(egraph._serialize().to_json())
     nodes = data["nodes"]
+    name_of = {}
+    for node in nodes.values():
+        if node["op"] == "kernel_name":
+            root, name = node["children"]
+            name_of[nodes[root]["eclass"]] = json.loads(nodes[name]["op"])
     for node in nodes.values():
         if node["op"] != "legal_row":
             continue
-        kernel, *values = (json.loads(nodes[c]["op"]) for c in node["children"])
-        yield kernel, KnobRow(**dict(zip(KNOB_NAMES, values)))
+        root, *values = node["children"]
+        yield name_of[nodes[root]["eclass"]], KnobRow(**dict(zip(KNOB_NAMES, (json.loads(nodes[v]["op"])
+                                                                          for v in values))))

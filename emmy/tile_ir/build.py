@@ -10,14 +10,17 @@ from emmy.tile_ir.nodes import Epilogue, Fold, Placement, Sweep, TileKernel, Til
 from emmy.tile_ir.shape import KernelShape, kernel_shape
 
 
-def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow()) -> TileProgram:
+def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), egraph=None,
+                       roots: dict | None = None) -> TileProgram:
+    """`egraph`, `roots`: the optimizer's e-graph and each kernel's root Term in it (see
+    emmy.egraph.schedules.build_space); without them the space is built on its own."""
     from emmy.egraph.schedules import build_space
     from emmy.extract.schedule_cost import row_cost
 
     check_target(pins, target)
     shapes = [kernel_shape(k) for k in loops.kernels]
-    space = build_space(shapes, target, pins)
-    full = build_space(shapes, target) if pins.pinned() else space
+    space = build_space(shapes, target, pins, egraph, roots)
+    full = build_space(shapes, target, KnobRow(), egraph, roots) if pins.pinned() else space
     kernels = []
     for kernel, shape in zip(loops.kernels, shapes):
         rows = space.rows[kernel.name]
