@@ -16,7 +16,6 @@ from emmy.knobs import KnobRow
 from emmy.tile_ir.geometry import Geometry, geometry
 from emmy.tile_ir.shape import KernelShape
 
-LAUNCH = 3.0e-6  # s per kernel launch
 SYNC = 2.0e-8  # s per block-wide barrier step
 
 
@@ -42,16 +41,17 @@ def row_cost(shape: KernelShape, row: KnobRow, target) -> RowCost:
         flops = 2.0 * shape.rows * shape.red * (shape.inner + shape.cols) * shape.batch
     else:
         flops = float(shape.rows * max(shape.red, 1)) * (3 if shape.sweep else 1)
-    compute = flops / (target.tensor_flops if g.mma else target.fp32_flops)
+    tensor = target.bf16_tensor_flops if shape.mma == "bf16" else target.tensor_flops
+    compute = flops / (tensor if g.mma else target.fp32_flops)
     efficiency = _wave_efficiency(g, target)
     overlap = max(memory, compute) if (not g.mma or g.stage_depth) else memory + compute
     if g.stage_how == "smem":
         overlap = 0.75 * max(memory, compute) + 0.25 * min(memory, compute)
-    seconds = LAUNCH + overlap / efficiency
+    seconds = target.launch_seconds + overlap / efficiency
     if row.REDUCE == "coop":
         seconds += SYNC * max(1, g.threads.bit_length()) * ceil(g.blocks / (target.sms * 4))
     if row.REDUCE and row.REDUCE.endswith("k"):
-        seconds += LAUNCH + shape.rows * shape.cols * shape.batch * g.split * 4 / target.dram_bandwidth
+        seconds += target.launch_seconds + shape.rows * shape.cols * shape.batch * g.split * 4 / target.dram_bandwidth
     return RowCost(seconds, memory, compute, efficiency)
 
 
