@@ -50,6 +50,15 @@ def _parser() -> argparse.ArgumentParser:
     optimizer_options(schedules)
     common(schedules)
 
+    explain = sub.add_parser("explain", help="per kernel, the chosen knob row and the best alternatives, "
+                                             "with every term of their predicted time")
+    explain.add_argument("-c", dest="code", required=True, metavar="CODE",
+                         help="Python code whose last statement is the tensor expression to compile")
+    explain.add_argument("--top", type=int, default=3, metavar="K", help="alternatives to show (default 3)")
+    explain.add_argument("--knobs", metavar="K=V,...", help="pin schedule knobs (overrides EMMY_KNOBS)")
+    optimizer_options(explain)
+    common(explain)
+
     rules = sub.add_parser("rules", help="list the rulesets and rules, with their descriptions")
     rules.add_argument("--rules", dest="rule_files", action="append", default=[], metavar="FILE",
                        help="also load the rulesets of this Python module")
@@ -141,8 +150,8 @@ def _schedules(args) -> int:
     if args.limit < 0:
         raise EmmyError(f"--limit must be 0 (all) or positive, got {args.limit}")
     from emmy.api import optimize
-    from emmy.extract.schedule_cost import row_cost
     from emmy.knobs import KNOB_NAMES, KnobRow
+    from emmy.tile_ir.build import ranked_rows
     from emmy.tile_ir.shape import kernel_shape
 
     rules, budget = _optimizer_args(args)
@@ -165,11 +174,11 @@ def _schedules(args) -> int:
     for index, kernel in enumerate(program.loop_ir.kernels):
         shape = kernel_shape(kernel)
         rows = space.rows[kernel.name]
-        costed = sorted(((row_cost(shape, r, target).seconds, i, r) for i, r in enumerate(rows)))
+        costed = ranked_rows(kernel, shape, rows, target, program.loop_ir)
         print(f"=== {index}: {kernel.name} ({shape.describe()}) ===")
         print(f"{len(rows)} legal rows on {target.name}")
         shown = costed if args.limit == 0 else costed[:args.limit]
-        table = [[f"{seconds * 1e6:.2f}"] + [getattr(r, k) or "-" for k in KNOB_NAMES] for seconds, _, r in shown]
+        table = [[f"{b.total_s * 1e6:.2f}"] + [getattr(b.row, k) or "-" for k in KNOB_NAMES] for b in shown]
         header = ["est us", *KNOB_NAMES]
         widths = [max(len(row[c]) for row in [header, *table]) for c in range(len(header))]
         for row in [header, *table]:
@@ -178,6 +187,50 @@ def _schedules(args) -> int:
         if len(shown) < len(rows):
             print(f"  ({len(rows) - len(shown)} more; --limit 0 shows all)")
     log.info("schedule space built in %.3f s", space.seconds)
+    return 0
+
+
+_EXPLAIN_COLUMNS = (
+    ("total us", lambda b: f"{b.total_s * 1e6:.2f}"),
+    ("launch", lambda b: f"{b.launch_s * 1e6:.2f}"),
+    ("body", lambda b: f"{b.body_s * 1e6:.2f}"),
+    ("sync", lambda b: f"{b.sync_s * 1e6:.2f}"),
+    ("extra", lambda b: f"{b.extra_s * 1e6:.2f}"),
+    ("MB", lambda b: f"{b.bytes / 1e6:.3f}"),
+    ("mem us", lambda b: f"{b.memory_s * 1e6:.2f}"),
+    ("fma us", lambda b: f"{b.arith_s * 1e6:.2f}"),
+    ("mma us", lambda b: f"{b.tensor_s * 1e6:.2f}"),
+    ("sfu us", lambda b: f"{b.special_s * 1e6:.2f}"),
+    ("occ", lambda b: f"{b.occupancy:.2f}"),
+    ("waves", lambda b: str(b.waves)),
+    ("tail", lambda b: f"{b.tail:.2f}"),
+    ("spread", lambda b: f"{b.spread:.2f}"),
+    ("hide", lambda b: f"{b.hiding:.2f}"),
+    ("regs", lambda b: str(b.registers)),
+    ("measured", lambda b: "yes" if b.measured else "no"),
+)
+
+
+def _explain(args) -> int:
+    _check_target(args.target)
+    _check_knobs(args.knobs, args.target)
+    if args.top < 0:
+        raise EmmyError(f"--top must be 0 or more, got {args.top}")
+    from emmy.api import optimize
+
+    rules, budget = _optimizer_args(args)
+    program = optimize(args.code, target=args.target, stop_after="tile", rules=rules, budget=budget,
+                       knobs=args.knobs)
+    print("total = launch + body + sync + extra; body = max(mem / (hide * spread), compute / (spread * issue)) "
+          "/ tail; compute = max(fma, mma, sfu)")
+    for index, (name, ranked) in enumerate(program.explain(args.top)):
+        print(f"=== {index}: {name} on {program.target.name} ===")
+        header = ["", "row", *(c for c, _ in _EXPLAIN_COLUMNS)]
+        table = [["chosen" if i == 0 else f"alt {i}", str(b.row), *(f(b) for _, f in _EXPLAIN_COLUMNS)]
+                 for i, b in enumerate(ranked)]
+        widths = [max(len(r[c]) for r in [header, *table]) for c in range(len(header))]
+        for r in [header, *table]:
+            print("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
     return 0
 
 
@@ -215,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="emmy: %(message)s")
     try:
-        return {"compile": _compile, "schedules": _schedules, "suite": _suite, "rules": _rules}[args.command](args)
+        commands = {"compile": _compile, "schedules": _schedules, "explain": _explain, "suite": _suite,
+                    "rules": _rules}
+        return commands[args.command](args)
     except EmmyError as err:
         if args.verbose:
             traceback.print_exc()

@@ -21,6 +21,7 @@ class Settings:
     egraph_enodes: int  # EMMY_EGRAPH_ENODES: e-nodes after which a phase stops
     egraph_seconds: float  # EMMY_EGRAPH_SECONDS: seconds per phase
     knobs: str  # EMMY_KNOBS: schedule pins, "K=V,..." (see emmy/knobs.py)
+    measurements: Path | None = None  # EMMY_MEASUREMENTS: a JSON file of measured kernel times
 
 
 def settings(environ: dict[str, str] | None = None) -> Settings:
@@ -33,6 +34,7 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         egraph_enodes=_number(env, "EMMY_EGRAPH_ENODES", int, 20_000),
         egraph_seconds=_number(env, "EMMY_EGRAPH_SECONDS", float, 0.5),
         knobs=env.get("EMMY_KNOBS", ""),
+        measurements=Path(env["EMMY_MEASUREMENTS"]) if env.get("EMMY_MEASUREMENTS") else None,
     )
 
 

@@ -60,6 +60,16 @@ class Program:
         return build_space([kernel_shape(k) for k in self.loop_ir.kernels], self.target, self.knobs or KnobRow(),
                            self.loop_result.egraph, self.loop_result.kernel_roots())
 
+    def explain(self, top: int = 3) -> list[tuple[str, list]]:
+        """Per kernel: its legal rows' cost breakdowns (emmy.extract.cost_model.Breakdown), the
+        chosen (cheapest) first, then the next `top` alternatives."""
+        from emmy.tile_ir.build import ranked_rows
+        from emmy.tile_ir.shape import kernel_shape
+
+        space = self.schedule_space()
+        return [(k.name, ranked_rows(k, kernel_shape(k), space.rows[k.name], self.target, self.loop_ir)[:top + 1])
+                for k in self.loop_ir.kernels]
+
     @property
     def weights(self) -> dict[str, np.ndarray]:
         return self.tensor_program.weights

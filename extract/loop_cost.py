@@ -18,13 +18,16 @@ BANDWIDTH = 2.0e12  # bytes/s: an HBM-class GPU (order of magnitude; replaced pe
 OP_RATE = 2.0e13  # scalar ops/s
 LAUNCH = 3.0e-6  # s per kernel
 EXPENSIVE = {"exp": 4, "log": 4, "sqrt": 4, "rsqrt": 4, "sigmoid": 4, "tanh": 4, "erf": 4, "divide": 4, "power": 8}
+SPECIAL_FUNCTIONS = {"exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "divide", "power"}  # the SFU's work
 
 
 @dataclass(frozen=True)
 class KernelCost:
     bytes_read: float
     bytes_written: float
-    ops: float
+    ops: float  # weighted: a special function counts EXPENSIVE[op]
+    arith_ops: float = 0.0  # unweighted, on the FMA pipes (adds, multiplies, compares, selects, folds)
+    special_ops: float = 0.0  # unweighted, on the special-function units
 
     @property
     def time(self) -> float:
@@ -35,7 +38,7 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
     """buffer_sizes: name -> (elements, bytes per element)."""
     deps = _dependencies(kernel.body)
     reads: dict[str, float] = {}
-    ops = 0.0
+    ops = arith = special = 0.0
 
     def trips(stmt_deps: set, loops: list[Loop], shared: bool) -> float:
         # Inside a twisted fold (flash attention's), a value need not be recomputed across a
@@ -48,7 +51,7 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
         return total
 
     def walk(body, loops: list[Loop], shared: bool = False) -> None:
-        nonlocal ops
+        nonlocal ops, arith, special
         for stmt in body:
             if isinstance(stmt, Loop):
                 twisted = stmt.reduction and any(isinstance(s, Update) for s in stmt.body)
@@ -60,16 +63,23 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                     reads[stmt.expr.buffer] = reads.get(stmt.expr.buffer, 0.0) + min(n, numel) * size
                 elif isinstance(stmt.expr, Op):
                     ops += n * EXPENSIVE.get(stmt.expr.op, 1)
+                    if stmt.expr.op in SPECIAL_FUNCTIONS:
+                        special += n
+                    elif stmt.expr.op != "cast":
+                        arith += n
                 elif isinstance(stmt.expr, Masked):
                     ops += n
+                    arith += n
             elif isinstance(stmt, (Accumulate, Update)):
-                ops += trips(deps.get(stmt.acc, set()), loops, shared)
+                n = trips(deps.get(stmt.acc, set()), loops, shared)
+                ops += n
+                arith += n if isinstance(stmt, Accumulate) else 0
 
     walk(kernel.body, [])
     # A buffer's elements are fetched at most once each, however many loads read them.
     read = sum(min(v, buffer_sizes[b][0] * buffer_sizes[b][1]) for b, v in reads.items())
     written = kernel.type.numel * kernel.type.dtype.itemsize
-    return KernelCost(read, written, ops)
+    return KernelCost(read, written, ops, arith, special)
 
 
 VECTOR_STATE = 256  # accumulators a thread block can keep per row (registers, shared memory)
@@ -113,3 +123,10 @@ def _dependencies(body) -> dict[str, set]:
     while walk(body, []):
         pass
     return deps
+
+
+def buffer_sizes(program) -> dict[str, tuple[int, int]]:
+    """name -> (elements, bytes per element) for every buffer of a LoopProgram."""
+    sizes = {name: (t.numel, t.dtype.itemsize) for name, t in (*program.inputs, *program.weights)}
+    sizes |= {k.output: (k.type.numel, k.type.dtype.itemsize) for k in program.kernels}
+    return sizes

@@ -15,7 +15,6 @@ def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), eg
     """`egraph`, `roots`: the optimizer's e-graph and each kernel's root Term in it (see
     emmy.egraph.schedules.build_space); without them the space is built on its own."""
     from emmy.egraph.schedules import build_space
-    from emmy.extract.schedule_cost import row_cost
 
     check_target(pins, target)
     shapes = [kernel_shape(k) for k in loops.kernels]
@@ -26,11 +25,34 @@ def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), eg
         rows = space.rows[kernel.name]
         if not rows:
             raise EmmyError(no_row_message(shape, pins, full.rows[kernel.name], target))
-        seconds, _, row = min((row_cost(shape, r, target).seconds, i, r) for i, r in enumerate(rows))
-        g = geometry(shape, row)
-        kernels.append(TileKernel(kernel, shape, row, g, _placement(shape, row, g), tuple(_parts(kernel, shape)),
-                                  len(full.rows[kernel.name]), seconds))
+        best = ranked_rows(kernel, shape, rows, target, loops)[0]
+        g = geometry(shape, best.row)
+        kernels.append(TileKernel(kernel, shape, best.row, g, _placement(shape, best.row, g),
+                                  tuple(_parts(kernel, shape)), len(full.rows[kernel.name]), best.total_s, best))
     return TileProgram(tuple(kernels), loops)
+
+
+def ranked_rows(kernel: Kernel, shape: KernelShape, rows, target, loops: LoopProgram) -> list:
+    """Every row's cost breakdown (emmy.extract.cost_model), cheapest first; ties keep the space's order.
+    A measured time for the exact kernel, row and target (extract/measured.py) replaces the prediction."""
+    import dataclasses
+
+    from emmy.extract.cost_model import predict
+    from emmy.extract.loop_cost import buffer_sizes, kernel_cost
+    from emmy.extract.measured import current
+
+    cost = kernel_cost(kernel, buffer_sizes(loops))
+    measurements = current()
+    signature = shape.signature()
+    predicted = []
+    for row in rows:
+        breakdown = predict(shape, row, target, cost)
+        seconds = measurements.lookup(target.name, signature, str(row))
+        if seconds is not None:
+            breakdown = dataclasses.replace(breakdown, total_s=seconds, measured=True)
+        predicted.append(breakdown)
+    order = sorted(range(len(rows)), key=lambda i: (predicted[i].total_s, i))
+    return [predicted[i] for i in order]
 
 
 def no_row_message(shape: KernelShape, pins: KnobRow, unpinned: tuple[KnobRow, ...], target) -> str:

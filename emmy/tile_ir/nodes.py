@@ -61,7 +61,8 @@ class TileKernel:
     placement: Placement
     parts: tuple[Part, ...]
     legal_rows: int  # size of the space the row was chosen from
-    seconds: float  # the row's cost estimate
+    seconds: float  # the row's predicted time
+    breakdown: object = None  # emmy.extract.cost_model.Breakdown of the chosen row
 
 
 @dataclass(frozen=True)

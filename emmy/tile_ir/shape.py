@@ -42,6 +42,12 @@ class KernelShape:
     m_vars: tuple[int, ...] = ()  # contraction: free variables only the first operand reads
     n_vars: tuple[int, ...] = ()  # ... only the second operand reads
 
+    def signature(self) -> str:
+        """What a measurement of this kernel is keyed by, besides knobs and GPU: kind, extents, types."""
+        flags = "".join(f" {name}" for name, on in (("sweep", self.sweep), ("epilogue", self.epilogue)) if on)
+        return (f"{self.kind} rows={self.rows} cols={self.cols} red={self.red} inner={self.inner} "
+                f"batch={self.batch} itemsize={self.itemsize}" + (f" mma={self.mma}" if self.mma else "") + flags)
+
     def describe(self) -> str:
         if self.kind == "map":
             return f"map of {self.rows} elements"

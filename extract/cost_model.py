@@ -1,0 +1,155 @@
+"""The analytic cost model: a kernel, one knob row and a target -> a predicted
+time with every term that made it (DESIGN.md section 4).
+
+    total = launch + body + sync + extra
+    body  = max(memory / (hiding * spread), compute / (spread * issue)) / tail
+
+- memory: global-memory bytes, including the re-reads a tiling causes (A once
+  per block column, B once per block row, less with grouped rasterisation;
+  K and V once per block of query rows), over the bandwidth the access
+  pattern achieves (narrow loads coalesce less well than 16-byte vectors);
+- compute: the slowest of the FMA pipes (operations of the Loop IR kernel,
+  counted per loop they depend on), the tensor cores (the products an mma
+  tile takes over) and the special-function units (exp, rsqrt, ...);
+- occupancy: blocks resident per SM from threads, shared memory and
+  registers (an estimate from the tile's accumulators); `hiding` is the share
+  of memory latency that resident warps or a cp.async/TMA pipeline hide;
+  `spread` the share of SMs with work; `tail` the last wave's fill;
+- sync: barrier and shuffle steps of cooperative reductions; extra: the
+  finishing kernel of a split reduction.
+
+A row whose register estimate exceeds the per-thread limit would spill: it
+is marked and its memory term doubled, so it is never the cheapest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from math import ceil, log2
+
+from emmy.knobs import KnobRow, value_fields
+from emmy.tile_ir.geometry import geometry
+from emmy.tile_ir.shape import KernelShape
+
+SYNC_STEP = 2.0e-8  # s per barrier or shuffle step of a block
+BASE_REGS = 32  # registers a thread needs besides its accumulators and tiles
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    kernel: str
+    row: KnobRow
+    bytes: float  # global memory, with the schedule's re-reads
+    memory_s: float  # bytes over the achieved bandwidth
+    arith_s: float  # FMA pipes
+    tensor_s: float  # tensor cores
+    special_s: float  # special-function units
+    occupancy: float  # resident threads over the SM's maximum
+    waves: int
+    tail: float  # fill of the last wave
+    spread: float  # share of SMs with work
+    hiding: float  # share of memory latency hidden
+    registers: int  # estimated registers a thread
+    spills: bool
+    body_s: float
+    sync_s: float
+    launch_s: float
+    extra_s: float
+    total_s: float
+    measured: bool = False  # total_s is a measurement, not the sum
+
+    @property
+    def compute_s(self) -> float:
+        return max(self.arith_s, self.tensor_s, self.special_s)
+
+    def terms(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("kernel", "row")}
+
+
+def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
+    """`loop_cost`: the kernel's extract.loop_cost.KernelCost (bytes and operation counts)."""
+    g = geometry(shape, row)
+    isz = shape.itemsize
+    moved = _bytes(shape, g, loop_cost)
+    coalescing = 0.85 + 0.15 * min(1.0, g.vec * isz / 16)
+    registers = _registers(shape, row, g)
+    spills = registers > target.regs_per_thread
+    memory_s = moved / (target.dram_bandwidth * coalescing) * (2.0 if spills else 1.0)
+
+    tensor_flops = _tensor_flops(shape) if g.mma else 0.0
+    rate = target.bf16_tensor_flops if shape.mma == "bf16" else target.tensor_flops
+    tensor_s = tensor_flops / rate
+    # the products the tensor cores take over leave the FMA pipes (a multiply and an add each)
+    arith = loop_cost.arith_ops - tensor_flops
+    if shape.kind == "attention":
+        # the Loop IR rescales z at every key; a flash block rescales once per BN keys
+        arith -= shape.rows * shape.red * shape.cols * shape.batch * (1 - 1 / g.tile_k)
+    arith = max(0.0, arith)
+    arith_s = arith / (target.fp32_flops / 2)
+    special_s = loop_cost.special_ops / (target.fp32_flops / 2 * target.sfu_fraction)
+
+    resident = max(1, min(target.blocks_per_sm, target.threads_per_sm // g.threads,
+                          target.smem_per_sm // g.smem_bytes if g.smem_bytes else target.blocks_per_sm,
+                          target.regs_per_sm // (min(registers, target.regs_per_thread) * g.threads)))
+    # blocks an SM actually holds: at most what fits, and no more than the grid gives it
+    occupancy = min(resident, ceil(g.blocks / target.sms)) * g.threads / target.threads_per_sm
+    slots = target.sms * resident
+    waves = ceil(g.blocks / slots)
+    tail = g.blocks / (waves * min(g.blocks, slots))
+    spread = min(1.0, 2.0 * min(g.blocks, target.sms) / target.sms)  # an SM draws up to twice its share
+    pipeline = {"smem-async": 0.25, "smem-tma": 0.3}.get(g.stage_how, 0.1 if g.stage_how else 0.0)
+    hiding = min(1.0, occupancy / 0.5 + pipeline * g.stage_depth)
+    issue = min(1.0, occupancy / (0.125 if g.mma else 0.25))
+    compute_s = max(arith_s, tensor_s, special_s)
+    body_s = max(memory_s / (hiding * spread), compute_s / (spread * issue)) / tail
+
+    sync_s = 0.0
+    if row.REDUCE == "coop" or shape.kind == "attention":
+        steps = 5 + max(0, int(log2(max(g.threads, 32) // 32)))  # warp shuffles, then the block tree
+        sync_s = SYNC_STEP * steps * waves
+    extra_s = 0.0
+    if row.REDUCE and row.REDUCE.endswith("k"):  # workspace out and back, and a finishing launch
+        workspace = shape.rows * shape.cols * shape.batch * g.split * 4 * 2
+        extra_s = target.launch_seconds + workspace / target.dram_bandwidth
+    total = target.launch_seconds + body_s + sync_s + extra_s
+    return Breakdown(shape.kernel, row, moved, memory_s, arith_s, tensor_s, special_s, occupancy, waves, tail,
+                     spread, hiding, registers, spills, body_s, sync_s, target.launch_seconds, extra_s, total)
+
+
+def _tensor_flops(shape: KernelShape) -> float:
+    if shape.kind == "contraction":
+        return 2.0 * shape.rows * shape.cols * shape.red * shape.batch
+    if shape.kind == "attention":
+        return 2.0 * shape.rows * shape.red * (shape.inner + shape.cols) * shape.batch
+    return 0.0
+
+
+def _bytes(shape: KernelShape, g, loop_cost) -> float:
+    isz = shape.itemsize
+    base = loop_cost.bytes_read + loop_cost.bytes_written
+    if shape.kind == "row" and shape.sweep:
+        return base + 0.25 * shape.rows * shape.red * isz  # the sweep's second read, mostly from L2
+    if shape.kind == "contraction":
+        a = shape.rows * shape.red * shape.batch * isz * ceil(shape.cols / g.tile_n)
+        b = shape.red * shape.cols * shape.batch * isz * ceil(shape.rows / g.tile_m)
+        reuse = 0.7 if g.raster_group else 1.0
+        if not g.stage_depth:
+            reuse *= 1.5  # operands fetched per warp rather than once per block
+        return max(base, (a + b) * reuse + loop_cost.bytes_written)
+    if shape.kind == "attention":
+        q = shape.rows * shape.inner * shape.batch * isz
+        kv = shape.red * (shape.inner + shape.cols) * shape.batch * isz * ceil(shape.rows / g.tile_m)
+        return q + kv * (1.0 if g.stage_depth else 1.5) + loop_cost.bytes_written
+    return base
+
+
+def _registers(shape: KernelShape, row: KnobRow, g) -> int:
+    tile = value_fields("TILE", row.TILE or "f1")
+    if "atom" in tile:
+        fm, fn = tile["frag_m"], tile["frag_n"]
+        if shape.kind == "attention":  # S tile and the O accumulators (z over the value dimension)
+            return BASE_REGS + fm * fn * 4 + fm * shape.cols // 2
+        return BASE_REGS + fm * fn * 4 + (fm + fn) * 4  # accumulators and A/B fragments
+    if shape.kind == "attention":  # each lane holds its share of a row's z, and m and d
+        return BASE_REGS + tile["elems"] * (max(1, shape.cols // 32) + 2)
+    return BASE_REGS + 2 * tile["elems"] + tile.get("vec", 1)
