@@ -48,7 +48,7 @@ def measure(workload) -> dict:
             space = build_space(shapes, target)
             spaces[name] = (time.perf_counter() - t0, sum(len(r) for r in space.rows.values()))
         t0 = time.perf_counter()
-        build_tile_program(result.program, TARGETS["sm_90"])
+        tile = build_tile_program(result.program, TARGETS["sm_90"])
         tiled = time.perf_counter() - t0
         sample = {
             "capture": captured - start,
@@ -59,6 +59,7 @@ def measure(workload) -> dict:
             "phases": result.reports,
             "spaces": spaces,
             "to_tile": tiled,
+            "predicted": [(k.kernel.name, str(k.row), k.breakdown) for k in tile.kernels],
         }
         if not best or sample["total"] < best["total"]:
             best = sample
@@ -69,13 +70,19 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="benchmarks/REPORT.md")
     args = parser.parse_args()
-    rows, phase_lines, space_lines = [], [], []
+    rows, phase_lines, space_lines, predicted_lines = [], [], [], []
     for workload in WORKLOADS:
         m = measure(workload)
         rows.append(m | {"name": workload.name})
         for report in m["phases"]:
             phase_lines.append(f"| {workload.name} | {report.phase} | {report.iterations} | {report.enodes} | "
                                f"{report.seconds * 1000:.1f} | {'saturated' if report.saturated else report.stopped_by} |")
+        bandwidth = TARGETS["sm_90"].dram_bandwidth
+        for kernel, row, b in m["predicted"]:
+            bound = b.bytes / bandwidth
+            predicted_lines.append(f"| {workload.name} | {kernel} | `{row}` | {b.total_s * 1e6:.2f} | "
+                                   f"{(b.total_s - b.launch_s) * 1e6:.2f} | {bound * 1e6:.3f} | "
+                                   f"{(b.total_s - b.launch_s) / bound:.1f} |")
         space_lines.append(f"| {workload.name} | " + " | ".join(
             f"{m['spaces'][t][1]} / {m['spaces'][t][0]:.3f}" for t in TARGETS) + f" | {m['to_tile']:.3f} |")
         print(f"{workload.name:18s} capture {m['capture']:.3f}s  decompose {m['decompose']:.3f}s  "
@@ -110,6 +117,16 @@ def main() -> int:
         *space_lines,
         "",
         f"Slowest schedule-space build: {worst_space:.3f} s (target: under 1 s each).",
+        "",
+        "## Predicted times on sm_90 (the analytic model; no GPU measurement)",
+        "",
+        f"Bound: the kernel's bytes over the measured H200 copy bandwidth "
+        f"({TARGETS['sm_90'].dram_bandwidth / 1e12:.1f} TB/s). `device` is the prediction without the "
+        f"{TARGETS['sm_90'].launch_seconds * 1e6:.0f} us launch estimate; `x bound` is device over bound.",
+        "",
+        "| workload | kernel | chosen row | total us | device us | bound us | x bound |",
+        "|---|---|---|---|---|---|---|",
+        *predicted_lines,
         "",
         "## E-graph phases",
         "",
