@@ -1,5 +1,6 @@
 """The main job: compile every reference workload as far as the pipeline
-goes, print the requested stage, and check the result against torch."""
+goes (through Tile IR: each kernel's chosen schedule and its predicted time),
+print the requested stage, and check the result against torch."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def run_suite(stage: str = "loop", target: str | None = None, only=None, quiet: 
     failed = 0
     for workload in chosen:
         start = time.perf_counter()
-        program = optimize(workload.code, target=target, stop_after="loop")
+        program = optimize(workload.code, target=target, stop_after="tile")
         compile_s = time.perf_counter() - start
         if not quiet:
             print(f"=== {workload.name}: {workload.code}")
@@ -37,9 +38,12 @@ def run_suite(stage: str = "loop", target: str | None = None, only=None, quiet: 
                 worst, ok = max(worst, result.max_abs), ok and result.ok
             errors.append(f"{worst:.2e}")
         failed += not ok
-        rows.append((workload.name, len(program.loop_ir.kernels), f"{compile_s:.2f}", *errors,
-                     "ok" if ok else "MISMATCH"))
-    header = ("workload", "kernels", "compile s", "tensor IR err", "loop IR err", "vs torch (f64)")
+        predicted = sum(k.seconds for k in program.tile_ir.kernels)
+        rows.append((workload.name, len(program.loop_ir.kernels), f"{compile_s:.2f}", f"{predicted * 1e6:.2f}",
+                     *errors, "ok" if ok else "MISMATCH"))
+    target_name = program.target.name if rows else ""
+    header = ("workload", "kernels", "compile s", f"predicted us ({target_name})", "tensor IR err", "loop IR err",
+              "vs torch (f64)")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     for row in [header] + rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))

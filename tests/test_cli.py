@@ -96,3 +96,19 @@ def test_no_command_prints_help_and_exits_2():
     result = run_emmy()
     assert result.returncode == 2
     assert "compile" in result.stdout
+
+
+def test_suite_compiles_checks_and_predicts_a_workload():
+    result = run_emmy("suite", "--only", "rmsnorm", "--quiet", "--target", "sm_120")
+    assert result.returncode == 0, result.stderr
+    header, row, summary = result.stdout.splitlines()
+    assert header.split()[:5] == ["workload", "kernels", "compile", "s", "predicted"] and "(sm_120)" in header
+    cells = row.split()
+    assert cells[0] == "rmsnorm" and cells[1] == "1" and float(cells[3]) > 0 and cells[-1] == "ok"
+    assert summary == "1 passed, 0 failed"
+
+
+def test_suite_names_an_unknown_workload():
+    result = run_emmy("suite", "--only", "nope")
+    assert result.returncode == 2
+    assert "nope" in result.stderr and "Traceback" not in result.stderr
