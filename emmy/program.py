@@ -35,8 +35,15 @@ class Program:
     def loop_result(self):
         """The e-graph's phases run on the Tensor IR, and the extracted Loop IR."""
         from emmy.egraph import optimize_loops
+        from emmy.knobs import KnobRow
+        from emmy.tile_ir.build import build_tile_program
 
-        return optimize_loops(self.tensor_ir, list(self.rule_groups), self.budget)
+        def predicted(loops, egraph, terms) -> float:
+            roots = {k.name: terms[k.output] for k in loops.kernels if k.output in terms}
+            tile = build_tile_program(loops, self.target, self.knobs or KnobRow(), egraph, roots)
+            return sum(k.seconds for k in tile.kernels)
+
+        return optimize_loops(self.tensor_ir, list(self.rule_groups), self.budget, score=predicted)
 
     @property
     def loop_ir(self):

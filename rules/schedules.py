@@ -24,7 +24,7 @@ and guards the join with one legality condition per clause:
 
 - attention (flash): a block takes BM query rows (16*FM*WM with mma atoms,
   warps side by side over rows, WN = 1; or FLASH_SIMT_ROWS*TILE f<N> rows a
-  warp in SIMT), steps over the keys BN at a time (8*FN, or 32 in SIMT),
+  warp in SIMT), steps over the keys BN at a time (8*FN, or up to 32 in SIMT),
   keeps (m, d, z) in registers (S and O accumulators at most 128 registers a
   thread), K and V tiles staged depth-deep (smem: depth*BN*(D+N) + the Q
   tile), and may split the keys across blocks (split-KV, a workspace and a
@@ -215,9 +215,9 @@ attention_rows = ruleset(
          fm * fn * 4 + fm * cols / 2 <= i64(MAX_FLASH_ACC_REGS)).then(flash_block(k, w, t, 16 * fm * wm, 8 * fn)),
     # SIMT: each warp owns TILE query rows, vector loads along the head dimension
     rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), work_threads(w, threads),
-         tile_simt(t, elems, vec), threads / 32 * elems <= rows, i64(FLASH_SIMT_KEYS) <= red,
+         tile_simt(t, elems, vec), threads / 32 * elems <= rows,
          *_vector_ok(cols, vec, isz), *_vector_ok(inner, vec, isz),
-         ).then(flash_block(k, w, t, threads / 32 * elems, i64(FLASH_SIMT_KEYS))),
+         ).then(flash_block(k, w, t, threads / 32 * elems, red.min(i64(FLASH_SIMT_KEYS)))),
     rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), flash_block(k, w, t, bm, bn),
          stage_none(s), reduce_none(r), raster_none(g)).then(legal_row(k, w, t, r, s, g)),
     _flash_rows(stage_plain(s, depth), []),

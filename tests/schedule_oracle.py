@@ -108,9 +108,8 @@ def _flash(shape, target, threads_of, warps_of, simt, mma, stages, splits, vecto
     for w, threads in threads_of:
         for t, elems, vec in simt:
             rows = threads // 32 * elems
-            if (rows <= shape.rows and FLASH_SIMT_KEYS <= shape.red and vector_ok(shape.cols, vec)
-                    and vector_ok(shape.inner, vec)):
-                blocks.append((w, t, rows, FLASH_SIMT_KEYS))
+            if rows <= shape.rows and vector_ok(shape.cols, vec) and vector_ok(shape.inner, vec):
+                blocks.append((w, t, rows, min(FLASH_SIMT_KEYS, shape.red)))
     out = set()
     for w, t, bm, bn in blocks:
         out.add(KnobRow(w, t, "", "", ""))

@@ -124,3 +124,24 @@ def test_a_measured_row_overrides_the_prediction_and_changes_the_choice(tmp_path
     unchanged = run_emmy("compile", "-c", code, "--target", "sm_90", "--ir", "tile",
                          env={"EMMY_MEASUREMENTS": str(measured)})
     assert f"knobs {chosen.row}  (" in unchanged.stdout
+
+
+def test_extraction_weighs_the_one_pass_and_multi_pass_forms_with_the_model():
+    result = emmy.optimize(ATTENTION, target="sm_90").loop_result
+    (first, first_s), (second, second_s) = result.alternatives
+    assert (first, second) == ("one-pass folds", "multi-pass folds")
+    assert first_s < second_s
+    assert len(result.program.kernels) == 1
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=[w.name for w in WORKLOADS])
+def test_explain_covers_every_workload_and_its_terms_add_up(workload):
+    program = emmy.optimize(workload.code, target="sm_90")
+    explained = program.explain(top=2)
+    assert [name for name, _ in explained] == [k.name for k in program.loop_ir.kernels]
+    for (_, ranked), chosen in zip(explained, program.tile_ir.kernels):
+        assert ranked[0].row == chosen.row and ranked[0].total_s == chosen.seconds
+        assert [b.total_s for b in ranked] == sorted(b.total_s for b in ranked)
+        for b in ranked:
+            assert b.total_s == pytest.approx(b.launch_s + b.body_s + b.sync_s + b.extra_s)
+            assert b.compute_s == max(b.arith_s, b.tensor_s, b.special_s)

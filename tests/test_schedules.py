@@ -16,9 +16,27 @@ MATMUL_128 = "a=torch.randn(128,128,dtype=torch.float16); b=torch.randn(128,128,
 PINNED = "WORK=w1x2,TILE=mma_m16n8k16_f16_f32/f1x1/k8,REDUCE=,STAGE=d3/smem-tma,RASTER="
 
 
+# Beyond the workloads: shapes below the tile sizes (a few keys, a short head dimension).
+SMALL_PROGRAMS = {
+    "small_attention": "q=torch.randn(1,2,16,8); k=torch.randn(1,2,16,8); v=torch.randn(1,2,16,8); "
+                       "F.scaled_dot_product_attention(q, k, v)",
+    "small_attention_f16": "q=torch.randn(1,2,6,8,dtype=torch.float16); k=torch.randn(1,2,6,8,dtype=torch.float16); "
+                           "v=torch.randn(1,2,6,8,dtype=torch.float16); F.scaled_dot_product_attention(q, k, v)",
+    "small_matmul_f16": "a=torch.randn(8,24,dtype=torch.float16); b=torch.randn(24,8,dtype=torch.float16); a@b",
+}
+
+
 @pytest.fixture(scope="module")
 def shapes():
-    return {w.name: [kernel_shape(k) for k in emmy.optimize(w.code).loop_ir.kernels] for w in WORKLOADS}
+    programs = {w.name: w.code for w in WORKLOADS} | SMALL_PROGRAMS
+    return {name: [kernel_shape(k) for k in emmy.optimize(code).loop_ir.kernels] for name, code in programs.items()}
+
+
+def test_every_kernel_has_a_legal_schedule_on_every_target(shapes):
+    for target in TARGETS:
+        for name, kernel_shapes in shapes.items():
+            space = build_space(kernel_shapes, get_target(target))
+            assert all(space.rows[s.kernel] for s in kernel_shapes), (name, target)
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

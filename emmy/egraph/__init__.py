@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emmy.egraph.driver import Budget, PhaseReport
+from emmy.errors import EmmyError
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class LoopResult:
     predicted_seconds: float
     egraph: object = None  # the saturated e-graph: schedules attach rows to kernels' e-classes in it
     terms: dict | None = None  # Tensor IR value name -> its Term in `egraph`
+    # The forms weighed against each other: (label, predicted seconds), the chosen one first.
+    alternatives: tuple = ()
 
     def kernel_roots(self) -> dict:
         """Kernel name -> the Term of the value it materializes."""
@@ -68,10 +71,40 @@ def saturate(graph, groups, budget: Budget, egraph=None):
 ROUNDS = 3
 
 
-def optimize_loops(graph, groups, budget: Budget = Budget()) -> LoopResult:
-    from emmy.egraph.extract import extract_program
+TWISTED = ("online_sum", "welford_m2", "softmax_wsum")
+
+
+def optimize_loops(graph, groups, budget: Budget = Budget(), score=None) -> LoopResult:
+    """Saturate, then extract. With `score` (LoopProgram, egraph, terms -> predicted seconds, e.g.
+    the analytic model over each kernel's best schedule), the one-pass (twisted) and multi-pass
+    forms are both extracted and the cheaper one is kept; without it, the representatives'
+    tree cost decides (the one-pass form)."""
+    from emmy.egraph.extract import choose_representatives, extract_program, node_weight
     from emmy.egraph.view import EGraphView
 
     egraph, terms, reports = saturate(graph, groups, budget)
-    extraction = extract_program(EGraphView.of(egraph), graph)
-    return LoopResult(extraction.program, reports, extraction.cost, egraph, terms)
+    view = EGraphView.of(egraph)
+    extraction = extract_program(view, graph)
+    if score is None:
+        return LoopResult(extraction.program, reports, extraction.cost, egraph, terms)
+
+    def without_twists(node):
+        return node_weight(node) + (1e6 if node.kind in TWISTED else 0.0)
+
+    candidates = [("one-pass folds", extraction)]
+    multi = extract_program(view, graph, choose_representatives(view, without_twists))
+    if multi.program != extraction.program:
+        candidates.append(("multi-pass folds", multi))
+    scored = []
+    for label, found in candidates:
+        try:
+            scored.append((score(found.program, egraph, terms), label, found))
+        except EmmyError:  # pins no schedule of this form can take: the other form may
+            if len(candidates) == 1:
+                raise
+    if not scored:
+        score(candidates[0][1].program, egraph, terms)  # raises the first form's error
+    scored.sort(key=lambda t: t[0])
+    seconds, _, best = scored[0]
+    return LoopResult(best.program, reports, best.cost, egraph, terms,
+                      tuple((label, s) for s, label, _ in scored))

@@ -24,6 +24,9 @@ def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), eg
     for kernel, shape in zip(loops.kernels, shapes):
         rows = space.rows[kernel.name]
         if not rows:
+            if not pins.pinned():  # every kernel has a legal schedule; none means a rule is wrong
+                raise RuntimeError(f"no legal schedule for kernel {kernel.name} ({shape.describe()}) "
+                                   f"on {target.name}, with nothing pinned")
             raise EmmyError(no_row_message(shape, pins, full.rows[kernel.name], target))
         best = ranked_rows(kernel, shape, rows, target, loops)[0]
         g = geometry(shape, best.row)

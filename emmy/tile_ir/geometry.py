@@ -47,7 +47,7 @@ def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
         if "atom" in tile:
             bm, bn = 16 * tile["frag_m"] * work["warps_m"], 8 * tile["frag_n"]
         else:
-            bm, bn = threads // 32 * tile["elems"], FLASH_SIMT_KEYS
+            bm, bn = threads // 32 * tile["elems"], min(FLASH_SIMT_KEYS, shape.red)
         smem = depth * bn * (shape.inner + shape.cols) * shape.itemsize + (bm * shape.inner * shape.itemsize
                                                                            if depth else 0)
         return Geometry(threads, ceil(shape.rows / bm) * shape.batch * split, tile.get("elems", 1),
