@@ -144,19 +144,33 @@ def _optimizer_args(args):
     return rules, budget
 
 
-def _schedules(args) -> int:
+def _compiled(args, stop_after: str):
+    """The program of a `-c` command that also takes --target, --knobs and optimizer options,
+    checking the cheap arguments before the slow capture."""
     _check_target(args.target)
     _check_knobs(args.knobs, args.target)
+    from emmy.api import optimize
+
+    rules, budget = _optimizer_args(args)
+    return optimize(args.code, target=args.target, stop_after=stop_after, rules=rules, budget=budget,
+                    knobs=args.knobs)
+
+
+def _print_table(header: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> None:
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+    for r in [header, *rows]:
+        print("  " + "  ".join(cell.rjust(w) if c in right else cell.ljust(w)
+                               for c, (cell, w) in enumerate(zip(r, widths))).rstrip())
+
+
+def _schedules(args) -> int:
     if args.limit < 0:
         raise EmmyError(f"--limit must be 0 (all) or positive, got {args.limit}")
-    from emmy.api import optimize
     from emmy.knobs import KNOB_NAMES, KnobRow
     from emmy.tile_ir.build import ranked_rows
     from emmy.tile_ir.shape import kernel_shape
 
-    rules, budget = _optimizer_args(args)
-    program = optimize(args.code, target=args.target, stop_after="loop", rules=rules, budget=budget,
-                       knobs=args.knobs)
+    program = _compiled(args, "loop")
     space = program.schedule_space()
     target = program.target
     if program.knobs.pinned():
@@ -179,11 +193,7 @@ def _schedules(args) -> int:
         print(f"{len(rows)} legal rows on {target.name}")
         shown = costed if args.limit == 0 else costed[:args.limit]
         table = [[f"{b.total_s * 1e6:.2f}"] + [getattr(b.row, k) or "-" for k in KNOB_NAMES] for b in shown]
-        header = ["est us", *KNOB_NAMES]
-        widths = [max(len(row[c]) for row in [header, *table]) for c in range(len(header))]
-        for row in [header, *table]:
-            print("  " + "  ".join(cell.rjust(w) if c == 0 else cell.ljust(w)
-                                   for c, (cell, w) in enumerate(zip(row, widths))).rstrip())
+        _print_table(["est us", *KNOB_NAMES], table, right=(0,))
         if len(shown) < len(rows):
             print(f"  ({len(rows) - len(shown)} more; --limit 0 shows all)")
     log.info("schedule space built in %.3f s", space.seconds)
@@ -212,25 +222,16 @@ _EXPLAIN_COLUMNS = (
 
 
 def _explain(args) -> int:
-    _check_target(args.target)
-    _check_knobs(args.knobs, args.target)
     if args.top < 0:
         raise EmmyError(f"--top must be 0 or more, got {args.top}")
-    from emmy.api import optimize
-
-    rules, budget = _optimizer_args(args)
-    program = optimize(args.code, target=args.target, stop_after="tile", rules=rules, budget=budget,
-                       knobs=args.knobs)
+    program = _compiled(args, "tile")
     print("total = launch + body + sync + extra; body = max(mem / (hide * spread), compute / (spread * issue)) "
           "/ tail; compute = max(fma, mma, sfu)")
     for index, (name, ranked) in enumerate(program.explain(args.top)):
         print(f"=== {index}: {name} on {program.target.name} ===")
-        header = ["", "row", *(c for c, _ in _EXPLAIN_COLUMNS)]
         table = [["chosen" if i == 0 else f"alt {i}", str(b.row), *(f(b) for _, f in _EXPLAIN_COLUMNS)]
                  for i, b in enumerate(ranked)]
-        widths = [max(len(r[c]) for r in [header, *table]) for c in range(len(header))]
-        for r in [header, *table]:
-            print("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+        _print_table(["", "row", *(c for c, _ in _EXPLAIN_COLUMNS)], table)
     return 0
 
 
