@@ -267,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="emmy: %(message)s")
+    # -v opens emmy's own logs; other libraries (egglog, torch, graphviz) stay at warnings.
+    logging.basicConfig(level=logging.WARNING, format="emmy: %(message)s")
+    logging.getLogger("emmy").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         commands = {"compile": _compile, "schedules": _schedules, "explain": _explain, "suite": _suite,
                     "rules": _rules}

@@ -112,3 +112,12 @@ def test_suite_names_an_unknown_workload():
     result = run_emmy("suite", "--only", "nope")
     assert result.returncode == 2
     assert "nope" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_verbose_reports_emmy_not_its_libraries():
+    result = run_emmy("compile", "-c", "x=torch.randn(8); x*2", "--ir", "loop", "-v")
+    assert result.returncode == 0, result.stderr
+    assert "phase algebra:" in result.stderr
+    assert "Declared constructor" not in result.stderr  # egglog's debug log
+    assert "deprecate positional args" not in result.stderr  # graphviz's
+    assert len(result.stderr.splitlines()) < 60
