@@ -166,25 +166,14 @@ def _print_table(header: list[str], rows: list[list[str]], right: tuple[int, ...
 def _schedules(args) -> int:
     if args.limit < 0:
         raise EmmyError(f"--limit must be 0 (all) or positive, got {args.limit}")
-    from emmy.knobs import KNOB_NAMES, KnobRow
+    from emmy.knobs import KNOB_NAMES
     from emmy.tile_ir.build import ranked_rows
     from emmy.tile_ir.shape import kernel_shape
 
+    # Extraction already scheduled every kernel under the pins: pins no kernel can take fail there.
     program = _compiled(args, "loop")
     space = program.schedule_space()
     target = program.target
-    if program.knobs.pinned():
-        from emmy.tile_ir.build import no_row_message
-
-        unpinned = None
-        for kernel in program.loop_ir.kernels:
-            if not space.rows[kernel.name]:
-                from emmy.egraph.schedules import build_space
-
-                shapes = [kernel_shape(k) for k in program.loop_ir.kernels]
-                unpinned = unpinned or build_space(shapes, target, KnobRow(), program.loop_result.egraph,
-                                                   program.loop_result.kernel_roots())
-                raise EmmyError(no_row_message(kernel_shape(kernel), program.knobs, unpinned.rows[kernel.name], target))
     for index, kernel in enumerate(program.loop_ir.kernels):
         shape = kernel_shape(kernel)
         rows = space.rows[kernel.name]

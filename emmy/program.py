@@ -41,9 +41,15 @@ class Program:
         def predicted(loops, egraph, terms) -> float:
             roots = {k.name: terms[k.output] for k in loops.kernels if k.output in terms}
             tile = build_tile_program(loops, self.target, self.knobs or KnobRow(), egraph, roots)
+            self._scored_tiles.append(tile)
             return sum(k.seconds for k in tile.kernels)
 
         return optimize_loops(self.tensor_ir, list(self.rule_groups), self.budget, score=predicted)
+
+    @cached_property
+    def _scored_tiles(self) -> list:
+        """Tile IR of every program extraction weighed; the chosen one is the Tile IR stage."""
+        return []
 
     @property
     def loop_ir(self):
@@ -52,11 +58,8 @@ class Program:
     @cached_property
     def tile_ir(self):
         """Each kernel with its cheapest legal knob row (within the pins) and its Fold tree."""
-        from emmy.knobs import KnobRow
-        from emmy.tile_ir.build import build_tile_program
-
-        return build_tile_program(self.loop_ir, self.target, self.knobs or KnobRow(), self.loop_result.egraph,
-                                  self.loop_result.kernel_roots())
+        loops = self.loop_ir
+        return next(tile for tile in self._scored_tiles if tile.loops is loops)
 
     def schedule_space(self):
         """Every legal knob row for every kernel, within the pins."""

@@ -95,15 +95,14 @@ def optimize_loops(graph, groups, budget: Budget = Budget(), score=None) -> Loop
     multi = extract_program(view, graph, choose_representatives(view, without_twists))
     if multi.program != extraction.program:
         candidates.append(("multi-pass folds", multi))
-    scored = []
+    scored, errors = [], []
     for label, found in candidates:
         try:
             scored.append((score(found.program, egraph, terms), label, found))
-        except EmmyError:  # pins no schedule of this form can take: the other form may
-            if len(candidates) == 1:
-                raise
+        except EmmyError as err:  # pins no schedule of this form can take: the other form may
+            errors.append(err)
     if not scored:
-        score(candidates[0][1].program, egraph, terms)  # raises the first form's error
+        raise errors[0]
     scored.sort(key=lambda t: t[0])
     seconds, _, best = scored[0]
     return LoopResult(best.program, reports, best.cost, egraph, terms,

@@ -223,15 +223,8 @@ class KernelLowering:
         the consumer's exp(x - m) gives NaN, as PyTorch's softmax does.
         """
         var, (m, d), inits, x_, dtype, here, deps, op = self._fold_loop(cid, axis, s_cid, coords, ("max", "sum"))
-        running_m = (m, here)
-        running_d = (d, here)
-        m_new = op("maximum", dtype, running_m, x_)
-        one = (Lit(1.0, dtype), frozenset())
-        scale = op("where", dtype, op("equal", DType.BOOL, running_m, m_new), one,
-                   op("exp", dtype, op("subtract", dtype, running_m, m_new)))
-        term = op("where", dtype, op("equal", DType.BOOL, x_, m_new), one,
-                  op("exp", dtype, op("subtract", dtype, x_, m_new)))
-        d_new = op("add", dtype, op("multiply", dtype, running_d, scale), term)
+        m_new, scale, term = _max_step(op, dtype, (m, here), x_)
+        d_new = op("add", dtype, op("multiply", dtype, (d, here), scale), term)
         result_deps = self._close_fold(var, inits, deps, [(d, d_new[0], here), (m, m_new[0], here)])
         return d, result_deps
 
@@ -249,12 +242,7 @@ class KernelLowering:
         sub[axis] = Affine.dim(var)
         w, w_deps = self._value(w_cid, tuple(sub))
         at = here | w_deps
-        m_new = op("maximum", dtype, (m, here), s_)
-        one = (Lit(1.0, dtype), frozenset())
-        scale = op("where", dtype, op("equal", DType.BOOL, (m, here), m_new), one,
-                   op("exp", dtype, op("subtract", dtype, (m, here), m_new)))
-        term = op("where", dtype, op("equal", DType.BOOL, s_, m_new), one,
-                  op("exp", dtype, op("subtract", dtype, s_, m_new)))
+        m_new, scale, term = _max_step(op, dtype, (m, here), s_)
         d_new = op("add", dtype, op("multiply", dtype, (d, here), scale), term)
         z_new = op("add", dtype, op("multiply", dtype, (z, at), scale), op("multiply", dtype, term, (w, at)))
         result_deps = self._close_fold(var, inits, deps | (w_deps - {var}),
@@ -333,6 +321,18 @@ class KernelLowering:
             return tuple(e[1] for e in ordered), defs, uses, seq
 
         return build(None)[0]
+
+
+def _max_step(op, dtype: DType, m, x) -> tuple:
+    """One element of a running-max fold: m' = max(m, x), the factor exp(m - m') that rescales
+    what was summed so far, and exp(x - m'). Equal maxima give 1, not exp(nan) (-inf - -inf)."""
+    m_new = op("maximum", dtype, m, x)
+    one = (Lit(1.0, dtype), frozenset())
+    scale = op("where", dtype, op("equal", DType.BOOL, m, m_new), one,
+               op("exp", dtype, op("subtract", dtype, m, m_new)))
+    term = op("where", dtype, op("equal", DType.BOOL, x, m_new), one,
+              op("exp", dtype, op("subtract", dtype, x, m_new)))
+    return m_new, scale, term
 
 
 def _renumber(body: tuple, extents: list[int]) -> tuple:

@@ -15,11 +15,10 @@
 from __future__ import annotations
 
 from emmy.loop_ir.nodes import Init, Update
-from emmy.loop_ir.printer import _lines, statement_text
+from emmy.loop_ir.printer import IDENTITY, _lines, statement_text
 from emmy.tensor_ir.printer import literal
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel, TileProgram
 
-_IDENTITY = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
 # The state of a twisted fold, in the order lowering creates it.
 _ROLES = {("softmax", 2): ("m", "d"), ("softmax", 3): ("m", "d", "z"), ("welford", 3): ("n", "mean", "m2")}
 
@@ -39,7 +38,7 @@ def _fold(fold: Fold, tk: TileKernel, out: list[str]) -> None:
     out.extend(f"│ init     {statement_text(i)}" for i in fold.init if i.acc not in stepped)
     if state:
         roles = _ROLES.get((fold.twist, len(state)), tuple(i.acc for i in state))
-        values = ", ".join(literal(_IDENTITY[i.op]) for i in state)
+        values = ", ".join(literal(IDENTITY[i.op]) for i in state)
         named = ", ".join(f"{r}={i.acc}" for r, i in zip(roles, state))
         out.append(f"│ init     ({', '.join(roles)}) = ({values})  [{named}]")
     out.append(f"│ lift     λ(a{fold.var}): {_flat(fold.lift)}")
