@@ -158,26 +158,31 @@ contraction_blocks = ruleset(
 )
 
 
+# A staged block: rows of blocks (for rasterisation), blocks (for splits), steps along K.
+_SIMT_STAGED = staged(k, w, t, s, i64(1), (rows * cols * batch + per_block - 1) / per_block, red / 32)
+_MMA_STAGED = staged(k, w, t, s, (rows + bm - 1) / bm, ((rows + bm - 1) / bm) * ((cols + bn - 1) / bn) * batch,
+                     red / bk)
+
+
 def _simt_staged(stage_atom, feature_guard):
     return rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), simt_block(k, w, t, per_block),
                 target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
                 depth * 2 * SIMT_PANEL * isz <= smem,
-                ).then(staged(k, w, t, s, i64(1), (rows * cols * batch + per_block - 1) / per_block, red / 32))
+                ).then(_SIMT_STAGED)
 
 
 def _mma_staged(stage_atom, feature_guard):
     return rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), mma_block(k, w, t, bm, bn, bk),
                 target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
                 depth * (bm * bk + bk * bn) * isz <= smem,
-                ).then(staged(k, w, t, s, (rows + bm - 1) / bm,
-                              ((rows + bm - 1) / bm) * ((cols + bn - 1) / bn) * batch, red / bk))
+                ).then(_MMA_STAGED)
 
 
 contraction_staging = ruleset(
     rule(simt_block(k, w, t, per_block), kernel(k, kind, rows, cols, red, inner, isz, batch), stage_none(s)).then(
-        staged(k, w, t, s, i64(1), (rows * cols * batch + per_block - 1) / per_block, red / 32)),
+        _SIMT_STAGED),
     rule(mma_block(k, w, t, bm, bn, bk), kernel(k, kind, rows, cols, red, inner, isz, batch), stage_none(s)).then(
-        staged(k, w, t, s, (rows + bm - 1) / bm, ((rows + bm - 1) / bm) * ((cols + bn - 1) / bn) * batch, red / bk)),
+        _MMA_STAGED),
     _simt_staged(stage_plain(s, depth), []),
     _simt_staged(stage_async(s, depth), [eq(has_async).to(i64(1))]),
     _mma_staged(stage_plain(s, depth), []),
