@@ -1,6 +1,7 @@
-"""Optimizer benchmarks on this machine: per workload, each stage's time,
-the e-graph's phases (iterations, e-nodes, seconds), and the schedule space
-(legal rows, build time per target, Loop IR -> Tile IR time).
+"""Optimizer benchmarks on this machine: per workload, each stage's time
+(extraction: Tensor IR to Tile IR with the cost model), the e-graph's phases
+(iterations, e-nodes, seconds), the schedule space (legal rows, build time
+per target) and the model's predictions against the bandwidth bound.
 
     .venv/bin/python benchmarks/run.py [--out benchmarks/REPORT.md]
 
@@ -19,13 +20,9 @@ from pathlib import Path
 import torch  # noqa: F401  imported up front: its import time is not emmy's
 
 import emmy
-from emmy.egraph import optimize_loops
-from emmy.egraph.driver import Budget
 from emmy.egraph.schedules import build_space
 from emmy.extract.targets import TARGETS
-from emmy.tile_ir.build import build_tile_program
 from emmy.tile_ir.shape import kernel_shape
-from emmy.rules import builtin_groups
 from emmy.workloads import WORKLOADS
 
 REPEATS = 3
@@ -35,35 +32,52 @@ def measure(workload) -> dict:
     best = {}
     for _ in range(REPEATS):
         start = time.perf_counter()
-        program = emmy.optimize(workload.code, stop_after="torch")
+        program = emmy.optimize(workload.code, target="sm_90")
         captured = time.perf_counter()
-        graph = program.tensor_ir
+        _ = program.tensor_ir
         decomposed = time.perf_counter()
-        result = optimize_loops(graph, builtin_groups(), Budget())
+        result = program.loop_result  # saturation, then every program form priced by the model
         looped = time.perf_counter()
+        tile = program.tile_ir
+        tiled = time.perf_counter()
         shapes = [kernel_shape(k) for k in result.program.kernels]
         spaces = {}
         for name, target in TARGETS.items():
             t0 = time.perf_counter()
             space = build_space(shapes, target)
             spaces[name] = (time.perf_counter() - t0, sum(len(r) for r in space.rows.values()))
-        t0 = time.perf_counter()
-        tile = build_tile_program(result.program, TARGETS["sm_90"])
-        tiled = time.perf_counter() - t0
         sample = {
             "capture": captured - start,
             "decompose": decomposed - captured,
             "to_loop": looped - decomposed,
-            "total": looped - start,
+            "to_tile": tiled - looped,
+            "extract": tiled - decomposed,
+            "total": tiled - start,
+            "forms": len(result.alternatives),
             "kernels": len(result.program.kernels),
             "phases": result.reports,
             "spaces": spaces,
-            "to_tile": tiled,
             "predicted": [(k.kernel.name, str(k.row), k.breakdown) for k in tile.kernels],
         }
         if not best or sample["total"] < best["total"]:
             best = sample
     return best
+
+
+RMSNORM_BY_SIZE = "x=torch.randn(1,{rows},2048); w=torch.randn(2048); F.rms_norm(x,(2048,),w,eps=1e-6)"
+
+
+def rmsnorm_by_size() -> list[str]:
+    """How far the chosen RMSNorm row's predicted device time is from the bandwidth bound, by rows."""
+    lines = []
+    for rows in (32, 128, 512, 4096, 16384):
+        (kernel,) = emmy.optimize(RMSNORM_BY_SIZE.format(rows=rows), target="sm_90").tile_ir.kernels
+        b = kernel.breakdown
+        bound = b.bytes / TARGETS["sm_90"].dram_bandwidth
+        device = b.total_s - b.launch_s
+        lines.append(f"| {rows} | {b.bytes / 1e6:.3f} | `{kernel.row}` | {device * 1e6:.2f} | {bound * 1e6:.3f} | "
+                     f"{device / bound:.2f} |")
+    return lines
 
 
 def main() -> int:
@@ -84,10 +98,10 @@ def main() -> int:
                                    f"{(b.total_s - b.launch_s) * 1e6:.2f} | {bound * 1e6:.3f} | "
                                    f"{(b.total_s - b.launch_s) / bound:.1f} |")
         space_lines.append(f"| {workload.name} | " + " | ".join(
-            f"{m['spaces'][t][1]} / {m['spaces'][t][0]:.3f}" for t in TARGETS) + f" | {m['to_tile']:.3f} |")
+            f"{m['spaces'][t][1]} / {m['spaces'][t][0]:.3f}" for t in TARGETS) + " |")
         print(f"{workload.name:18s} capture {m['capture']:.3f}s  decompose {m['decompose']:.3f}s  "
-              f"tensor->loop {m['to_loop']:.3f}s  kernels {m['kernels']}", flush=True)
-    worst = max(r["to_loop"] for r in rows)
+              f"extract {m['extract']:.3f}s  kernels {m['kernels']}", flush=True)
+    worst = max(r["extract"] for r in rows)
     worst_space = max(s for r in rows for s, _ in r["spaces"].values())
     lines = [
         "# Optimizer benchmarks",
@@ -96,24 +110,27 @@ def main() -> int:
         f"Machine: {platform.processor() or platform.machine()}, {len(__import__('os').sched_getaffinity(0))} cores, "
         f"Python {platform.python_version()}, torch {torch.__version__}.",
         "",
-        "| workload | capture s | decompose s | Tensor IR -> Loop IR s | optimize total s | kernels |",
-        "|---|---|---|---|---|---|",
+        "Extraction is everything from Tensor IR to Tile IR on sm_90: saturation, then every program form "
+        "(one-pass / multi-pass folds, each boundary one step away) priced by the cost model over its kernels' "
+        "best rows, then the chosen program's rows found on its e-classes.",
+        "",
+        "| workload | capture s | decompose s | to Loop IR s | to Tile IR s | extraction s | forms weighed | kernels |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['name']} | {r['capture']:.3f} | {r['decompose']:.3f} | {r['to_loop']:.3f} | "
-                     f"{r['total']:.3f} | {r['kernels']} |")
+                     f"{r['to_tile']:.3f} | {r['extract']:.3f} | {r['forms']} | {r['kernels']} |")
     lines += [
         "",
-        f"Slowest Tensor IR -> Loop IR: {worst:.3f} s (target: under 0.5 s each). "
-        f"Median: {statistics.median(r['to_loop'] for r in rows):.3f} s.",
+        f"Slowest extraction: {worst:.3f} s (target: under 1 s each). "
+        f"Median: {statistics.median(r['extract'] for r in rows):.3f} s.",
         "",
         "## Schedule space",
         "",
-        "Legal rows (all kernels) / seconds to build the space, per target; then Loop IR -> Tile IR "
-        "(space, costs, choice) on sm_90.",
+        "Legal rows (all kernels of the chosen program) / seconds to build the space, per target.",
         "",
-        "| workload | " + " | ".join(TARGETS) + " | to Tile IR s |",
-        "|---|" + "---|" * len(TARGETS) + "---|",
+        "| workload | " + " | ".join(TARGETS) + " |",
+        "|---|" + "---|" * len(TARGETS),
         *space_lines,
         "",
         f"Slowest schedule-space build: {worst_space:.3f} s (target: under 1 s each).",
@@ -128,6 +145,18 @@ def main() -> int:
         "|---|---|---|---|---|---|---|",
         *predicted_lines,
         "",
+        "### RMSNorm by size (f32[1, rows, 2048], sm_90)",
+        "",
+        "The reference RMSNorm (32 rows) moves about half a megabyte: less than the bytes that must be in "
+        "flight to keep HBM busy (bandwidth times DRAM latency, a few hundred nanoseconds: megabytes), so "
+        "latency, the block-wide reduction and too few blocks for 132 SMs set its time, not bandwidth; peers' "
+        "best measured time for this kernel on an RTX 5090 is 2.91 us a launch (median in CUDA-graph batches, "
+        "../shared/ANCHORS.md), about ten times its bound there. Where the bound can be approached, the model's prediction approaches it.",
+        "",
+        "| rows | MB | chosen row | device us | bound us | x bound |",
+        "|---|---|---|---|---|---|",
+        *rmsnorm_by_size(),
+        "",
         "## E-graph phases",
         "",
         "| workload | phase | iterations | e-nodes | ms | ended |",
@@ -137,7 +166,7 @@ def main() -> int:
     ]
     Path(args.out).write_text("\n".join(lines))
     print(f"wrote {args.out}")
-    return 0 if worst < 0.5 and worst_space < 1.0 else 1
+    return 0 if worst < 1.0 and worst_space < 1.0 else 1
 
 
 if __name__ == "__main__":

@@ -216,6 +216,12 @@ def _explain(args) -> int:
     program = _compiled(args, "tile")
     print("total = launch + body + sync + extra; body = max(mem / (hide * spread), compute / (spread * issue)) "
           "/ tail; compute = max(fma, mma, sfu)")
+    forms = program.loop_result.alternatives
+    print(f"=== program forms: the chosen one and the {min(args.top, len(forms) - 1)} next cheapest "
+          f"of {len(forms)} weighed ===")
+    _print_table(["", "form", "kernels", "total us"],
+                 [["chosen" if i == 0 else f"alt {i}", f.label, str(len(f.program.kernels)), f"{f.seconds * 1e6:.2f}"]
+                  for i, f in enumerate(forms[:args.top + 1])])
     for index, (name, ranked) in enumerate(program.explain(args.top)):
         print(f"=== {index}: {name} on {program.target.name} ===")
         table = [["chosen" if i == 0 else f"alt {i}", str(b.row), *(f(b) for _, f in _EXPLAIN_COLUMNS)]

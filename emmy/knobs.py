@@ -16,6 +16,7 @@ business, not the codec's.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, fields
 
@@ -88,9 +89,16 @@ def parse_value(knob: str, value: str) -> str:
 
 def value_fields(knob: str, value: str) -> dict[str, int | str]:
     """The parts of a legal value: numbers as ints, the atom, the staging mode, the split mode."""
+    return dict(_value_fields(knob, value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _value_fields(knob: str, value: str) -> tuple:
+    # cached: the cost model asks for the same few hundred values for every row it prices
     parse_value(knob, value)
     match = re.fullmatch(_FORMS[knob][0], value)
-    return {name: int(part) if part.isdigit() else part for name, part in match.groupdict().items() if part is not None}
+    return tuple((name, int(part) if part.isdigit() else part) for name, part in match.groupdict().items()
+                 if part is not None)
 
 
 def parse_pins(text: str) -> KnobRow:

@@ -33,23 +33,21 @@ class Program:
 
     @cached_property
     def loop_result(self):
-        """The e-graph's phases run on the Tensor IR, and the extracted Loop IR."""
+        """The e-graph's phases run on the Tensor IR, and the extracted Loop IR: of the program forms
+        extraction finds, the one whose kernels' best schedules the cost model prices lowest."""
         from emmy.egraph import optimize_loops
-        from emmy.knobs import KnobRow
-        from emmy.tile_ir.build import build_tile_program
+        from emmy.tile_ir.build import predict_programs
 
-        def predicted(loops, egraph, terms) -> float:
-            roots = {k.name: terms[k.output] for k in loops.kernels if k.output in terms}
-            tile = build_tile_program(loops, self.target, self.knobs or KnobRow(), egraph, roots)
-            self._scored_tiles.append(tile)
-            return sum(k.seconds for k in tile.kernels)
+        def predicted(programs) -> list:
+            return predict_programs(programs, self.target, self.pins)
 
         return optimize_loops(self.tensor_ir, list(self.rule_groups), self.budget, score=predicted)
 
-    @cached_property
-    def _scored_tiles(self) -> list:
-        """Tile IR of every program extraction weighed; the chosen one is the Tile IR stage."""
-        return []
+    @property
+    def pins(self):
+        from emmy.knobs import KnobRow
+
+        return self.knobs or KnobRow()
 
     @property
     def loop_ir(self):
@@ -57,17 +55,19 @@ class Program:
 
     @cached_property
     def tile_ir(self):
-        """Each kernel with its cheapest legal knob row (within the pins) and its Fold tree."""
-        loops = self.loop_ir
-        return next(tile for tile in self._scored_tiles if tile.loops is loops)
+        """Each kernel with its cheapest legal knob row (within the pins) and its Fold tree; the rows
+        are found on the kernels' own e-classes in the optimizer's e-graph."""
+        from emmy.tile_ir.build import build_tile_program
+
+        result = self.loop_result
+        return build_tile_program(result.program, self.target, self.pins, result.egraph, result.kernel_roots())
 
     def schedule_space(self):
         """Every legal knob row for every kernel, within the pins."""
         from emmy.egraph.schedules import build_space
-        from emmy.knobs import KnobRow
         from emmy.tile_ir.shape import kernel_shape
 
-        return build_space([kernel_shape(k) for k in self.loop_ir.kernels], self.target, self.knobs or KnobRow(),
+        return build_space([kernel_shape(k) for k in self.loop_ir.kernels], self.target, self.pins,
                            self.loop_result.egraph, self.loop_result.kernel_roots())
 
     def explain(self, top: int = 3) -> list[tuple[str, list]]:

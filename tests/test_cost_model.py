@@ -80,9 +80,17 @@ def test_explain_prints_a_breakdown_whose_terms_sum_to_the_total():
     result = run_emmy("explain", "-c", RMSNORM.format(rows=32), "--target", "sm_90", "--top", "2")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[1] == "=== 0: k_rms_norm on sm_90 ==="
-    header = lines[2].split()
-    rows = [line.split() for line in lines[3:6]]
+    # the program forms extraction weighed come first, the chosen one (one kernel) at the top
+    assert lines[1].startswith("=== program forms: the chosen one and the 2 next cheapest of ")
+    assert lines[3].split()[:4] == ["chosen", "one-pass", "folds", "1"]
+    assert lines[4].split()[0] == "alt" and "materialized" in lines[4]
+    forms_total = [float(line.split()[-1]) for line in lines[3:6]]
+    assert forms_total == sorted(forms_total)
+    lines = lines[6:]
+    assert lines[0] == "=== 0: k_rms_norm on sm_90 ==="
+    header = lines[1].split()
+    rows = [line.split() for line in lines[2:5]]
+    assert float(rows[0][2]) == forms_total[0]
     assert [r[0] for r in rows] == ["chosen", "alt", "alt"]
     for r in rows:
         cells = r[2:] if r[0] == "chosen" else r[3:]
@@ -111,7 +119,8 @@ def test_a_measured_row_overrides_the_prediction_and_changes_the_choice(tmp_path
     result = run_emmy("explain", "-c", code, "--target", "sm_90", "--top", "1",
                       env={"EMMY_MEASUREMENTS": str(measured)})
     assert result.returncode == 0, result.stderr
-    chosen_line = next(line for line in result.stdout.splitlines() if line.strip().startswith("chosen"))
+    kernel_table = result.stdout.split("=== 0: ")[1]
+    chosen_line = next(line for line in kernel_table.splitlines() if line.strip().startswith("chosen"))
     assert str(other.row) in chosen_line and chosen_line.rstrip().endswith("yes")
     assert f"{chosen.total_s / 10 * 1e6:.2f}" in chosen_line
     assert "row 1 skipped" in result.stderr and "row 2 skipped" in result.stderr
@@ -128,10 +137,31 @@ def test_a_measured_row_overrides_the_prediction_and_changes_the_choice(tmp_path
 
 def test_extraction_weighs_the_one_pass_and_multi_pass_forms_with_the_model():
     result = emmy.optimize(ATTENTION, target="sm_90").loop_result
-    (first, first_s), (second, second_s) = result.alternatives
-    assert (first, second) == ("one-pass folds", "multi-pass folds")
-    assert first_s < second_s
+    seconds = {form.label: form.seconds for form in result.alternatives}
+    assert result.alternatives[0].label == "one-pass folds"
+    assert seconds["one-pass folds"] < seconds["multi-pass folds"]
+    assert [f.seconds for f in result.alternatives] == sorted(f.seconds for f in result.alternatives)
     assert len(result.program.kernels) == 1
+
+
+def test_extraction_weighs_each_reduction_boundary_with_the_model(tmp_path, monkeypatch):
+    """The programs one boundary away are priced too: measured rows that make RMSNorm's two-kernel
+    form (the sum of squares materialized) fastest make extraction choose those boundaries."""
+    import json
+
+    program = emmy.optimize(RMSNORM.format(rows=32), target="sm_90")
+    forms = {form.label: form for form in program.loop_result.alternatives}
+    split = forms["one-pass folds, rms_norm_sum materialized"]
+    assert len(split.program.kernels) == 2 and split.seconds > forms["one-pass folds"].seconds
+    tiles = build_tile_program(split.program, get_target("sm_90")).kernels
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps([{"target": "sm_90", "kernel": k.shape.signature(), "knobs": str(k.row),
+                                     "seconds": 1e-9} for k in tiles]))
+    monkeypatch.setenv("EMMY_MEASUREMENTS", str(measured))
+    again = emmy.optimize(RMSNORM.format(rows=32), target="sm_90")
+    assert again.loop_ir == split.program
+    assert again.loop_result.alternatives[0].seconds == pytest.approx(2e-9)
+    assert [k.row for k in again.tile_ir.kernels] == [k.row for k in tiles]
 
 
 @pytest.mark.parametrize("workload", WORKLOADS, ids=[w.name for w in WORKLOADS])

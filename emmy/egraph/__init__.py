@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emmy.egraph.driver import Budget, PhaseReport
-from emmy.errors import EmmyError
+
+
+@dataclass(frozen=True)
+class ProgramForm:
+    """One whole-program extraction weighed: which folds and boundaries, and its price."""
+    label: str  # e.g. "one-pass folds, rms_norm_sum materialized"
+    seconds: float  # predicted (or measured) total over its kernels
+    program: object  # emmy.loop_ir.nodes.LoopProgram
 
 
 @dataclass(frozen=True)
@@ -19,8 +26,8 @@ class LoopResult:
     predicted_seconds: float
     egraph: object = None  # the saturated e-graph: schedules attach rows to kernels' e-classes in it
     terms: dict | None = None  # Tensor IR value name -> its Term in `egraph`
-    # The forms weighed against each other: (label, predicted seconds), the chosen one first.
-    alternatives: tuple = ()
+    # The program forms weighed against each other, cheapest (the chosen one) first.
+    alternatives: tuple[ProgramForm, ...] = ()
 
     def kernel_roots(self) -> dict:
         """Kernel name -> the Term of the value it materializes."""
@@ -75,11 +82,12 @@ TWISTED = ("online_sum", "welford_m2", "softmax_wsum")
 
 
 def optimize_loops(graph, groups, budget: Budget = Budget(), score=None) -> LoopResult:
-    """Saturate, then extract. With `score` (LoopProgram, egraph, terms -> predicted seconds, e.g.
-    the analytic model over each kernel's best schedule), the one-pass (twisted) and multi-pass
-    forms are both extracted and the cheaper one is kept; without it, the representatives'
-    tree cost decides (the one-pass form)."""
-    from emmy.egraph.extract import choose_representatives, extract_program, node_weight
+    """Saturate, then extract. Without `score` the representatives' tree cost and the loop cost's
+    greedy boundaries decide (the one-pass form). With `score` (LoopPrograms -> predicted seconds
+    each, None where no schedule fits, e.g. the analytic model over each kernel's best row), the
+    programs weighed are the one-pass and the multi-pass (untwisted) forms and, for each, every
+    program one reduction boundary away from it; the cheapest is kept."""
+    from emmy.egraph.extract import boundary_neighbours, choose_representatives, extract_program, node_weight
     from emmy.egraph.view import EGraphView
 
     egraph, terms, reports = saturate(graph, groups, budget)
@@ -91,19 +99,22 @@ def optimize_loops(graph, groups, budget: Budget = Budget(), score=None) -> Loop
     def without_twists(node):
         return node_weight(node) + (1e6 if node.kind in TWISTED else 0.0)
 
-    candidates = [("one-pass folds", extraction)]
-    multi = extract_program(view, graph, choose_representatives(view, without_twists))
-    if multi.program != extraction.program:
-        candidates.append(("multi-pass folds", multi))
-    scored, errors = [], []
+    candidates: list[tuple[str, object]] = []
+    for form, choice in (("one-pass folds", choose_representatives(view)),
+                         ("multi-pass folds", choose_representatives(view, without_twists))):
+        found = extraction if not candidates else extract_program(view, graph, choice)
+        candidates.append((form, found))
+        for name, added, neighbour in boundary_neighbours(view, graph, choice, found):
+            candidates.append((f"{form}, {name} {'materialized' if added else 'fused'}", neighbour))
+    unique, seen = [], set()
     for label, found in candidates:
-        try:
-            scored.append((score(found.program, egraph, terms), label, found))
-        except EmmyError as err:  # pins no schedule of this form can take: the other form may
-            errors.append(err)
-    if not scored:
-        raise errors[0]
-    scored.sort(key=lambda t: t[0])
-    seconds, _, best = scored[0]
+        if found.program not in seen:
+            seen.add(found.program)
+            unique.append((label, found))
+    predicted = score([found.program for _, found in unique])
+    scored = sorted(((s, i) for i, s in enumerate(predicted) if s is not None))
+    if not scored:  # pins no form can take: the Tile IR stage says which kernel and why
+        return LoopResult(extraction.program, reports, extraction.cost, egraph, terms)
+    best = unique[scored[0][1]][1]
     return LoopResult(best.program, reports, best.cost, egraph, terms,
-                      tuple((label, s) for s, label, _ in scored))
+                      tuple(ProgramForm(unique[i][0], s, unique[i][1].program) for s, i in scored))

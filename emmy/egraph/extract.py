@@ -262,8 +262,7 @@ def extract_program(view: EGraphView, graph, choice: dict[str, ENode] | None = N
     choice = choice or choose_representatives(view)
     search = BoundarySearch(view, choice, graph)
     current = search.required()
-    reduces = contains_reduction(choice)
-    candidates = [c for c in search.optional() if c not in current and reduces[c]]
+    candidates = _boundary_choices(search)
     best = search.lower(current)
     while candidates:
         trials = [(search.lower(current | {c}), c) for c in candidates]
@@ -273,6 +272,27 @@ def extract_program(view: EGraphView, graph, choice: dict[str, ENode] | None = N
         best, current = trial, current | {chosen}
         candidates.remove(chosen)
     return best
+
+
+def boundary_neighbours(view: EGraphView, graph, choice: dict[str, ENode], found: Extraction):
+    """The programs one boundary away from `found` (a reduction's result materialized that was
+    fused, or fused that was materialized): (e-class name, added?, Extraction) each. These are
+    what the schedule-aware model weighs against the greedy choice."""
+    search = BoundarySearch(view, choice, graph)
+    required = search.required()
+    for cid in _boundary_choices(search):
+        if cid in required:
+            continue
+        added = cid not in found.boundaries
+        yield view.names.get(cid, cid), added, search.lower(found.boundaries ^ {cid})
+
+
+def _boundary_choices(search: BoundarySearch) -> list[str]:
+    """Optional boundaries worth a kernel of their own: results of reductions (a fused elementwise
+    producer is recomputed for nearly nothing, so cutting there never pays)."""
+    reduces = contains_reduction(search.choice)
+    required = search.required()
+    return [c for c in search.optional() if c not in required and reduces[c]]
 
 
 def _unwrap(choice: dict[str, ENode], cid: str) -> str:

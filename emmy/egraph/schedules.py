@@ -13,7 +13,7 @@ legal spelling may be pinned).
 
 from __future__ import annotations
 
-import json
+import functools
 from dataclasses import dataclass
 
 from emmy.knobs import KNOB_NAMES, KnobRow, value_fields
@@ -136,18 +136,18 @@ def attach_rows(egraph, shapes: list[KernelShape], target, pins: KnobRow, roots:
 
 
 def _legal_rows(egraph):
-    """(kernel name, KnobRow) for every legal_row fact, read from egglog's serialized e-graph:
-    the row's first argument is the kernel's root e-class, named by its kernel_name fact."""
-    data = json.loads(egraph._serialize().to_json())
-    nodes = data["nodes"]
-    name_of = {}
-    for node in nodes.values():
-        if node["op"] == "kernel_name":
-            root, name = node["children"]
-            name_of[nodes[root]["eclass"]] = json.loads(nodes[name]["op"])
-    for node in nodes.values():
-        if node["op"] != "legal_row":
-            continue
-        root, *values = node["children"]
-        yield name_of[nodes[root]["eclass"]], KnobRow(**dict(zip(KNOB_NAMES, (json.loads(nodes[v]["op"])
-                                                                          for v in values))))
+    """(kernel name, KnobRow) for every legal_row fact. The row's first argument is the kernel's root
+    e-class, named by its kernel_name fact. Read from a frozen copy of egglog's tables (egglog-python
+    has no public reader for relation rows; serializing the whole e-graph costs ten times more)."""
+    import emmy.rules.schedules as R
+
+    frozen = egraph._egraph.freeze()
+    text = functools.lru_cache(maxsize=None)(egraph._egraph.value_to_string)  # few distinct, many rows
+    tables = {}
+    for relation in (R.kernel_name, R.legal_row):
+        _, egg_name = egraph._callable_to_egg(relation)
+        tables[relation] = frozen.functions[egg_name].rows if egg_name in frozen.functions else []
+    name_of = {str(row.inputs[0]): text(row.inputs[1]) for row in tables[R.kernel_name]}
+    for row in tables[R.legal_row]:
+        root, *values = row.inputs
+        yield name_of[str(root)], KnobRow(**dict(zip(KNOB_NAMES, map(text, values))))

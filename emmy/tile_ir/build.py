@@ -35,6 +35,52 @@ def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), eg
     return TileProgram(tuple(kernels), loops)
 
 
+def predict_programs(programs: list[LoopProgram], target, pins: KnobRow = KnobRow()) -> list[float | None]:
+    """Each program's predicted seconds: over its kernels, the sum of the cheapest legal row's time
+    (within the pins); None for a program one of whose kernels no row within the pins fits.
+
+    This is how extraction weighs whole programs (kernel boundaries, one-pass or multi-pass folds)
+    against each other. The legal rows depend only on a kernel's shape, so one space is built for
+    the distinct shapes of all the programs together, in an e-graph of its own; each distinct
+    kernel is priced once."""
+    import dataclasses
+
+    from emmy.egraph.schedules import build_space
+    from emmy.extract.loop_cost import buffer_sizes, kernel_cost
+
+    check_target(pins, target)
+    stand_ins: dict[KernelShape, KernelShape] = {}  # shape without names -> the one the space builds rows for
+    for loops in programs:
+        for kernel in loops.kernels:
+            key = _unnamed(kernel_shape(kernel))
+            stand_ins.setdefault(key, dataclasses.replace(key, kernel=f"shape{len(stand_ins)}"))
+    space = build_space(list(stand_ins.values()), target, pins)
+    cheapest: dict[tuple, float | None] = {}  # (shape, loop cost) -> seconds: what a row's price depends on
+    totals = []
+    for loops in programs:
+        sizes = buffer_sizes(loops)
+        total = 0.0
+        for kernel in loops.kernels:
+            shape = kernel_shape(kernel)
+            key = (_unnamed(shape), kernel_cost(kernel, sizes))
+            if key not in cheapest:
+                rows = space.rows[stand_ins[key[0]].kernel]
+                cheapest[key] = ranked_rows(kernel, shape, rows, target, loops)[0].total_s if rows else None
+            if cheapest[key] is None:
+                total = None
+                break
+            total += cheapest[key]
+        totals.append(total)
+    return totals
+
+
+def _unnamed(shape: KernelShape) -> KernelShape:
+    """The shape with the kernel's own names dropped: what its legal rows and their prices depend on."""
+    import dataclasses
+
+    return dataclasses.replace(shape, kernel="", free_vars=(), m_vars=(), n_vars=())
+
+
 def ranked_rows(kernel: Kernel, shape: KernelShape, rows, target, loops: LoopProgram) -> list:
     """Every row's cost breakdown (emmy.extract.cost_model), cheapest first; ties keep the space's order.
     A measured time for the exact kernel, row and target (extract/measured.py) replaces the prediction."""
