@@ -41,3 +41,14 @@ class UnknownTargetError(EmmyError):
 
 class StageNotBuiltError(EmmyError):
     """A pipeline stage that does not exist yet."""
+
+
+class KernelFault(Exception):
+    """A kernel did what a GPU would not forgive: an out-of-bounds access, a deadlock at a barrier or
+    warp collective, a shared-memory race. Found by the simulator; exit status 1 (a failed check)."""
+
+    exit_code = 1
+
+
+class KernelBuildError(EmmyError):
+    """A kernel source that the host compiler (simulator) or nvcc rejects."""

@@ -1,0 +1,386 @@
+// emmy_rt.cuh: the device functions emitted kernels call for anything beyond
+// plain C++. Each has its CUDA implementation and, when the compiler is not
+// nvcc, a CPU twin for the simulator (emmy_sim.h) that follows the PTX
+// fragment layouts exactly. Section names refer to the PTX ISA (version 8.x):
+//   "Warp-level matrix fragments for mma.m16n8k16 with floating point type"
+//     (Matrix Fragments for mma.m16n8k16),
+//   "Warp-level matrix load instruction: ldmatrix",
+//   "Data Movement and Conversion Instructions: cp.async",
+//   "cp.async.bulk.tensor" and "Parallel Synchronization and Communication
+//     Instructions: mbarrier".
+#pragma once
+
+#if defined(__CUDACC__)
+#include <cuda.h>  // CUtensorMap
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#define EMMY_DEVICE __device__ __forceinline__
+#else
+#include <source_location>
+
+#include "emmy_sim.h"
+#define EMMY_DEVICE inline
+// the caller's line, for the simulator's reports (warp collectives, waits)
+#define EMMY_CALLER std::source_location caller = std::source_location::current()
+#endif
+
+namespace emmy {
+
+constexpr unsigned FULL_MASK = 0xffffffffu;
+
+// ---- warp and block reductions ----------------------------------------------
+struct Sum { template <class T> EMMY_DEVICE static T apply(T a, T b) { return a + b; } };
+struct Max { template <class T> EMMY_DEVICE static T apply(T a, T b) { return a < b ? b : a; } };
+struct Min { template <class T> EMMY_DEVICE static T apply(T a, T b) { return b < a ? b : a; } };
+
+// Butterfly over the warp (xor shuffles): every lane ends with the result.
+template <class Op, class T>
+EMMY_DEVICE T warp_reduce(T value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value = Op::apply(value, __shfl_xor_sync(FULL_MASK, value, offset));
+  return value;
+}
+
+// Every thread's value combined over the block; every thread gets the result.
+// `scratch` holds one value per warp (blockDim.x / 32 of them, at most 32).
+// Warps reduce by shuffles, lane 0 of each writes its warp's value, then the
+// first warp reduces those (a shared-memory tree halving the count).
+template <class Op, class T>
+EMMY_DEVICE T block_reduce(T value, T* scratch, T identity) {
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
+  value = warp_reduce<Op>(value);
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    T v = lane < warps ? scratch[lane] : identity;
+    v = warp_reduce<Op>(v);
+    if (lane == 0) scratch[0] = v;
+  }
+  __syncthreads();
+  T result = scratch[0];
+  __syncthreads();  // scratch may be reused by the caller right away
+  return result;
+}
+
+// ---- vector loads and stores ---------------------------------------------------
+// N consecutive elements at p (p aligned to N * sizeof(T)) in one access.
+template <int N, class T> struct Vec { T v[N]; };
+template <int N, class T>
+EMMY_DEVICE Vec<N, T> load_vec(const T* p) {
+  static_assert(N * sizeof(T) == 4 || N * sizeof(T) == 8 || N * sizeof(T) == 16, "4, 8 or 16 bytes");
+  Vec<N, T> out;
+  if constexpr (N * sizeof(T) == 16) {
+    uint4 raw = *reinterpret_cast<const uint4*>(p);
+    __builtin_memcpy(&out, &raw, 16);
+  } else if constexpr (N * sizeof(T) == 8) {
+    uint2 raw = *reinterpret_cast<const uint2*>(p);
+    __builtin_memcpy(&out, &raw, 8);
+  } else {
+    unsigned raw = *reinterpret_cast<const unsigned*>(p);
+    __builtin_memcpy(&out, &raw, 4);
+  }
+  return out;
+}
+template <int N, class T>
+EMMY_DEVICE void store_vec(T* p, const Vec<N, T>& value) {
+  static_assert(N * sizeof(T) == 4 || N * sizeof(T) == 8 || N * sizeof(T) == 16, "4, 8 or 16 bytes");
+  if constexpr (N * sizeof(T) == 16) {
+    uint4 raw;
+    __builtin_memcpy(&raw, &value, 16);
+    *reinterpret_cast<uint4*>(p) = raw;
+  } else if constexpr (N * sizeof(T) == 8) {
+    uint2 raw;
+    __builtin_memcpy(&raw, &value, 8);
+    *reinterpret_cast<uint2*>(p) = raw;
+  } else {
+    unsigned raw;
+    __builtin_memcpy(&raw, &value, 4);
+    *reinterpret_cast<unsigned*>(p) = raw;
+  }
+}
+
+// ---- shared-memory addresses -----------------------------------------------------
+#if defined(__CUDACC__)
+EMMY_DEVICE unsigned smem_address(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+#endif
+
+// ---- mma.sync m16n8k16, f16 or bf16 operands, f32 accumulators ----------------------------
+// d = a * b + c for a 16x16 (row-major) A, 16x8 (column-major) B and 16x8 C/D, one
+// fragment per lane. With g = lane / 4 and t = lane % 4 (PTX ISA, "Matrix Fragments for
+// mma.m16n8k16 with floating point type"):
+//   a[r] holds A[g + 8 * (r % 2)][2t + 8 * (r / 2) + {0, 1}]   (low half first)
+//   b[r] holds B[2t + 8r + {0, 1}][g]
+//   c[i] is C[g + 8 * (i / 2)][2t + i % 2]
+#if !defined(__CUDACC__)
+struct MmaOffer { uint32_t a[4], b[2]; };
+
+template <class T>
+inline float fragment_half(uint32_t reg, int which) {
+  uint16_t bits = uint16_t(reg >> (16 * which));
+  T value;
+  __builtin_memcpy(&value, &bits, 2);
+  return float(value);
+}
+
+template <class T>
+inline void mma_twin(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4], int line) {
+  MmaOffer mine;
+  for (int i = 0; i < 4; ++i) mine.a[i] = a[i];
+  for (int i = 0; i < 2; ++i) mine.b[i] = b[i];
+  float out[4];
+  const unsigned lane = threadIdx.x % 32;  // lanes are consecutive threads: blockDim.x is a multiple of 32
+  emmy_sim::exchange(FULL_MASK, line, "mma.sync", mine, [&](auto offer) {
+    float A[16][16], B[16][8];
+    for (unsigned l = 0; l < 32; ++l) {
+      const MmaOffer& o = offer(l);
+      const unsigned g = l / 4, t = l % 4;
+      for (int r = 0; r < 4; ++r)
+        for (int h = 0; h < 2; ++h) A[g + 8 * (r % 2)][2 * t + 8 * (r / 2) + h] = fragment_half<T>(o.a[r], h);
+      for (int r = 0; r < 2; ++r)
+        for (int h = 0; h < 2; ++h) B[2 * t + 8 * r + h][g] = fragment_half<T>(o.b[r], h);
+    }
+    const unsigned g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+      const unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
+      float acc = c[i];
+      for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];  // products of halves are exact in f32
+      out[i] = acc;
+    }
+  });
+  for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+#endif
+
+#if defined(__CUDACC__)
+EMMY_DEVICE void mma_m16n8k16_f16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+        "f"(c[3]));
+}
+EMMY_DEVICE void mma_m16n8k16_bf16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+        "f"(c[3]));
+}
+#else
+inline void mma_m16n8k16_f16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4], EMMY_CALLER) {
+  mma_twin<__half>(d, a, b, c, int(caller.line()));
+}
+inline void mma_m16n8k16_bf16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4],
+                                  EMMY_CALLER) {
+  mma_twin<__nv_bfloat16>(d, a, b, c, int(caller.line()));
+}
+#endif
+
+// ---- ldmatrix: 8x8 matrices of 16-bit elements from shared memory ------------------------
+// Lanes 8j..8j+7 give the addresses of the 8 rows (16 bytes each) of matrix j (j < X).
+// Lane l receives in r[j] row l / 4, columns 2 (l % 4) + {0, 1} of matrix j; with .trans,
+// rows 2 (l % 4) + {0, 1} of column l / 4 (PTX ISA, "Warp-level matrix load instruction: ldmatrix").
+#if defined(__CUDACC__)
+template <int X, bool Trans>
+EMMY_DEVICE void ldmatrix(uint32_t (&r)[X], const void* row) {
+  const unsigned address = smem_address(row);
+  if constexpr (X == 1 && !Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(address));
+  else if constexpr (X == 1)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(address));
+  else if constexpr (X == 2 && !Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(address));
+  else if constexpr (X == 2)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(address));
+  else if constexpr (!Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+}
+#else
+template <int X, bool Trans>
+inline void ldmatrix(uint32_t (&r)[X], const void* row, EMMY_CALLER) {
+  const int line = int(caller.line());
+  static_assert(X == 1 || X == 2 || X == 4, "ldmatrix loads 1, 2 or 4 matrices");
+  const unsigned lane = threadIdx.x % 32;
+  uint32_t out[X];
+  const uint16_t* mine = static_cast<const uint16_t*>(row);
+  emmy_sim::exchange(FULL_MASK, line, "ldmatrix", mine, [&](auto offer) {
+    for (int j = 0; j < X; ++j) {
+      uint16_t lo, hi;
+      if (!Trans) {
+        const uint16_t* src = offer(8 * j + lane / 4);
+        lo = src[2 * (lane % 4)];
+        hi = src[2 * (lane % 4) + 1];
+      } else {
+        lo = offer(8 * j + 2 * (lane % 4))[lane / 4];
+        hi = offer(8 * j + 2 * (lane % 4) + 1)[lane / 4];
+      }
+      out[j] = uint32_t(lo) | (uint32_t(hi) << 16);
+    }
+  });
+  for (int j = 0; j < X; ++j) r[j] = out[j];
+}
+#endif
+
+// ---- cp.async: global -> shared copies that complete at a wait ---------------------------
+// 4, 8 or 16 bytes; `source_bytes` < bytes reads that many and zero-fills the rest (masked
+// tails). Groups: commit closes the copies issued so far into a group; wait<N> returns when
+// at most N of the most recent groups are still pending (PTX ISA, "cp.async",
+// "cp.async.commit_group", "cp.async.wait_group"). The CPU twin copies at the wait, so a read
+// of the destination before its wait sees the old contents, as a GPU may.
+template <int Bytes>
+EMMY_DEVICE void cp_async(void* smem_dst, const void* gmem_src, unsigned source_bytes = Bytes) {
+  static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async copies 4, 8 or 16 bytes");
+#if defined(__CUDACC__)
+  if constexpr (Bytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
+                 "r"(source_bytes));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
+                 "n"(Bytes), "r"(source_bytes));
+#else
+  emmy_sim::issue_copy(smem_dst, gmem_src, unsigned(Bytes), source_bytes);
+#endif
+}
+
+EMMY_DEVICE void cp_async_commit() {
+#if defined(__CUDACC__)
+  asm volatile("cp.async.commit_group;\n" ::);
+#else
+  emmy_sim::commit_copies();
+#endif
+}
+
+template <int N>
+EMMY_DEVICE void cp_async_wait() {
+#if defined(__CUDACC__)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#else
+  emmy_sim::complete_copies(emmy_sim::me(), N);
+#endif
+}
+
+// ---- mbarrier and TMA (sm_90) ---------------------------------------------------------------
+// mbarrier: `count` arrivals and the expected transaction bytes complete a phase; waiters poll
+// the phase parity (PTX ISA, "mbarrier"). A TMA 2-D tile load copies a box of the tensor map's
+// tensor into shared memory (out-of-bounds elements zero) and completes its bytes on the
+// mbarrier ("cp.async.bulk.tensor"). Coordinates: c0 along the contiguous dimension, c1 the other.
+#if defined(__CUDACC__)
+EMMY_DEVICE void mbarrier_init(uint64_t* bar, unsigned count) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count));
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::);
+#else
+  __trap();
+#endif
+}
+EMMY_DEVICE void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes));
+#else
+  __trap();
+#endif
+}
+EMMY_DEVICE void mbarrier_arrive(uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)));
+#else
+  __trap();
+#endif
+}
+EMMY_DEVICE void mbarrier_wait(uint64_t* bar, unsigned parity) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "EMMY_WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra EMMY_WAIT_%=;\n}\n" ::"r"(smem_address(bar)), "r"(parity));
+#else
+  __trap();
+#endif
+}
+EMMY_DEVICE void tma_load_2d(void* smem_dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(smem_address(smem_dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_address(bar))
+      : "memory");
+#else
+  __trap();
+#endif
+}
+#else
+}  // namespace emmy
+// The simulator's tensor map: what cuTensorMapEncodeTiled would encode, in the same 128 bytes
+// (emmy.sim.TensorMap builds it on the host side).
+struct alignas(64) CUtensorMap {
+  void* base;
+  uint64_t rows, cols;       // extents: cols along the contiguous dimension
+  uint64_t row_stride_bytes;
+  uint32_t box_rows, box_cols, element_bytes, reserved;
+  char padding[128 - 48];
+};
+static_assert(sizeof(CUtensorMap) == 128, "a tensor map is 128 bytes");
+namespace emmy {
+
+// The twins keep their bookkeeping out of the race check (EMMY_SIM_INLINE: not instrumented).
+struct MbarrierState { unsigned count = 0, pending = 0; long tx = 0; unsigned phase = 0; };
+EMMY_SIM_INLINE MbarrierState& mbarrier_state(uint64_t* bar) {
+  static std::vector<std::pair<uint64_t*, MbarrierState>> states;  // few barriers per block
+  for (auto& s : states)
+    if (s.first == bar) return s.second;
+  emmy_sim::mute(true);
+  states.push_back({bar, MbarrierState{}});
+  emmy_sim::mute(false);
+  return states.back().second;
+}
+EMMY_SIM_INLINE void mbarrier_settle(MbarrierState& s) {
+  if (s.pending == 0 && s.tx == 0) { s.phase ^= 1u; s.pending = s.count; }
+  emmy_sim::event();
+}
+EMMY_SIM_INLINE void mbarrier_init(uint64_t* bar, unsigned count) {
+  MbarrierState& s = mbarrier_state(bar);
+  s = MbarrierState{count, count, 0, 0};
+  *bar = 0;
+}
+EMMY_SIM_INLINE void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+  MbarrierState& s = mbarrier_state(bar);
+  s.tx += bytes;
+  --s.pending;
+  mbarrier_settle(s);
+}
+EMMY_SIM_INLINE void mbarrier_arrive(uint64_t* bar) {
+  MbarrierState& s = mbarrier_state(bar);
+  --s.pending;
+  mbarrier_settle(s);
+}
+EMMY_SIM_INLINE void mbarrier_wait(uint64_t* bar, unsigned parity, EMMY_CALLER) {
+  // the phase with this parity has completed once the barrier's current phase differs from it
+  while (mbarrier_state(bar).phase == (parity & 1u)) emmy_sim::poll(int(caller.line()), "mbarrier wait");
+}
+EMMY_SIM_INLINE void tma_load_2d(void* smem_dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  char* dst = static_cast<char*>(smem_dst);
+  const size_t e = map->element_bytes;
+  for (uint32_t r = 0; r < map->box_rows; ++r)
+    for (uint32_t c = 0; c < map->box_cols; ++c) {
+      const long row = long(c1) + r, col = long(c0) + c;
+      char* out = dst + (size_t(r) * map->box_cols + c) * e;
+      if (row < 0 || col < 0 || uint64_t(row) >= map->rows || uint64_t(col) >= map->cols)
+        __builtin_memset(out, 0, e);
+      else
+        __builtin_memcpy(out, static_cast<const char*>(map->base) + row * map->row_stride_bytes + col * e, e);
+    }
+  MbarrierState& s = mbarrier_state(bar);
+  s.tx -= long(map->box_rows) * map->box_cols * e;
+  mbarrier_settle(s);
+}
+#endif
+
+}  // namespace emmy

@@ -1,0 +1,779 @@
+// emmy_sim.h: the CUDA built-ins for g++, so that an unmodified kernel source
+// runs on the CPU (DESIGN.md section 7). emmy_rt.cuh includes it when the
+// compiler is not nvcc; kernel sources include emmy_rt.cuh only.
+//
+// Execution model. Blocks run one after another. The threads of a block are
+// fibers (ucontext) run in order of their linear index; a thread runs until
+// it reaches __syncthreads, a warp collective (__shfl*_sync, __ballot_sync,
+// __syncwarp, ...) or its end. When every thread is waiting, complete warp
+// collectives are resolved first, then the block barrier is released. A state
+// where nothing can move is a deadlock and is reported (which threads wait
+// where, and which are missing) instead of hanging.
+//
+// Modes (chosen by the launcher, emmy/sim/): plain; EMMY_SIM_ASAN (built with
+// -fsanitize=address: out-of-bounds accesses are ASan reports); and
+// EMMY_SIM_RACECHECK (built with -fsanitize=thread but linked without the TSan
+// runtime: this header defines the __tsan_* hooks, so every load and store the
+// kernel makes comes here, and two threads touching one address between
+// barriers, one of them writing, is a reported race).
+#pragma once
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+// The simulator's own code must not report on itself in race-check mode.
+#define EMMY_SIM_INTERNAL __attribute__((no_sanitize_thread, noinline))
+#define EMMY_SIM_INLINE __attribute__((no_sanitize_thread)) inline
+
+// ---- CUDA keywords --------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __grid_constant__
+#define __constant__ static
+// Shared memory is per block; blocks run one at a time, so a function-local
+// static (thread_local: legal with `extern` too) is one block's shared memory.
+// `extern __shared__ T name[]` gets its storage from the launcher (dynamic).
+#define __shared__ thread_local
+
+// ---- vector types ---------------------------------------------------------
+struct uint3 { unsigned x, y, z; };
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+#define EMMY_SIM_VEC2(T, N, A) struct alignas(A) N { T x, y; }; \
+  inline N make_##N(T x, T y) { return N{x, y}; }
+#define EMMY_SIM_VEC4(T, N, A) struct alignas(A) N { T x, y, z, w; }; \
+  inline N make_##N(T x, T y, T z, T w) { return N{x, y, z, w}; }
+EMMY_SIM_VEC2(float, float2, 8)
+EMMY_SIM_VEC4(float, float4, 16)
+EMMY_SIM_VEC2(int, int2, 8)
+EMMY_SIM_VEC4(int, int4, 16)
+EMMY_SIM_VEC2(unsigned, uint2, 8)
+EMMY_SIM_VEC4(unsigned, uint4, 16)
+EMMY_SIM_VEC2(double, double2, 16)
+struct alignas(4) short2 { short x, y; };
+struct float3 { float x, y, z; };
+inline float3 make_float3(float x, float y, float z) { return float3{x, y, z}; }
+
+// ---- half and bfloat16 ----------------------------------------------------
+// __half is the compiler's IEEE binary16; conversions round to nearest even.
+typedef _Float16 __half;
+struct alignas(4) __half2 { __half x, y; };
+struct __nv_bfloat16 {
+  uint16_t bits;
+  __nv_bfloat16() = default;
+  __nv_bfloat16(float f) : bits(from_float(f)) {}
+  operator float() const { uint32_t u = uint32_t(bits) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+  static uint16_t from_float(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN (quiet)
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    return uint16_t(u >> 16);
+  }
+};
+struct alignas(4) __nv_bfloat162 { __nv_bfloat16 x, y; };
+typedef __half half;
+typedef __half2 half2;
+
+inline __half __float2half(float f) { return (__half)f; }
+inline __half __float2half_rn(float f) { return (__half)f; }
+inline float __half2float(__half h) { return (float)h; }
+inline __half2 __floats2half2_rn(float a, float b) { return __half2{(__half)a, (__half)b}; }
+inline __half2 __float2half2_rn(float a) { return __half2{(__half)a, (__half)a}; }
+inline float2 __half22float2(__half2 h) { return float2{(float)h.x, (float)h.y}; }
+inline __half __low2half(__half2 h) { return h.x; }
+inline __half __high2half(__half2 h) { return h.y; }
+inline __half __hadd(__half a, __half b) { return (__half)((float)a + (float)b); }
+inline __half __hmul(__half a, __half b) { return (__half)((float)a * (float)b); }
+inline __half __hsub(__half a, __half b) { return (__half)((float)a - (float)b); }
+inline __half __hfma(__half a, __half b, __half c) { return (__half)std::fma((float)a, (float)b, (float)c); }
+inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
+inline float __bfloat162float(__nv_bfloat16 b) { return float(b); }
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return __nv_bfloat162{a, b}; }
+inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{float(h.x), float(h.y)}; }
+
+// ---- math intrinsics ------------------------------------------------------
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __log2f(float x) { return std::log2(x); }
+inline float __sinf(float x) { return std::sin(x); }
+inline float __cosf(float x) { return std::cos(x); }
+inline float __tanhf(float x) { return std::tanh(x); }
+inline float __powf(float a, float b) { return std::pow(a, b); }
+inline float exp10f(float x) { return std::pow(10.0f, x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fsqrt_rn(float x) { return std::sqrt(x); }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __clz(int x) { return x ? __builtin_clz(unsigned(x)) : 32; }
+template <class T> inline T min(T a, T b) { return b < a ? b : a; }
+template <class T> inline T max(T a, T b) { return a < b ? b : a; }
+using std::fmaxf;
+using std::fminf;
+
+namespace emmy_sim {
+
+// ---- the fibers of one block ----------------------------------------------
+enum class State { runnable, barrier, warp, done, polling };
+enum class Collective { none, shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, all, any, syncwarp, exchange };
+
+struct Thread {
+  ucontext_t context;
+  char* stack = nullptr;  // a slice of Launch::stacks
+  uint3 index{0, 0, 0};
+  unsigned linear = 0;
+  State state = State::done;
+  int line = 0;             // where it waits
+  const char* what = "";    // at what (for reports)
+  Collective kind = Collective::none;
+  unsigned mask = 0;
+  int arg = 0, width = 32;  // shuffle source / delta / lane mask, and segment width
+  unsigned char in[8] = {}, out[8] = {};
+  int predicate = 0;
+  const void* slot = nullptr;  // exchange: what this lane offers the others
+  unsigned warp_epoch = 0;     // warp syncs this lane's warp has completed (race check)
+  // cp.async copies issued and not yet waited for; group_ends[i]: copies in groups 0..i (committed)
+  struct AsyncCopy { void* dst; const void* src; unsigned bytes, source_bytes; };
+  std::vector<AsyncCopy> pending;
+  std::vector<size_t> group_ends;
+};
+
+struct Launch {
+  dim3 grid, block;
+  uint3 block_index{0, 0, 0};
+  std::vector<Thread> threads;
+  Thread* current = nullptr;
+  ucontext_t scheduler;
+  void (*invoke)(void*) = nullptr;
+  void* closure = nullptr;
+  std::string error;
+  size_t stack_bytes = 0;
+  char* stacks = nullptr;  // every fiber's stack, one after another
+  size_t stack_pool_bytes = 0;
+  unsigned long events = 0;  // arrivals on mbarriers, async completions: what a polling thread waits for
+  unsigned long barrier_epoch = 0;  // barriers released so far (all blocks): race-check epochs
+  std::vector<unsigned> warp_epochs;
+#if defined(__SANITIZE_ADDRESS__)
+  void* fake_stack = nullptr;
+  const void* scheduler_stack = nullptr;
+  size_t scheduler_stack_size = 0;
+#endif
+};
+
+inline Launch launch_state;
+
+// While set, memory accesses are the simulator's bookkeeping, not the kernel's: the race check
+// ignores them. Set and cleared only from uninstrumented functions (EMMY_SIM_INTERNAL).
+inline bool muted = false;
+EMMY_SIM_INTERNAL inline void mute(bool on) { muted = on; }
+
+EMMY_SIM_INLINE Thread& me() { return *launch_state.current; }
+
+// Dynamic shared memory (`extern __shared__ T name[]`): the launcher defines
+// each such array with EMMY_SIM_DYNAMIC_SHARED, which registers it here so
+// that every block starts with it filled with 0xff bytes (NaN floats), as a
+// reminder that shared memory starts undefined.
+constexpr size_t dynamic_shared_capacity = 232448;  // the largest opt-in per block (sm_90, sm_120)
+struct DynamicShared { void* base; };
+inline std::vector<DynamicShared>& dynamic_arrays() { static std::vector<DynamicShared> arrays; return arrays; }
+inline size_t dynamic_bytes = 0;
+
+EMMY_SIM_INTERNAL inline void fail(const std::string& message) {
+  if (launch_state.error.empty()) launch_state.error = message;
+}
+
+EMMY_SIM_INTERNAL inline void switch_to_scheduler() {
+  Launch& L = launch_state;
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(&L.fake_stack, L.scheduler_stack, L.scheduler_stack_size);
+#endif
+  swapcontext(&L.current->context, &L.scheduler);
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(L.fake_stack, nullptr, nullptr);
+#endif
+}
+
+EMMY_SIM_INTERNAL inline void wait_here(State state, int line, const char* what) {
+  Thread& t = me();
+  t.state = state;
+  t.line = line;
+  t.what = what;
+  switch_to_scheduler();
+}
+
+EMMY_SIM_INTERNAL inline void fiber_entry() {
+  Launch& L = launch_state;
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(nullptr, &L.scheduler_stack, &L.scheduler_stack_size);
+#endif
+  L.invoke(L.closure);
+  L.current->state = State::done;
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(nullptr, L.scheduler_stack, L.scheduler_stack_size);
+#endif
+  swapcontext(&L.current->context, &L.scheduler);
+}
+
+inline std::string thread_list(const std::vector<unsigned>& ids) {
+  // "0-15, 17": ranges of linear thread indices
+  std::string text;
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    if (!text.empty()) text += ", ";
+    text += std::to_string(ids[i]);
+    if (j > i) text += "-" + std::to_string(ids[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+inline std::string where(const Launch& L) {
+  return "block (" + std::to_string(L.block_index.x) + "," + std::to_string(L.block_index.y) + "," +
+         std::to_string(L.block_index.z) + ")";
+}
+
+// Complete warp collectives: every lane its mask names waits at the same kind
+// of collective with the same mask. Returns whether any was resolved.
+EMMY_SIM_INTERNAL inline bool resolve_warps() {
+  Launch& L = launch_state;
+  bool any = false;
+  const size_t n = L.threads.size();
+  for (size_t w = 0; w * 32 < n; ++w) {
+    for (size_t i = w * 32; i < std::min(n, w * 32 + 32); ++i) {
+      Thread& first = L.threads[i];
+      if (first.state != State::warp) continue;
+      bool complete = true;
+      for (unsigned lane = 0; lane < 32; ++lane) {
+        if (!(first.mask >> lane & 1u)) continue;
+        size_t k = w * 32 + lane;
+        if (k >= n || L.threads[k].state != State::warp || L.threads[k].mask != first.mask ||
+            L.threads[k].kind != first.kind) {
+          complete = false;
+          break;
+        }
+      }
+      if (!complete) continue;
+      Thread* lanes[32] = {};
+      for (unsigned lane = 0; lane < 32; ++lane)
+        if (first.mask >> lane & 1u) lanes[lane] = &L.threads[w * 32 + lane];
+      unsigned ballot = 0;
+      for (unsigned lane = 0; lane < 32; ++lane)
+        if (lanes[lane] && lanes[lane]->predicate) ballot |= 1u << lane;
+      for (unsigned lane = 0; lane < 32; ++lane) {
+        Thread* t = lanes[lane];
+        if (!t) continue;
+        int width = t->width, base = int(lane) & ~(width - 1), source = int(lane);
+        switch (t->kind) {
+          case Collective::shfl_idx: source = base + (t->arg & (width - 1)); break;
+          case Collective::shfl_up: source = (int(lane) - base >= t->arg) ? int(lane) - t->arg : int(lane); break;
+          case Collective::shfl_down: source = (int(lane) - base + t->arg < width) ? int(lane) + t->arg : int(lane); break;
+          case Collective::shfl_xor: source = int(lane) ^ t->arg; if (source >= base + width || source < base) source = int(lane); break;
+          default: break;
+        }
+        if (t->kind == Collective::shfl_idx || t->kind == Collective::shfl_up || t->kind == Collective::shfl_down ||
+            t->kind == Collective::shfl_xor) {
+          if (source < 0 || source > 31 || !lanes[source]) {
+            fail(std::string(t->what) + " at line " + std::to_string(t->line) + " in " + where(L) + ": lane " +
+                 std::to_string(lane) + " of warp " + std::to_string(w) + " reads lane " + std::to_string(source) +
+                 ", which is not in the mask");
+            return false;
+          }
+          std::memcpy(t->out, lanes[source]->in, sizeof t->out);
+        }
+        if (t->kind == Collective::ballot) std::memcpy(t->out, &ballot, 4);
+        if (t->kind == Collective::all) { int v = (ballot & t->mask) == t->mask; std::memcpy(t->out, &v, 4); }
+        if (t->kind == Collective::any) { int v = ballot != 0; std::memcpy(t->out, &v, 4); }
+        t->state = State::runnable;
+      }
+      if (w < L.warp_epochs.size()) ++L.warp_epochs[w];
+      any = true;
+    }
+  }
+  return any;
+}
+
+EMMY_SIM_INTERNAL inline std::string waiting_report(const Launch& L) {
+  // who waits where, grouped by (what, line); and who has exited
+  std::vector<std::pair<std::string, std::vector<unsigned>>> groups;
+  std::vector<unsigned> exited;
+  for (const Thread& t : L.threads) {
+    if (t.state == State::done) { exited.push_back(t.linear); continue; }
+    std::string key = std::string(t.what) + " at line " + std::to_string(t.line);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == key; });
+    if (it == groups.end()) groups.push_back({key, {t.linear}});
+    else it->second.push_back(t.linear);
+  }
+  std::string text;
+  for (auto& g : groups) text += "; threads " + thread_list(g.second) + " wait at " + g.first;
+  if (!exited.empty()) text += "; threads " + thread_list(exited) + " have exited";
+  return text;
+}
+
+// All threads wait. Release the block barrier if every live thread is at the
+// same __syncthreads; otherwise report why the block cannot go on.
+EMMY_SIM_INTERNAL inline bool resolve_barrier() {
+  Launch& L = launch_state;
+  int line = -1;
+  bool all_at_barrier = true, same_line = true, some_exited = false;
+  for (const Thread& t : L.threads) {
+    if (t.state == State::done) { some_exited = true; continue; }
+    if (t.state != State::barrier) { all_at_barrier = false; continue; }
+    if (line < 0) line = t.line;
+    else if (t.line != line) same_line = false;
+  }
+  if (all_at_barrier && same_line && !some_exited) {
+    for (Thread& t : L.threads) t.state = State::runnable;
+    ++L.barrier_epoch;
+    return true;
+  }
+  std::string why;
+  if (all_at_barrier && !same_line)
+    why = "__syncthreads in divergent code: the threads wait at different barriers";
+  else if (all_at_barrier && some_exited)
+    why = "__syncthreads reached by only part of the block (a barrier in a divergent branch, or after an early return)";
+  else
+    why = "deadlock: a warp collective waits for lanes that never arrive";
+  fail(why + " in " + where(L) + waiting_report(L));
+  return false;
+}
+
+EMMY_SIM_INTERNAL inline void run_block() {
+  Launch& L = launch_state;
+  const unsigned n = L.block.x * L.block.y * L.block.z;
+  for (unsigned i = 0; i < n; ++i) {
+    Thread& t = L.threads[i];
+    t.linear = i;
+    t.index = uint3{i % L.block.x, (i / L.block.x) % L.block.y, i / (L.block.x * L.block.y)};
+    t.state = State::runnable;
+    t.kind = Collective::none;
+    t.pending.clear();
+    t.group_ends.clear();
+    getcontext(&t.context);
+    t.context.uc_stack.ss_sp = t.stack;
+    t.context.uc_stack.ss_size = L.stack_bytes;
+    t.context.uc_link = nullptr;
+    makecontext(&t.context, fiber_entry, 0);
+  }
+  for (;;) {
+    bool live = false, worked = false;
+    const unsigned long events = L.events;
+    for (Thread& t : L.threads) {
+      if (t.state == State::runnable || t.state == State::polling) {
+        worked = worked || t.state == State::runnable;
+        t.state = State::runnable;
+        L.current = &t;
+#if defined(__SANITIZE_ADDRESS__)
+        __sanitizer_start_switch_fiber(&L.fake_stack, t.stack, L.stack_bytes);
+#endif
+        swapcontext(&L.scheduler, &t.context);
+#if defined(__SANITIZE_ADDRESS__)
+        __sanitizer_finish_switch_fiber(L.fake_stack, nullptr, nullptr);
+#endif
+        L.current = nullptr;
+        if (!L.error.empty()) return;
+      }
+      if (t.state != State::done) live = true;
+    }
+    if (!live) return;
+    if (resolve_warps()) continue;
+    bool polling = false;
+    for (const Thread& t : L.threads) polling = polling || t.state == State::polling;
+    if (polling && (worked || L.events != events)) continue;  // someone moved: poll again
+    if (polling) {
+      fail("deadlock: a wait on an mbarrier never completes in " + where(L) + waiting_report(L));
+      return;
+    }
+    if (!L.error.empty() || !resolve_barrier()) return;
+  }
+}
+
+template <class F>
+EMMY_SIM_INTERNAL int launch(dim3 grid, dim3 block, F&& body) {
+  Launch& L = launch_state;
+  L.error.clear();
+  const unsigned n = block.x * block.y * block.z;
+  if (n == 0 || n > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
+    L.error = "bad launch: block of " + std::to_string(n) + " threads (1 to 1024) and grid " +
+              std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" + std::to_string(grid.z);
+    return 1;
+  }
+  L.grid = grid;
+  L.block = block;
+#if defined(__SANITIZE_ADDRESS__)
+  L.stack_bytes = 512 * 1024;
+#else
+  L.stack_bytes = 128 * 1024;
+#endif
+  if (L.threads.size() != n) {
+    std::free(L.stacks);
+    L.stack_pool_bytes = n * L.stack_bytes;
+    L.stacks = static_cast<char*>(std::malloc(L.stack_pool_bytes));
+    L.threads.assign(n, Thread{});
+    for (unsigned i = 0; i < n; ++i) L.threads[i].stack = L.stacks + i * L.stack_bytes;
+  }
+  L.warp_epochs.assign((n + 31) / 32, 0);
+  auto invoke = [](void* closure) { (*static_cast<std::remove_reference_t<F>*>(closure))(); };
+  L.invoke = invoke;
+  L.closure = &body;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        L.block_index = uint3{x, y, z};
+        for (DynamicShared& d : dynamic_arrays()) std::memset(d.base, 0xff, dynamic_bytes);
+        ++L.barrier_epoch;  // nothing of the last block races with this one
+        run_block();
+        if (!L.error.empty()) return 1;
+      }
+  return 0;
+}
+
+// ---- warp collectives -----------------------------------------------------
+template <class T>
+EMMY_SIM_INLINE T shuffle(Collective kind, const char* what, int line, unsigned mask, T value, int arg, int width) {
+  static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
+  Thread& t = me();
+  if (width < 1 || width > 32 || (width & (width - 1))) {
+    fail(std::string(what) + " at line " + std::to_string(line) + ": width " + std::to_string(width) +
+         " is not a power of two from 1 to 32");
+  }
+  if (!(mask >> (t.linear % 32) & 1u)) {
+    fail(std::string(what) + " at line " + std::to_string(line) + ": thread " + std::to_string(t.linear) +
+         " calls it with a mask that leaves its own lane out");
+  }
+  std::memset(t.in, 0, sizeof t.in);
+  std::memcpy(t.in, &value, sizeof(T));
+  t.kind = kind;
+  t.mask = mask;
+  t.arg = arg;
+  t.width = width;
+  wait_here(State::warp, line, what);
+  T result;
+  std::memcpy(&result, t.out, sizeof(T));
+  return result;
+}
+
+EMMY_SIM_INLINE unsigned vote(Collective kind, const char* what, int line, unsigned mask, int predicate) {
+  Thread& t = me();
+  t.kind = kind;
+  t.mask = mask;
+  t.predicate = predicate != 0;
+  t.width = 32;
+  wait_here(State::warp, line, what);
+  unsigned result;
+  std::memcpy(&result, t.out, 4);
+  return result;
+}
+
+// Every lane of `mask` offers `mine`; `read(lane)` returns lane's offer until
+// every lane has finished reading (two warp syncs): the runtime header's twins
+// of mma and ldmatrix are built on this.
+template <class Offer, class Body>
+EMMY_SIM_INLINE void exchange(unsigned mask, int line, const char* what, const Offer& mine, Body&& body) {
+  Thread& t = me();
+  t.slot = &mine;
+  t.kind = Collective::exchange;
+  t.mask = mask;
+  wait_here(State::warp, line, what);
+  const unsigned warp_base = t.linear & ~31u;
+  body([&](unsigned lane) -> const Offer& {
+    return *static_cast<const Offer*>(launch_state.threads[warp_base + lane].slot);
+  });
+  t.kind = Collective::exchange;
+  t.mask = mask;
+  wait_here(State::warp, line, what);
+}
+
+EMMY_SIM_INLINE void syncthreads(int line) { wait_here(State::barrier, line, "__syncthreads"); }
+
+EMMY_SIM_INTERNAL inline void issue_copy(void* dst, const void* src, unsigned bytes, unsigned source_bytes) {
+  mute(true);
+  me().pending.push_back({dst, src, bytes, source_bytes});
+  mute(false);
+}
+
+EMMY_SIM_INTERNAL inline void commit_copies() {
+  mute(true);
+  me().group_ends.push_back(me().pending.size());
+  mute(false);
+}
+
+// cp.async groups: complete every copy but those of the `keep` most recent committed groups.
+EMMY_SIM_INTERNAL inline void complete_copies(Thread& t, size_t keep) {
+  const size_t groups = t.group_ends.size();
+  if (groups <= keep) return;
+  mute(true);
+  const size_t done = t.group_ends[groups - 1 - keep];  // copies in the groups that must be complete
+  for (size_t i = 0; i < done; ++i) {
+    const Thread::AsyncCopy& c = t.pending[i];
+    const unsigned read = c.source_bytes < c.bytes ? c.source_bytes : c.bytes;
+    std::memcpy(c.dst, c.src, read);
+    std::memset(static_cast<char*>(c.dst) + read, 0, c.bytes - read);  // the zero-filled rest
+  }
+  t.pending.erase(t.pending.begin(), t.pending.begin() + long(done));
+  t.group_ends.erase(t.group_ends.begin(), t.group_ends.begin() + long(groups - keep));
+  for (size_t& end : t.group_ends) end -= done;
+  mute(false);
+}
+
+// A polling thread (an mbarrier wait that is not complete yet) lets the others run.
+EMMY_SIM_INLINE void poll(int line, const char* what) { wait_here(State::polling, line, what); }
+EMMY_SIM_INLINE void event() { ++launch_state.events; }
+
+EMMY_SIM_INLINE unsigned active_lanes() {
+  // the lanes of this thread's warp that have not exited (fibers run one at a time, so this is the best
+  // approximation of "converged" there is)
+  Thread& t = me();
+  unsigned mask = 0, base = t.linear & ~31u;
+  for (unsigned lane = 0; lane < 32 && base + lane < launch_state.threads.size(); ++lane)
+    if (launch_state.threads[base + lane].state != State::done) mask |= 1u << lane;
+  return mask;
+}
+
+// ---- race check (EMMY_SIM_RACECHECK) ----------------------------------------
+struct Access { unsigned long epoch = ~0ul; unsigned thread = 0; unsigned warp_epoch = 0; const void* pc = nullptr; };
+struct Cell { Access write; Access read[2]; };
+
+struct Race {
+  bool found = false;
+  const void* pc[2] = {};
+  unsigned thread[2] = {};
+  bool write[2] = {};
+  uintptr_t address = 0;
+  uint3 block{0, 0, 0};
+};
+inline Race first_race;
+
+}  // namespace emmy_sim
+
+// ---- the built-ins kernels see ---------------------------------------------
+#define threadIdx (::emmy_sim::me().index)
+#define blockIdx (::emmy_sim::launch_state.block_index)
+#define blockDim (::emmy_sim::launch_state.block)
+#define gridDim (::emmy_sim::launch_state.grid)
+static constexpr int warpSize = 32;
+
+#define __syncthreads() ::emmy_sim::syncthreads(__LINE__)
+#define __syncwarp(...) ((void)::emmy_sim::vote(::emmy_sim::Collective::syncwarp, "__syncwarp", __LINE__, \
+                                                 EMMY_SIM_MASK_OR_ALL(__VA_ARGS__), 0))
+#define EMMY_SIM_MASK_OR_ALL(...) (0xffffffffu __VA_OPT__(& (__VA_ARGS__)))
+#define __shfl_sync(mask, v, lane, ...) ::emmy_sim::shuffle(::emmy_sim::Collective::shfl_idx, "__shfl_sync", \
+    __LINE__, mask, v, lane, EMMY_SIM_WIDTH(__VA_ARGS__))
+#define __shfl_up_sync(mask, v, d, ...) ::emmy_sim::shuffle(::emmy_sim::Collective::shfl_up, "__shfl_up_sync", \
+    __LINE__, mask, v, d, EMMY_SIM_WIDTH(__VA_ARGS__))
+#define __shfl_down_sync(mask, v, d, ...) ::emmy_sim::shuffle(::emmy_sim::Collective::shfl_down, \
+    "__shfl_down_sync", __LINE__, mask, v, d, EMMY_SIM_WIDTH(__VA_ARGS__))
+#define __shfl_xor_sync(mask, v, m, ...) ::emmy_sim::shuffle(::emmy_sim::Collective::shfl_xor, \
+    "__shfl_xor_sync", __LINE__, mask, v, m, EMMY_SIM_WIDTH(__VA_ARGS__))
+#define EMMY_SIM_WIDTH(...) (32 __VA_OPT__(* 0 + (__VA_ARGS__)))
+#define __ballot_sync(mask, p) ::emmy_sim::vote(::emmy_sim::Collective::ballot, "__ballot_sync", __LINE__, mask, p)
+#define __all_sync(mask, p) int(::emmy_sim::vote(::emmy_sim::Collective::all, "__all_sync", __LINE__, mask, p))
+#define __any_sync(mask, p) int(::emmy_sim::vote(::emmy_sim::Collective::any, "__any_sync", __LINE__, mask, p))
+#define __activemask() ::emmy_sim::active_lanes()
+#define __threadfence() ((void)0)
+#define __threadfence_block() ((void)0)
+
+// Atomics: one fiber runs at a time, so a plain read-modify-write is atomic.
+template <class T> EMMY_SIM_INLINE T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
+template <class T> EMMY_SIM_INLINE T atomicSub(T* p, T v) { T old = *p; *p = old - v; return old; }
+template <class T> EMMY_SIM_INLINE T atomicMax(T* p, T v) { T old = *p; *p = old < v ? v : old; return old; }
+template <class T> EMMY_SIM_INLINE T atomicMin(T* p, T v) { T old = *p; *p = v < old ? v : old; return old; }
+template <class T> EMMY_SIM_INLINE T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
+template <class T> EMMY_SIM_INLINE T atomicCAS(T* p, T compare, T v) { T old = *p; if (old == compare) *p = v; return old; }
+template <class T> EMMY_SIM_INLINE T atomicOr(T* p, T v) { T old = *p; *p = old | v; return old; }
+template <class T> EMMY_SIM_INLINE T atomicAnd(T* p, T v) { T old = *p; *p = old & v; return old; }
+
+namespace emmy_sim {
+
+template <class... A, size_t... I>
+EMMY_SIM_INLINE void call_kernel(void (*kernel)(A...), void** argv, std::index_sequence<I...>) {
+  kernel(*static_cast<std::remove_cv_t<std::remove_reference_t<A>>*>(argv[I])...);
+}
+
+// argv[i] points at the i-th argument's value (a pointer for an array).
+template <class... A>
+EMMY_SIM_INTERNAL int launch_kernel(void (*kernel)(A...), const unsigned* grid, const unsigned* block,
+                                    unsigned long shared_bytes, void** argv) {
+  if (shared_bytes > dynamic_shared_capacity) {
+    launch_state.error = "bad launch: " + std::to_string(shared_bytes) + " bytes of dynamic shared memory (at most " +
+                         std::to_string(dynamic_shared_capacity) + ")";
+    return 1;
+  }
+  dynamic_bytes = shared_bytes;
+  auto body = [&] { call_kernel(kernel, argv, std::index_sequence_for<A...>{}); };
+  return launch(dim3(grid[0], grid[1], grid[2]), dim3(block[0], block[1], block[2]), body);
+}
+
+struct RegisterDynamic {
+  explicit RegisterDynamic(void* base) { dynamic_arrays().push_back(DynamicShared{base}); }
+};
+
+}  // namespace emmy_sim
+
+#define EMMY_SIM_DYNAMIC_SHARED(type, name) \
+  alignas(128) thread_local type name[::emmy_sim::dynamic_shared_capacity / sizeof(type)]; \
+  static ::emmy_sim::RegisterDynamic emmy_sim_register_##name(name);
+
+#define EMMY_SIM_EXPORT(kernel) \
+  extern "C" int emmy_sim_launch_##kernel(const unsigned* grid, const unsigned* block, unsigned long shared_bytes, \
+                                          void** argv) { \
+    return ::emmy_sim::launch_kernel(kernel, grid, block, shared_bytes, argv); \
+  }
+
+extern "C" EMMY_SIM_INTERNAL const char* emmy_sim_error() { return ::emmy_sim::launch_state.error.c_str(); }
+
+#if defined(EMMY_SIM_RACECHECK)
+#include <dlfcn.h>
+
+#include <unordered_map>
+namespace emmy_sim {
+
+inline std::unordered_map<uintptr_t, Cell>& cells() { static std::unordered_map<uintptr_t, Cell> map; return map; }
+
+EMMY_SIM_INTERNAL inline void note_race(const Access& other, bool other_wrote, const Thread& t, bool wrote,
+                                        uintptr_t address, const void* pc) {
+  Race& r = first_race;
+  if (r.found) return;
+  r.found = true;
+  r.pc[0] = other.pc; r.thread[0] = other.thread; r.write[0] = other_wrote;
+  r.pc[1] = pc; r.thread[1] = t.linear; r.write[1] = wrote;
+  r.address = address;
+  r.block = launch_state.block_index;
+}
+
+// One access of `size` bytes by the running thread. Accesses to fiber stacks
+// (locals) are private; anything else two threads touch between two barriers,
+// with a write among them, is a race unless both are lanes of one warp with a
+// warp sync between them.
+EMMY_SIM_INTERNAL inline void check_access(Launch& L, const void* address, size_t size, bool write, const void* pc);
+
+EMMY_SIM_INTERNAL inline void access(const void* address, size_t size, bool write, const void* pc) {
+  Launch& L = launch_state;
+  if (!L.current || muted) return;
+  muted = true;  // the library code the check itself calls is instrumented too
+  check_access(L, address, size, write, pc);
+  muted = false;
+}
+
+EMMY_SIM_INTERNAL inline void check_access(Launch& L, const void* address, size_t size, bool write, const void* pc) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(address);
+  if (a >= reinterpret_cast<uintptr_t>(L.stacks) && a < reinterpret_cast<uintptr_t>(L.stacks) + L.stack_pool_bytes) return;
+  const Thread& t = *L.current;
+  const unsigned warp = t.linear / 32, warp_epoch = L.warp_epochs[warp];
+  const Access mine{L.barrier_epoch, t.linear, warp_epoch, pc};
+  auto conflicts = [&](const Access& other) {
+    return other.epoch == L.barrier_epoch && other.thread != t.linear &&
+           !(other.thread / 32 == warp && other.warp_epoch != warp_epoch);
+  };
+  for (size_t i = 0; i < size; ++i) {
+    Cell& c = cells()[a + i];
+    if (conflicts(c.write)) note_race(c.write, true, t, write, a + i, pc);
+    if (write) {
+      for (const Access& r : c.read)
+        if (conflicts(r)) note_race(r, false, t, true, a + i, pc);
+      c.write = mine;
+    } else if (c.read[0].epoch != L.barrier_epoch || c.read[0].thread == t.linear) {
+      c.read[0] = mine;
+    } else {
+      c.read[1] = mine;
+    }
+  }
+}
+
+}  // namespace emmy_sim
+
+extern "C" {
+// pc's offset in this shared object, for addr2line
+EMMY_SIM_INTERNAL unsigned long emmy_sim_module_offset(const void* pc) {
+  Dl_info info;
+  return dladdr(pc, &info) ? static_cast<unsigned long>(static_cast<const char*>(pc) -
+                                                        static_cast<const char*>(info.dli_fbase)) : 0ul;
+}
+EMMY_SIM_INTERNAL void emmy_sim_race_reset() { ::emmy_sim::first_race = {}; ::emmy_sim::cells().clear(); }
+// found, then (pc, thread, wrote) of the earlier and the later access, the address and the block
+EMMY_SIM_INTERNAL int emmy_sim_race(const void** pcs, unsigned* threads, int* wrote, unsigned* block,
+                                     uintptr_t* address) {
+  const ::emmy_sim::Race& r = ::emmy_sim::first_race;
+  *address = r.address;
+  for (int i = 0; i < 2; ++i) { pcs[i] = r.pc[i]; threads[i] = r.thread[i]; wrote[i] = r.write[i]; }
+  block[0] = r.block.x; block[1] = r.block.y; block[2] = r.block.z;
+  return r.found;
+}
+#define EMMY_SIM_HOOK(n) \
+  EMMY_SIM_INTERNAL void __tsan_read##n(void* p) { ::emmy_sim::access(p, n, false, __builtin_return_address(0)); } \
+  EMMY_SIM_INTERNAL void __tsan_write##n(void* p) { ::emmy_sim::access(p, n, true, __builtin_return_address(0)); } \
+  EMMY_SIM_INTERNAL void __tsan_unaligned_read##n(void* p) { ::emmy_sim::access(p, n, false, __builtin_return_address(0)); } \
+  EMMY_SIM_INTERNAL void __tsan_unaligned_write##n(void* p) { ::emmy_sim::access(p, n, true, __builtin_return_address(0)); } \
+  EMMY_SIM_INTERNAL void __tsan_volatile_read##n(void* p) { ::emmy_sim::access(p, n, false, __builtin_return_address(0)); } \
+  EMMY_SIM_INTERNAL void __tsan_volatile_write##n(void* p) { ::emmy_sim::access(p, n, true, __builtin_return_address(0)); }
+EMMY_SIM_HOOK(1)
+EMMY_SIM_HOOK(2)
+EMMY_SIM_HOOK(4)
+EMMY_SIM_HOOK(8)
+EMMY_SIM_HOOK(16)
+EMMY_SIM_INTERNAL void __tsan_read_range(void* p, unsigned long n) { ::emmy_sim::access(p, n, false, __builtin_return_address(0)); }
+EMMY_SIM_INTERNAL void __tsan_write_range(void* p, unsigned long n) { ::emmy_sim::access(p, n, true, __builtin_return_address(0)); }
+// Atomic operations (static-local guards, atomics in the kernel) are never races: done plainly, as
+// one fiber runs at a time.
+#define EMMY_SIM_ATOMIC(n, T) \
+  EMMY_SIM_INTERNAL T __tsan_atomic##n##_load(const volatile T* a, int) { return *a; } \
+  EMMY_SIM_INTERNAL void __tsan_atomic##n##_store(volatile T* a, T v, int) { *a = v; } \
+  EMMY_SIM_INTERNAL T __tsan_atomic##n##_exchange(volatile T* a, T v, int) { T o = *a; *a = v; return o; } \
+  EMMY_SIM_INTERNAL T __tsan_atomic##n##_fetch_add(volatile T* a, T v, int) { T o = *a; *a = o + v; return o; } \
+  EMMY_SIM_INTERNAL T __tsan_atomic##n##_fetch_sub(volatile T* a, T v, int) { T o = *a; *a = o - v; return o; } \
+  EMMY_SIM_INTERNAL T __tsan_atomic##n##_fetch_and(volatile T* a, T v, int) { T o = *a; *a = o & v; return o; } \
+  EMMY_SIM_INTERNAL T __tsan_atomic##n##_fetch_or(volatile T* a, T v, int) { T o = *a; *a = o | v; return o; } \
+  EMMY_SIM_INTERNAL T __tsan_atomic##n##_fetch_xor(volatile T* a, T v, int) { T o = *a; *a = o ^ v; return o; } \
+  EMMY_SIM_INTERNAL int __tsan_atomic##n##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) { \
+    if (*a == *c) { *a = v; return 1; } *c = *a; return 0; } \
+  EMMY_SIM_INTERNAL int __tsan_atomic##n##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) { \
+    if (*a == *c) { *a = v; return 1; } *c = *a; return 0; } \
+  EMMY_SIM_INTERNAL T __tsan_atomic##n##_compare_exchange_val(volatile T* a, T c, T v, int, int) { \
+    T o = *a; if (o == c) *a = v; return o; }
+EMMY_SIM_ATOMIC(8, uint8_t)
+EMMY_SIM_ATOMIC(16, uint16_t)
+EMMY_SIM_ATOMIC(32, uint32_t)
+EMMY_SIM_ATOMIC(64, uint64_t)
+EMMY_SIM_INTERNAL void __tsan_atomic_thread_fence(int) {}
+EMMY_SIM_INTERNAL void __tsan_atomic_signal_fence(int) {}
+EMMY_SIM_INTERNAL void __tsan_init() {}
+EMMY_SIM_INTERNAL void __tsan_func_entry(void*) {}
+EMMY_SIM_INTERNAL void __tsan_func_exit() {}
+EMMY_SIM_INTERNAL void __tsan_vptr_update(void**, void*) {}
+EMMY_SIM_INTERNAL void __tsan_vptr_read(void**) {}
+}
+#endif  // EMMY_SIM_RACECHECK

@@ -1,0 +1,87 @@
+"""Build a kernel source into a shared object for the simulator, once per
+content: the object is cached under the emmy cache directory, keyed on the
+source, the mode, the flags, the compiler's version and the simulator headers."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import emmy.cuda_templates
+from emmy.errors import KernelBuildError
+from emmy.sim.source import simulator_source
+
+log = logging.getLogger(__name__)
+
+HEADERS = Path(emmy.cuda_templates.__path__[0])  # emmy_sim.h and emmy_rt.cuh
+
+MODES = ("plain", "asan", "racecheck")
+COMMON_FLAGS = ("-std=c++20", "-O1", "-g", "-fPIC", "-fno-strict-aliasing", "-Wno-unknown-pragmas")
+MODE_FLAGS = {
+    "plain": (),
+    # out-of-bounds accesses become ASan reports naming the kernel and line
+    "asan": ("-fsanitize=address", "-fno-omit-frame-pointer", "-DEMMY_SIM_ASAN"),
+    # every load and store calls emmy_sim.h's __tsan_* hooks (compiled with TSan, linked without its runtime)
+    "racecheck": ("-fsanitize=thread", "-DEMMY_SIM_RACECHECK"),
+}
+
+
+@dataclass(frozen=True)
+class Built:
+    library: Path
+    compiled: bool  # False when the cache had it
+
+
+def build(source: str, filename: str, mode: str, cache_dir: Path) -> Built:
+    if mode not in MODES:
+        raise KernelBuildError(f"unknown simulator mode {mode!r}; modes are {', '.join(MODES)}")
+    text = simulator_source(source, filename)
+    key = hashlib.sha256("\0".join([text, mode, " ".join(COMMON_FLAGS + MODE_FLAGS[mode]), _compiler_version(),
+                                    _headers_digest()]).encode()).hexdigest()[:24]
+    library = cache_dir / "sim" / f"{key}-{mode}.so"
+    if library.exists():
+        return Built(library, False)
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent) as work:
+        cu = Path(work) / "kernel.cpp"
+        cu.write_text(text)
+        obj, tmp = Path(work) / "kernel.o", Path(work) / "kernel.so"
+        compile_flags = [*COMMON_FLAGS, *MODE_FLAGS[mode], "-I", str(HEADERS)]
+        link_flags = ["-fsanitize=address"] if mode == "asan" else []  # racecheck links no TSan runtime
+        _run(["g++", *compile_flags, "-c", str(cu), "-o", str(obj)], filename)
+        _run(["g++", "-shared", *link_flags, str(obj), "-o", str(tmp), "-ldl"], filename)
+        os.replace(tmp, library)  # atomic: a concurrent builder never sees half a library
+    log.info("simulator: built %s (%s) -> %s", filename, mode, library.name)
+    return Built(library, True)
+
+
+def _run(command: list[str], filename: str) -> None:
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        errors = "\n".join(line for line in done.stderr.splitlines() if "error" in line)[:4000]
+        raise KernelBuildError(f"g++ could not build {filename} for the simulator:\n{errors or done.stderr[:4000]}")
+
+
+@functools.lru_cache(maxsize=1)
+def _compiler_version() -> str:
+    return subprocess.run(["g++", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _headers_digest() -> str:
+    digest = hashlib.sha256()
+    for header in sorted(HEADERS.glob("*.h")) + sorted(HEADERS.glob("*.cuh")):
+        digest.update(header.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def asan_runtime() -> str:
+    """The ASan runtime g++ links against: preloaded into the worker that runs ASan builds."""
+    return subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
