@@ -81,6 +81,8 @@ def cases(rng):
     yield ("mma_matmul.cu", "mma_matmul_f16", (2, 2), 32, 0,
            [f32(32, 48).astype(np.float16), f32(48, 16).astype(np.float16), np.zeros((32, 16), np.float32), 16, 48],
            [2], False)  # tensor cores add in their own order
+    yield ("ldmatrix_forms.cu", "ldmatrix_forms", 1, 32, 0,
+           [np.arange(256, dtype=np.uint16), np.zeros((7, 32, 4), np.uint32)], [1], True)
     yield ("cp_async_pipeline.cu", "pipelined_row_sum", 8, 64, 3 * 64 * 16,
            [f32(8, 1000), np.zeros(8, np.float32), 1000], [1], True)
     a = np.arange(40 * 70, dtype=np.float32).reshape(40, 70)

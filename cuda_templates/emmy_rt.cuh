@@ -42,6 +42,12 @@ EMMY_DEVICE T warp_reduce(T value) {
   return value;
 }
 
+// `lane`'s value, in every lane of the warp.
+template <class T>
+EMMY_DEVICE T warp_broadcast(T value, int lane) {
+  return __shfl_sync(FULL_MASK, value, lane);
+}
+
 // Every thread's value combined over the block; every thread gets the result.
 // `scratch` holds one value per warp (blockDim.x / 32 of them, at most 32).
 // Warps reduce by shuffles, lane 0 of each writes its warp's value, then the
@@ -153,21 +159,18 @@ inline void mma_twin(float d[4], const uint32_t a[4], const uint32_t b[2], const
 #endif
 
 #if defined(__CUDACC__)
+// one asm statement for both operand types: TYPE is "f16" or "bf16"
+#define EMMY_MMA_M16N8K16(TYPE)                                                                              \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+               "{%8,%9}, {%10,%11,%12,%13};\n"                                                               \
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                              \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),     \
+                 "f"(c[2]), "f"(c[3]))
 EMMY_DEVICE void mma_m16n8k16_f16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%10,%11,%12,%13};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-        "f"(c[3]));
+  EMMY_MMA_M16N8K16("f16");
 }
 EMMY_DEVICE void mma_m16n8k16_bf16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%10,%11,%12,%13};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-        "f"(c[3]));
+  EMMY_MMA_M16N8K16("bf16");
 }
 #else
 inline void mma_m16n8k16_f16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4], EMMY_CALLER) {

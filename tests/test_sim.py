@@ -82,6 +82,24 @@ def test_f16_and_bf16_mma_matmul_through_ldmatrix_follow_the_ptx_fragment_layout
     np.testing.assert_allclose(c, bf16_values(ab).astype(np.float64) @ bf16_values(bb), rtol=1e-5, atol=1e-5)
 
 
+def test_every_ldmatrix_form_hands_each_lane_the_ptx_layout(cache):
+    module = load("ldmatrix_forms.cu", cache)
+    m = np.arange(4 * 8 * 8, dtype=np.uint16)  # value = its index: matrix, row, column
+    out = np.zeros((7, 32, 4), np.uint32)
+    module.launch("ldmatrix_forms", grid=1, block=32, args=[m, out])
+    mats = m.reshape(4, 8, 8).astype(np.uint32)
+    for form, (count, trans) in enumerate([(1, False), (1, True), (2, False), (2, True), (4, False), (4, True)]):
+        expected = np.zeros((32, 4), np.uint32)
+        for lane in range(32):
+            for j in range(count):
+                # lane l: row l / 4, columns 2 (l % 4) + {0, 1}; transposed: rows 2 (l % 4) + {0, 1} of column l / 4
+                mat = mats[j].T if trans else mats[j]
+                lo, hi = mat[lane // 4, 2 * (lane % 4)], mat[lane // 4, 2 * (lane % 4) + 1]
+                expected[lane, j] = lo | (hi << 16)
+        np.testing.assert_array_equal(out[form], expected, err_msg=f"ldmatrix x{count}{' .trans' if trans else ''}")
+    assert (out[6].reshape(-1)[:32] == 15).all()  # lane 5's 5 * 3, broadcast to all 32 lanes
+
+
 def test_three_stage_cp_async_pipeline_and_its_waits(cache, rng):
     module = load("cp_async_pipeline.cu", cache)
     x = rng.standard_normal((8, 1000)).astype(np.float32)  # 1000 = 3 stages of 256 and a zero-filled tail
@@ -187,8 +205,8 @@ def test_bad_arguments_and_sources_get_clear_errors(cache):
                  cache_dir=cache)
 
 
-SOURCES = ["vector_add.cu", "block_reduce.cu", "smem_matmul.cu", "mma_matmul.cu", "cp_async_pipeline.cu",
-           "faults.cu", "tma_tile.cu"]
+SOURCES = ["vector_add.cu", "block_reduce.cu", "smem_matmul.cu", "mma_matmul.cu", "ldmatrix_forms.cu",
+           "cp_async_pipeline.cu", "faults.cu", "tma_tile.cu"]
 
 
 @pytest.mark.parametrize("name", SOURCES)
