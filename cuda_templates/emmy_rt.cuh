@@ -29,6 +29,42 @@ namespace emmy {
 
 constexpr unsigned FULL_MASK = 0xffffffffu;
 
+// ---- values in registers: float for f32, f16 and bf16 ------------------------------------
+// A half value is a float rounded to its type after every operation (as numpy rounds).
+EMMY_DEVICE float to_reg(float x) { return x; }
+EMMY_DEVICE float to_reg(__half x) { return __half2float(x); }
+EMMY_DEVICE float to_reg(__nv_bfloat16 x) { return __bfloat162float(x); }
+EMMY_DEVICE long long to_reg(long long x) { return x; }
+EMMY_DEVICE int to_reg(int x) { return x; }
+EMMY_DEVICE bool to_reg(bool x) { return x; }
+template <class T> EMMY_DEVICE T from_reg(float x) { return T(x); }
+template <> EMMY_DEVICE __half from_reg<__half>(float x) { return __float2half_rn(x); }
+template <> EMMY_DEVICE __nv_bfloat16 from_reg<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+EMMY_DEVICE float round_half(float x) { return __half2float(__float2half_rn(x)); }
+EMMY_DEVICE float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+// numpy's maximum and minimum: NaN wins
+EMMY_DEVICE float maximum(float a, float b) { return (a != a || a > b) ? a : b; }
+EMMY_DEVICE float minimum(float a, float b) { return (a != a || a < b) ? a : b; }
+
+// Merges of twisted fold states (associative; the identity merges as a no-op).
+// Online softmax (m, d): the running max and the sum of exp(x - m). Scales are 1 where the max
+// did not move, so (-inf, 0) states merge without exp(-inf - -inf).
+EMMY_DEVICE void merge_softmax(float& m, float& d, float m_other, float d_other) {
+  const float top = maximum(m, m_other);
+  const float mine = m == top ? 1.0f : expf(m - top), theirs = m_other == top ? 1.0f : expf(m_other - top);
+  d = d * mine + d_other * theirs;
+  m = top;
+}
+// Welford (n, mean, m2), Chan et al.'s parallel merge.
+EMMY_DEVICE void merge_welford(float& n, float& mean, float& m2, float n_other, float mean_other, float m2_other) {
+  const float total = n + n_other;
+  if (total == 0.0f) return;
+  const float delta = mean_other - mean;
+  mean = mean + delta * (n_other / total);
+  m2 = m2 + m2_other + delta * delta * (n * n_other / total);
+  n = total;
+}
+
 // ---- warp and block reductions ----------------------------------------------
 struct Sum { template <class T> EMMY_DEVICE static T apply(T a, T b) { return a + b; } };
 struct Max { template <class T> EMMY_DEVICE static T apply(T a, T b) { return a < b ? b : a; } };

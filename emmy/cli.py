@@ -11,7 +11,7 @@ import logging
 import sys
 import traceback
 
-from emmy.errors import EmmyError
+from emmy.errors import EmmyError, KernelFault
 from emmy.program import STAGES
 
 log = logging.getLogger("emmy")
@@ -58,6 +58,17 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--knobs", metavar="K=V,...", help="pin schedule knobs (overrides EMMY_KNOBS)")
     optimizer_options(explain)
     common(explain)
+
+    run = sub.add_parser("run", help="run the compiled program's kernels on a device (sim: the CPU simulator)")
+    run.add_argument("-c", dest="code", required=True, metavar="CODE",
+                     help="Python code whose last statement is the tensor expression to compile")
+    run.add_argument("--device", default="sim", metavar="DEVICE", help="sim (the CPU simulator); default sim")
+    run.add_argument("--sim-mode", default="plain", metavar="MODE",
+                     help="simulator build: plain, asan (out-of-bounds checks) or racecheck (default plain)")
+    run.add_argument("--check", action="store_true", help="compare every output with torch; exit 1 on a mismatch")
+    run.add_argument("--knobs", metavar="K=V,...", help="pin schedule knobs (overrides EMMY_KNOBS)")
+    optimizer_options(run)
+    common(run)
 
     rules = sub.add_parser("rules", help="list the rulesets and rules, with their descriptions")
     rules.add_argument("--rules", dest="rule_files", action="append", default=[], metavar="FILE",
@@ -230,6 +241,35 @@ def _explain(args) -> int:
     return 0
 
 
+def _run(args) -> int:
+    from emmy.runtime import DEVICES
+
+    if args.device not in DEVICES:
+        raise EmmyError(f"unknown --device {args.device!r}; devices here: {', '.join(DEVICES)} "
+                        "(cuda needs a GPU machine and is not built yet)")
+    from emmy.sim import MODES
+
+    if args.sim_mode not in MODES:
+        raise EmmyError(f"unknown --sim-mode {args.sim_mode!r}; modes are {', '.join(MODES)}")
+    program = _compiled(args, "tile")
+    for kernel in program.kernel_ir:
+        print(f"{kernel.name}: grid {kernel.grid[0]} x block {kernel.block[0]}  {kernel.knobs}")
+    if not args.check:
+        from emmy.runtime import run_program
+
+        outputs = run_program(program, device=args.device, mode=args.sim_mode)
+        for name, values in outputs.items():
+            print(f"{name}: {values.dtype}{list(values.shape)} ran on {args.device}")
+        return 0
+    from emmy.runtime import check_program
+
+    checks = check_program(program, device=args.device, mode=args.sim_mode)
+    _print_table(["output", "dtype", "max abs err", "max rel err", "result"],
+                 [[c.output, str(c.dtype), f"{c.max_abs:.3g}", f"{c.max_rel:.3g}", "ok" if c.ok else "MISMATCH"]
+                  for c in checks])
+    return 0 if all(c.ok for c in checks) else 1
+
+
 def _rules(args) -> int:
     from emmy.rules import builtin_groups, load_rules_file
 
@@ -267,13 +307,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("emmy").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         commands = {"compile": _compile, "schedules": _schedules, "explain": _explain, "suite": _suite,
-                    "rules": _rules}
+                    "rules": _rules, "run": _run}
         return commands[args.command](args)
     except EmmyError as err:
         if args.verbose:
             traceback.print_exc()
         print(f"emmy: error: {err.render()}", file=sys.stderr)
         return err.exit_code
+    except KernelFault as fault:  # a kernel the simulator caught misbehaving: a failed check
+        if args.verbose:
+            traceback.print_exc()
+        print(f"emmy: kernel fault: {fault}", file=sys.stderr)
+        return fault.exit_code
     except KeyboardInterrupt:
         print("emmy: interrupted", file=sys.stderr)
         return 130

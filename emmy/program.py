@@ -10,7 +10,7 @@ import numpy as np
 from emmy.errors import EmmyError, StageNotBuiltError
 
 STAGES = ("torch", "tensor", "loop", "tile", "kernel", "cuda")
-BUILT_STAGES = ("torch", "tensor", "loop", "tile")
+BUILT_STAGES = ("torch", "tensor", "loop", "tile", "kernel", "cuda")
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,29 @@ class Program:
         result = self.loop_result
         return build_tile_program(result.program, self.target, self.pins, result.egraph, result.kernel_roots())
 
+    @property
+    def buffer_types(self) -> dict:
+        """Every buffer of the Loop IR program (inputs, weights, kernel outputs) -> TensorType."""
+        loops = self.loop_ir
+        types = dict(loops.inputs) | dict(loops.weights)
+        types |= {k.output: k.type for k in loops.kernels}
+        return types
+
+    @cached_property
+    def kernel_ir(self) -> list:
+        """Each Tile IR kernel in hardware terms (emmy.kernel_ir)."""
+        from emmy.kernel_ir.lower import lower_kernel
+
+        return [lower_kernel(tk, self.buffer_types) for tk in self.tile_ir.kernels]
+
+    @cached_property
+    def cuda_source(self) -> str:
+        """One CUDA translation unit with every kernel (includes emmy_rt.cuh)."""
+        from emmy.kernel_ir.cuda import program_source
+
+        sources = {tk.kernel.name: f"{tk.kernel.name} writes {tk.kernel.output}" for tk in self.tile_ir.kernels}
+        return program_source(self.kernel_ir, self.buffer_types, sources)
+
     def schedule_space(self):
         """Every legal knob row for every kernel, within the pins."""
         from emmy.egraph.schedules import build_space
@@ -108,6 +131,12 @@ class Program:
             from emmy.tile_ir.printer import print_tile_ir
 
             return print_tile_ir(self.tile_ir)
+        if stage == "kernel":
+            from emmy.kernel_ir.printer import print_kernel_ir
+
+            return print_kernel_ir(self.kernel_ir)
+        if stage == "cuda":
+            return self.cuda_source
         raise StageNotBuiltError(f"the {stage} stage is not built yet; stages so far: {', '.join(BUILT_STAGES)}")
 
     def interpret(self, *inputs, stage: str = "tensor") -> list:

@@ -23,7 +23,7 @@ BAD_INPUT = [
     ("x=torch.randn(4,dtype=torch.float64); x*2", [], ["unsupported dtype float64 (input x)"]),
     ("x=torch.randn(4)\nx.double() * 2", [], ["unsupported dtype float64", "line 2: `x.double() * 2`"]),
     (MATMUL, ["--target", "sm_70"], ["unknown target 'sm_70'", "sm_80, sm_89, sm_90, sm_120"]),
-    (MATMUL, ["--ir", "kernel"], ["the kernel stage is not built yet"]),
+    (MATMUL, ["--ir", "kernel"], ["kernel k_mm (contraction", "contraction kernels are not lowered to Kernel IR yet"]),
     (MATMUL, ["--ir", "llvm"], ["unknown --ir stage 'llvm'"]),
 ]
 
@@ -84,7 +84,8 @@ def test_python_dash_m_emmy_is_the_same_cli():
 def test_cli_does_not_import_torch_when_it_does_not_need_it():
     probe = (
         "import sys, emmy.cli\n"
-        "for argv in (['compile', '-c', 'x', '--ir', 'kernel'], ['compile', '-c', 'x', '--target', 'sm_1']):\n"
+        "for argv in (['compile', '-c', 'x', '--ir', 'llvm'], ['compile', '-c', 'x', '--target', 'sm_1'],\n"
+        "             ['run', '-c', 'x', '--device', 'tpu'], ['run', '-c', 'x', '--sim-mode', 'valgrind']):\n"
         "    assert emmy.cli.main(argv) == 2\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )

@@ -1,0 +1,94 @@
+"""Kernel IR -> CUDA text, through the jinja2 templates in cuda_templates/kernel_ir/ (one per
+Kernel IR construct). The output includes emmy_rt.cuh and compiles with nvcc, and with g++ in
+the simulator."""
+
+from __future__ import annotations
+
+import functools
+from math import prod
+from pathlib import Path
+
+from emmy.kernel_ir import nodes as K
+from emmy.kernel_ir.lower import affine_c, flat_index
+from emmy.kernel_ir.scalar_c import STORAGE, literal, statement
+from emmy.dtypes import DType
+
+_IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "prod": 1.0}
+_STATE_IDENTITY = {"softmax": (float("-inf"), 0.0), "welford": (0.0, 0.0, 0.0)}
+
+
+@functools.lru_cache(maxsize=1)
+def _environment():
+    import jinja2
+
+    import emmy.cuda_templates
+
+    folder = Path(emmy.cuda_templates.__path__[0]) / "kernel_ir"
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=False, autoescape=False)
+
+
+def program_source(kernels: list[K.KernelIR], types: dict, sources: dict[str, str]) -> str:
+    """One translation unit with every kernel; `sources`: kernel name -> the source ops it computes."""
+    parts = ['#include "emmy_rt.cuh"', ""]
+    for k in kernels:
+        parts += [kernel_source(k, types, sources.get(k.name, "")), ""]
+    return "\n".join(parts)
+
+
+def kernel_source(k: K.KernelIR, types: dict, sources: str) -> str:
+    params = ", ".join(f"{STORAGE[p.dtype]}* __restrict__ {p.name}" if p.written
+                       else f"const {STORAGE[p.dtype]}* __restrict__ {p.name}" for p in k.params)
+    body = "\n".join(_render(n, k, types) for n in k.body)
+    return _environment().get_template("KernelIR.j2").render(k=k, params=params, body=body, sources=sources)
+
+
+def _index_c(types):
+    return lambda buffer, index: affine_c(flat_index(buffer, index, types))
+
+
+def _lines(stmts, types, vector_of=None) -> list[str]:
+    return [statement(s, _index_c(types), types, vector_of) for s in stmts]
+
+
+def _decomposition(vars_) -> list[tuple[int, int, int]]:
+    extents = [e for _, e in vars_]
+    return [(v, e, prod(extents[i + 1:])) for i, (v, e) in enumerate(vars_)]
+
+
+def _merge(op: str, accs: tuple[str, ...], suffix: str) -> str:
+    """The C statement that folds `<acc><suffix>_other` into `<acc><suffix>`."""
+    mine = [f"{a}{suffix}" for a in accs]
+    theirs = [f"{a}{suffix}_other" for a in accs]
+    if op == "softmax":
+        return f"emmy::merge_softmax({', '.join(mine)}, {', '.join(theirs)});"
+    if op == "welford":
+        return f"emmy::merge_welford({', '.join(mine)}, {', '.join(theirs)});"
+    form = {"sum": "{0} = {0} + {1};", "prod": "{0} = {0} * {1};", "max": "{0} = emmy::maximum({0}, {1});",
+            "min": "{0} = emmy::minimum({0}, {1});"}[op]
+    return " ".join(form.format(m, t) for m, t in zip(mine, theirs))
+
+
+def _render(n, k: K.KernelIR, types) -> str:
+    template = _environment().get_template(f"{type(n).__name__}.j2")
+    if isinstance(n, K.RowIndex):
+        return template.render(n=n, rows=k.tile.rows, decomposition=_decomposition(n.vars))
+    if isinstance(n, K.Scalar):
+        return template.render(lines=_lines(n.stmts, types))
+    if isinstance(n, K.ElementLoop):
+        vector_of = {v.dst[:-2]: v.dst for v in n.vectors}
+        main = n.extent - n.extent % n.width
+        return template.render(n=n, main=main, storage={v.buffer: STORAGE[v.dtype] for v in n.vectors},
+                               lines=_lines(n.body, types, vector_of), tail_lines=_lines(n.body, types))
+    if isinstance(n, K.MapElements):
+        return template.render(n=n, decomposition=_decomposition(n.vars), lines=_lines(n.body, types))
+    if isinstance(n, K.WarpShuffle):
+        return template.render(n=n, merge=_merge(n.op, n.accs, ""))
+    if isinstance(n, K.TreeHalve):
+        identity = _STATE_IDENTITY.get(n.op) or (_IDENTITY[n.op],) * len(n.accs)
+        accs = [(a, literal(i, DType.F32)) for a, i in zip(n.accs, identity)]
+        return template.render(n=n, accs=accs, merge=_merge(n.op, n.accs, "_w"))
+    if isinstance(n, K.OnlyThread):
+        lines = [f"{s.buffer}[{s.index}] = emmy::from_reg<{STORAGE[s.dtype]}>({s.value});" for s in n.body]
+        return template.render(lines=lines)
+    return template.render(n=n)

@@ -1,0 +1,248 @@
+"""Tile IR kernel -> Kernel IR, for map kernels and SIMT row kernels (REDUCE `` or `coop`).
+
+Row kernels: with REDUCE=coop a block owns a row: its threads stride over each fold with
+TILE's vectors, combine their partial states by warp shuffles and a shared-memory tree, and
+sweep the row again to write it; with REDUCE= a thread owns a row. Map kernels: each thread
+owns TILE's elements of the flattened output. Loads that walk the fold's (or sweep's) variable
+contiguously, from an aligned start, are taken a vector at a time.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from emmy.affine import Affine, Dim, FloorDiv, Mod
+from emmy.dtypes import DType
+from emmy.errors import EmmyError
+from emmy.kernel_ir.nodes import (Broadcast, ElementLoop, KernelIR, MapElements, OnlyThread, Param, RowIndex, Scalar,
+                                  Smem, Store, Sync, Tile, TreeHalve, VecLoad, WarpShuffle)
+from emmy.loop_ir import nodes as L
+from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
+
+ROLES = {("softmax", 2): ("m", "d"), ("welford", 3): ("n", "mean", "m2")}
+MONOID = {"add": "sum", "sum": "sum", "maximum": "max", "max": "max", "minimum": "min", "min": "min",
+          "multiply": "prod", "prod": "prod"}
+
+
+class Unsupported(EmmyError):
+    """A schedule the Kernel IR lowering does not handle yet."""
+
+
+def supports(tile: TileKernel) -> str:
+    """Why the lowering cannot take this kernel's row, or "" when it can."""
+    row = tile.row
+    if tile.shape.kind not in ("map", "row"):
+        return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
+    if row.REDUCE not in ("", "coop") or row.STAGE or row.RASTER:
+        return f"REDUCE={row.REDUCE}, STAGE={row.STAGE}, RASTER={row.RASTER} are not lowered yet"
+    if tile.kernel.body and not isinstance(tile.kernel.body[0], L.Loop):
+        return "statements outside the kernel's free loops are not lowered yet"
+    return ""
+
+
+def lower_kernel(tile: TileKernel, types: dict) -> KernelIR:
+    """`types`: buffer name -> TensorType, for every buffer of the program."""
+    why = supports(tile)
+    if why:
+        raise Unsupported(f"kernel {tile.kernel.name} ({tile.shape.describe()}, {tile.row}): {why}")
+    params = _params(tile.kernel, types)
+    if tile.shape.kind == "map":
+        return _lower_map(tile, types, params)
+    return _lower_row(tile, types, params)
+
+
+def _params(kernel: L.Kernel, types: dict) -> tuple[Param, ...]:
+    read, written = [], []
+    for stmt in _walk(kernel.body):
+        if isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load) and stmt.expr.buffer not in read:
+            read.append(stmt.expr.buffer)
+        if isinstance(stmt, L.Store) and stmt.buffer not in written:
+            written.append(stmt.buffer)
+    names = sorted(b for b in read if b not in written) + written
+    return tuple(Param(n, types[n].dtype, n in written) for n in names)
+
+
+def _walk(body):
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, L.Loop):
+            yield from _walk(stmt.body)
+
+
+def _free_loops(kernel: L.Kernel, free: tuple[int, ...]) -> tuple[list[tuple[int, int]], tuple]:
+    """The chain of free loops at the top of the kernel and the body inside them."""
+    loops, body = [], kernel.body
+    while len(body) == 1 and isinstance(body[0], L.Loop) and not body[0].reduction and body[0].var in free:
+        loops.append((body[0].var, body[0].extent))
+        body = body[0].body
+    return loops, body
+
+
+def flat_index(buffer: str, index: tuple[Affine, ...], types: dict) -> Affine:
+    shape = types[buffer].shape
+    strides = [prod(shape[i + 1:]) for i in range(len(shape))]
+    flat = Affine.constant(0)
+    for part, stride in zip(index, strides):
+        flat = flat + part * stride
+    return flat
+
+
+def affine_c(a: Affine, names: dict[int, str] | None = None) -> str:
+    """C text of an index expression; loop variable d<i> is `a<i>` unless `names` says otherwise."""
+    names = names or {}
+    parts = []
+    for atom, c in a.terms:
+        if isinstance(atom, Dim):
+            text = names.get(atom.index, f"a{atom.index}")
+        elif isinstance(atom, FloorDiv):
+            text = f"(({affine_c(atom.expr, names)}) / {atom.divisor})"
+        elif isinstance(atom, Mod):
+            text = f"(({affine_c(atom.expr, names)}) % {atom.divisor})"
+        parts.append(text if c == 1 else f"{c} * {text}")
+    if a.const or not parts:
+        parts.append(str(a.const))
+    return " + ".join(parts).replace("+ -", "- ")
+
+
+def _vectorizable(flat: Affine, var: int, width: int) -> bool:
+    """The index walks `var` with stride 1 and starts every vector on a multiple of `width`."""
+    if width == 1:
+        return False
+    step = 0
+    for atom, c in flat.terms:
+        if isinstance(atom, Dim) and atom.index == var:
+            step = c
+        elif not isinstance(atom, Dim):
+            if var in atom.expr.dims():
+                return False
+            return False  # a div/mod in the base: its alignment is not checked, take it scalar
+        elif c % width:
+            return False
+    return step == 1 and flat.const % width == 0
+
+
+def _element_loop(var, extent, body, types, width, workers, unroll, worker) -> ElementLoop:
+    """One thread's share of `var` over `body` (Loop IR statements), with the loads that can be
+    taken a vector at a time hoisted out as VecLoads."""
+    vectors = []
+    for stmt in body:
+        if isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load):
+            flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
+            if _vectorizable(flat, var, width) and extent % width == 0:
+                vectors.append(VecLoad(f"{stmt.name}_v", stmt.expr.buffer, types[stmt.expr.buffer].dtype,
+                                       affine_c(flat, {var: "base"}), width))
+    if not vectors:
+        width = 1  # nothing gains from vectors: plain strided elements
+    return ElementLoop(var, extent, width, workers, max(1, unroll), worker, tuple(vectors), tuple(body),
+                       extent % width != 0)
+
+
+def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
+    g, row = tile.geometry, tile.row
+    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    rows = prod(e for _, e in loops)
+    coop = row.REDUCE == "coop"
+    threads, width = g.threads, g.vec
+    unroll = max(1, g.elems // max(1, width))
+    body: list = [RowIndex(tuple(loops), "blockIdx.x" if coop else "thread")]
+    shared: list[Smem] = []
+    twists = []
+    for part in tile.parts:
+        if isinstance(part, Epilogue):
+            body += _scalar_and_stores(part.body, types, coop)
+        elif isinstance(part, Fold):
+            body.append(Scalar(part.init))
+            workers, worker = (threads, "threadIdx.x") if coop else (1, "0")
+            body.append(_element_loop(part.var, part.extent, part.lift + part.combine, types, width, workers,
+                                      unroll, worker))
+            if coop:
+                combine, smem = _block_combine(part, threads)
+                body += combine
+                shared += [s for s in smem if s not in shared]
+            if part.twist:
+                twists.append((part.twist, tuple(i.acc for i in part.init if _in_state(i, part))))
+        elif isinstance(part, Sweep):
+            workers, worker = (threads, "threadIdx.x") if coop else (1, "0")
+            body.append(_element_loop(part.var, part.extent, part.body, types, width, workers, unroll, worker))
+    extent = max((p.extent for p in tile.parts if isinstance(p, (Fold, Sweep))), default=1)
+    blocks = rows if coop else -(-rows // threads)
+    return KernelIR(tile.kernel.name, params, Tile(("row", "col"), extent, rows, threads if coop else 1),
+                    (blocks, 1, 1), (threads, 1, 1), tuple(shared), tuple(body), str(row),
+                    tile.shape.describe(), tuple(twists))
+
+
+def _in_state(init: L.Init, fold: Fold) -> bool:
+    return any(isinstance(s, L.Update) and s.acc == init.acc for s in fold.combine)
+
+
+def _block_combine(fold: Fold, threads: int):
+    """Warp shuffles, then per-warp values through shared memory and a tree in the first warp, for
+    each group of plain accumulators (by monoid) and for a twisted fold's state."""
+    warps = max(1, threads // 32)
+    stmts, smem = [], []
+    state = tuple(i.acc for i in fold.init if _in_state(i, fold))
+    plain = {}
+    for s in fold.combine:
+        if isinstance(s, L.Accumulate):
+            plain.setdefault(MONOID[s.op], []).append(s.acc)
+    groups = [(op, tuple(accs)) for op, accs in sorted(plain.items())]
+    if state:
+        if (fold.twist, len(state)) not in ROLES:
+            raise Unsupported(f"a {fold.twist} fold with {len(state)} state values is not lowered yet")
+        groups.append((fold.twist, state))
+    for op, accs in groups:
+        name = f"{op}_partials"
+        memory = Smem(DType.F32, name, warps * len(accs))
+        smem.append(memory)
+        stmts += [WarpShuffle(op, accs, name), Sync(), TreeHalve(op, accs, name, warps), Sync(),
+                  Broadcast(accs, name), Sync()]
+    return stmts, smem
+
+
+def _scalar_and_stores(stmts, types, coop: bool) -> list:
+    """Row-level statements: every thread computes the scalars; a row's stores are written by one
+    thread of the block that owns it (coop), or by the thread that owns it."""
+    out, pending = [], []
+    for s in stmts:
+        if isinstance(s, L.Store) and coop:
+            if pending:
+                out.append(Scalar(tuple(pending)))
+                pending = []
+            out.append(OnlyThread((Store(s.buffer, types[s.buffer].dtype,
+                                         affine_c(flat_index(s.buffer, s.index, types)), _operand(s.value)),)))
+        else:
+            pending.append(s)
+    if pending:
+        out.append(Scalar(tuple(pending)))
+    return out
+
+
+def _operand(value) -> str:
+    return value if isinstance(value, str) else repr(value.value)
+
+
+def _lower_map(tile: TileKernel, types: dict, params) -> KernelIR:
+    g = tile.geometry
+    loops, body = _map_nest(tile.kernel.body)
+    total = prod(e for _, e in loops)
+    per_block = g.threads * g.elems
+    blocks = -(-total // per_block)
+    # each element: its loop variables from the flat index, then the nest's statements in order
+    elements = MapElements(tuple(loops), g.elems, total, tuple(body))
+    return KernelIR(tile.kernel.name, params, Tile(("element",), per_block, total, g.threads),
+                    (blocks, 1, 1), (g.threads, 1, 1), (), (elements,), str(tile.row), tile.shape.describe())
+
+
+def _map_nest(body) -> tuple[list[tuple[int, int]], list]:
+    """A map's loop nest as (its loops, outermost first; the statements of every level in order).
+    Statements hoisted to an outer level are recomputed per element, which is what they are."""
+    loops, stmts = [], []
+    while True:
+        inner = [s for s in body if isinstance(s, L.Loop)]
+        stmts += [s for s in body if not isinstance(s, L.Loop)]
+        if not inner:
+            return loops, stmts
+        if len(inner) > 1 or inner[0].reduction or body[-1] is not inner[0]:
+            raise Unsupported("a map kernel whose loops are not one nest")
+        loops.append((inner[0].var, inner[0].extent))
+        body = inner[0].body

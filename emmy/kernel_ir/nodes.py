@@ -1,0 +1,149 @@
+"""Kernel IR nodes: frozen dataclasses, one per hardware construct.
+
+Scalar work stays in Loop IR form (`Scalar` wraps Loop IR Assign, Accumulate and Update
+statements); what Kernel IR adds is where it runs: which thread, over which elements, through
+which registers, vector accesses, shuffles, shared memory and barriers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from emmy.dtypes import DType
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    dtype: DType
+    written: bool  # the kernel stores to it (else `const ... __restrict__`)
+
+
+@dataclass(frozen=True)
+class Tile:
+    """What one block owns: `dims` over `extent` elements each; `rows` of them in all."""
+    dims: tuple[str, ...]  # e.g. ("row", "col")
+    extent: int  # elements along the last dim (a row's length; a map's elements per block)
+    rows: int  # blocks' worth of work: rows (row kernels) or elements (maps)
+    workers: int  # threads per row (row kernels) or per block (maps)
+
+
+@dataclass(frozen=True)
+class RowIndex:
+    """The free loop variables of the block's row, from the block index (row-major)."""
+    vars: tuple[tuple[int, int], ...]  # (loop variable, extent), outermost first
+    source: str = "blockIdx.x"  # or "thread": one row per thread
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """Loop IR statements (Assign, Accumulate, Update, Init), computed by each thread."""
+    stmts: tuple
+
+
+@dataclass(frozen=True)
+class VecLoad:
+    """`width` consecutive elements of `buffer` at flat `index` into register array `dst`."""
+    dst: str
+    buffer: str
+    dtype: DType
+    index: str  # a C expression over loop variables
+    width: int
+
+
+@dataclass(frozen=True)
+class ElementLoop:
+    """A thread's share of `var` in 0..extent: `width`-wide vectors, `workers` threads striding
+    together, `unroll` vectors per thread per step. `tail`: the last extent % width elements
+    one at a time after the vector loop."""
+    var: int
+    extent: int
+    width: int
+    workers: int
+    unroll: int
+    worker: str  # the C expression of this thread's index among the workers
+    vectors: tuple[VecLoad, ...]  # loads taken a vector at a time
+    body: tuple  # per element, with `a<var>` bound and `u` the lane within the vector
+    tail: bool
+
+
+@dataclass(frozen=True)
+class MapElements:
+    """A map's elements: thread t of block b owns elements (b * blockDim + t) * per_thread + j."""
+    vars: tuple[tuple[int, int], ...]  # the free loops (variable, extent), outermost first
+    per_thread: int
+    total: int
+    body: tuple  # Loop IR statements per element
+
+
+@dataclass(frozen=True)
+class WarpShuffle:
+    """Butterfly over the warp: every lane ends with the warp's combined value; lane 0 leaves it
+    in shared memory `smem` (one slot per warp)."""
+    op: str  # sum | max | min | prod | softmax | welford
+    accs: tuple[str, ...]
+    smem: str
+    length: int = 32
+
+
+@dataclass(frozen=True)
+class Smem:
+    dtype: DType
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Sync:
+    pass
+
+
+@dataclass(frozen=True)
+class TreeHalve:
+    """The per-warp values in shared memory combined by the first warp."""
+    op: str
+    accs: tuple[str, ...]
+    smem: str
+    length: int
+    tid: str = "warp"
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """Every thread reads the combined values the tree left in shared memory."""
+    accs: tuple[str, ...]
+    smem: str
+
+
+@dataclass(frozen=True)
+class Store:
+    buffer: str
+    dtype: DType
+    index: str
+    value: str  # an SSA name or literal text
+    width: int = 1
+
+
+@dataclass(frozen=True)
+class OnlyThread:
+    """Statements one thread of the row runs (a row's result, written once)."""
+    body: tuple
+
+
+Stmt = Union[RowIndex, Scalar, VecLoad, ElementLoop, MapElements, WarpShuffle, Smem, Sync, TreeHalve,
+             Broadcast, Store, OnlyThread]
+
+
+@dataclass(frozen=True)
+class KernelIR:
+    name: str
+    params: tuple[Param, ...]
+    tile: Tile
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: tuple[Smem, ...]
+    body: tuple
+    knobs: str  # the knob row, for the listing and the CUDA comment
+    summary: str  # the Tile IR kernel's shape, for the comment
+    twists: tuple = ()  # (twist, state accumulators) of the folds that merge by a twist

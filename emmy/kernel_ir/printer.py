@@ -1,0 +1,72 @@
+"""`--ir kernel`: each kernel's Kernel IR, one construct a line (scalar work in Loop IR form)."""
+
+from __future__ import annotations
+
+from emmy.kernel_ir import nodes as K
+from emmy.loop_ir.printer import statement_text
+
+
+def print_kernel_ir(kernels: list[K.KernelIR]) -> str:
+    out: list[str] = []
+    for index, k in enumerate(kernels):
+        out.append(f"=== {index}: {k.name} ===")
+        out.append(f"knobs {k.knobs}  ({k.summary})")
+        out.append(_tile(k))
+        out.append("params " + ", ".join(f"{p.name}: {p.dtype}{' (out)' if p.written else ''}" for p in k.params))
+        out.append(f"launch grid {k.grid[0]} x block {k.block[0]}")
+        for node in k.body:
+            _node(node, k, 0, out)
+    return "\n".join(out) + "\n"
+
+
+def _tile(k: K.KernelIR) -> str:
+    t = k.tile
+    dims = ", ".join(t.dims)
+    if t.dims == ("element",):
+        return f"Tile[{dims}] (N={t.rows}) // {t.extent} elements, {t.workers} workers per block"
+    return f"Tile[{dims}] (N={t.extent}) // {t.rows} rows, {t.workers} workers per row"
+
+
+def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
+    pad = "  " * depth
+    if isinstance(n, K.RowIndex):
+        who = "row = blockIdx.x" if n.source == "blockIdx.x" else "row = blockIdx.x * blockDim.x + threadIdx.x"
+        out.append(pad + who + "".join(f"; a{v} in 0..{e}" for v, e in n.vars))
+    elif isinstance(n, K.Scalar):
+        out += [pad + statement_text(s) for s in n.stmts]
+    elif isinstance(n, K.ElementLoop):
+        who = "tid" if n.workers > 1 else "0"
+        out.append(f"{pad}for a{n.var} in {who}*{n.width}..{n.extent} step {n.workers * n.width}"
+                   f" ({n.unroll} per step):")
+        for v in n.vectors:
+            out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{v.index}]")
+        if n.width > 1:
+            out.append(f"{pad}  for u in 0..{n.width}:")
+        inner = pad + ("    " if n.width > 1 else "  ")
+        vectorised = {v.dst[:-2]: v.dst for v in n.vectors}
+        for s in n.body:
+            name = getattr(s, "name", None)
+            out.append(inner + (f"{name} = {vectorised[name]}[u]" if name in vectorised else statement_text(s)))
+        if n.tail:
+            out.append(f"{pad}for a{n.var} in {n.extent - n.extent % n.width}+{who}..{n.extent} step {n.workers}:"
+                       "  (tail, scalar)")
+    elif isinstance(n, K.MapElements):
+        out.append(f"{pad}for j in 0..{n.per_thread}: e = (block * {k.block[0]} + tid) * {n.per_thread} + j"
+                   + "".join(f"; a{v} in 0..{e}" for v, e in n.vars))
+        out += [pad + "  " + statement_text(s) for s in n.body]
+    elif isinstance(n, K.WarpShuffle):
+        out.append(f"{pad}WarpShuffle({n.op}, length={n.length}) {', '.join(n.accs)} -> {n.smem}[warp]")
+    elif isinstance(n, K.Sync):
+        out.append(pad + "Sync")
+    elif isinstance(n, K.TreeHalve):
+        out.append(f"{pad}TreeHalve({n.op}, length={n.length}, tid={n.tid}) {n.smem}")
+    elif isinstance(n, K.Broadcast):
+        out.append(f"{pad}{', '.join(n.accs)} = {n.smem}[0..{len(n.accs)}]")
+    elif isinstance(n, K.OnlyThread):
+        out.append(pad + "thread 0:")
+        out += [f"{pad}  {s.buffer}[{s.index}] = {s.value}" for s in n.body]
+    else:
+        raise TypeError(f"no listing for {type(n).__name__}")
+    if depth == 0 and isinstance(n, K.WarpShuffle):
+        smem = next(s for s in k.shared if s.name == n.smem)
+        out.append(f"{pad}Smem {smem.dtype} {smem.name}[{smem.size}]")

@@ -1,0 +1,105 @@
+"""Loop IR scalar statements as C++ for the CUDA templates.
+
+Values live in registers as float (f32, f16 and bf16: a half value is a float rounded to its
+type after every operation, as the numpy interpreter rounds), long long, int or bool; buffers
+hold the storage type. Operations follow tensor_ir.scalar_ops: maximum and minimum propagate
+NaN like numpy's.
+"""
+
+from __future__ import annotations
+
+import math
+
+from emmy.affine import Guard
+from emmy.dtypes import DType
+from emmy.errors import EmmyError
+from emmy.loop_ir import nodes as L
+from emmy.tensor_ir.scalar_ops import REDUCE_OPS
+
+REGISTER = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.I64: "long long",
+            DType.I32: "int", DType.BOOL: "bool"}
+STORAGE = {DType.F32: "float", DType.F16: "__half", DType.BF16: "__nv_bfloat16", DType.I64: "long long",
+           DType.I32: "int", DType.BOOL: "bool"}
+_MONOID_OP = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}  # Accumulate's op
+_ROUND = {DType.F16: "emmy::round_half", DType.BF16: "emmy::round_bf16"}
+
+_BINARY = {"add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * {1})", "divide": "({0} / {1})",
+           "maximum": "emmy::maximum({0}, {1})", "minimum": "emmy::minimum({0}, {1})", "power": "powf({0}, {1})",
+           "less": "({0} < {1})", "less_equal": "({0} <= {1})", "greater": "({0} > {1})",
+           "greater_equal": "({0} >= {1})", "equal": "({0} == {1})", "not_equal": "({0} != {1})",
+           "logical_and": "({0} && {1})", "logical_or": "({0} || {1})"}
+_UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "log": "logf({0})", "sqrt": "sqrtf({0})",
+          "rsqrt": "rsqrtf({0})", "reciprocal": "(1.0f / {0})", "sigmoid": "(1.0f / (1.0f + expf(-{0})))",
+          "tanh": "tanhf({0})", "erf": "erff({0})", "logical_not": "(!{0})"}
+
+
+def literal(value, dtype: DType) -> str:
+    if dtype == DType.BOOL:
+        return "true" if value else "false"
+    if dtype in (DType.I64, DType.I32):
+        return f"{int(value)}{'LL' if dtype == DType.I64 else ''}"
+    v = float(value)
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "-INFINITY"
+    text = repr(v)
+    return text + ("f" if ("." in text or "e" in text) else ".0f")
+
+
+def operand(value) -> str:
+    return value if isinstance(value, str) else literal(value.value, value.dtype)
+
+
+def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = None) -> str:
+    """One Loop IR statement as C. `index_c(buffer, index)` gives the flat index text; `types`:
+    buffer -> TensorType; `vector_of[name]`: the register array a vectorised load of `name` went
+    into (lane `u`)."""
+    vector_of = vector_of or {}
+    if isinstance(stmt, L.Init):
+        return f"float {stmt.acc} = {literal(REDUCE_OPS[stmt.op], DType.F32)};" if stmt.dtype.is_float else \
+            f"{REGISTER[stmt.dtype]} {stmt.acc} = {literal(REDUCE_OPS[stmt.op], stmt.dtype)};"
+    if isinstance(stmt, L.Accumulate):
+        binary = _MONOID_OP.get(stmt.op, stmt.op)
+        return f"{stmt.acc} = {_op(binary, (stmt.acc, operand(stmt.value)))};"
+    if isinstance(stmt, L.Update):
+        return f"{stmt.acc} = {operand(stmt.value)};"
+    if isinstance(stmt, L.Store):
+        storage = STORAGE[types[stmt.buffer].dtype]
+        return f"{stmt.buffer}[{index_c(stmt.buffer, stmt.index)}] = emmy::from_reg<{storage}>({operand(stmt.value)});"
+    if not isinstance(stmt, L.Assign):
+        raise EmmyError(f"no C form for {type(stmt).__name__}")
+    expr = stmt.expr
+    if isinstance(expr, L.Load):
+        if stmt.name in vector_of:
+            text = f"emmy::to_reg({vector_of[stmt.name]}.v[u])"
+        else:
+            text = f"emmy::to_reg({expr.buffer}[{index_c(expr.buffer, expr.index)}])"
+    elif isinstance(expr, L.Masked):
+        condition = " && ".join(_guard(g) for g in expr.guards) or "true"
+        text = f"(({condition}) ? {operand(expr.value)} : {literal(expr.fill, stmt.dtype)})"
+    else:
+        text = _op(expr.op, tuple(operand(a) for a in expr.args), stmt.dtype)
+    if stmt.dtype in _ROUND:
+        text = f"{_ROUND[stmt.dtype]}({text})"
+    return f"const {REGISTER[stmt.dtype]} {stmt.name} = {text};"
+
+
+def _op(op: str, args: tuple[str, ...], dtype: DType | None = None) -> str:
+    if op in _BINARY:
+        return _BINARY[op].format(*args)
+    if op in _UNARY:
+        return _UNARY[op].format(*args)
+    if op == "where":
+        return f"({args[0]} ? {args[1]} : {args[2]})"
+    if op == "cast":
+        return f"(({REGISTER[dtype]})({args[0]}))" if dtype is not None else args[0]
+    raise EmmyError(f"no C form for the scalar op {op!r}")
+
+
+def _guard(g: Guard) -> str:
+    from emmy.kernel_ir.lower import affine_c
+
+    text = affine_c(g.expr)
+    parts = ([f"{text} >= {g.lo}"] if g.lo is not None else []) + ([f"{text} < {g.hi}"] if g.hi is not None else [])
+    return "(" + " && ".join(parts) + ")"

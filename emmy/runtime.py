@@ -1,0 +1,86 @@
+"""Run a compiled program's kernels in order on a device, with every intermediate buffer
+allocated, and compare its outputs with torch.
+
+Devices: "sim" (the CPU simulator, emmy.sim, in a build mode: plain, asan or racecheck).
+Buffers on a device hold the storage type: bf16 as its 16-bit patterns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from emmy.dtypes import DType
+from emmy.errors import EmmyError
+
+DEVICES = ("sim",)
+
+
+def to_device(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """Interpreter storage (bf16 as float32 values) -> kernel storage (bf16 as uint16 bits)."""
+    values = np.ascontiguousarray(values)
+    if dtype is DType.BF16:
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return values.astype(dtype.numpy, copy=True)
+
+
+def from_device(values: np.ndarray, dtype: DType) -> np.ndarray:
+    if dtype is DType.BF16:
+        return (values.astype(np.uint32) << 16).view(np.float32)
+    return values
+
+
+def empty_buffer(type_) -> np.ndarray:
+    storage = np.uint16 if type_.dtype is DType.BF16 else type_.dtype.numpy
+    return np.zeros(type_.shape, storage)
+
+
+@dataclass(frozen=True)
+class Check:
+    output: str
+    dtype: DType
+    max_abs: float
+    max_rel: float
+    ok: bool
+
+
+def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") -> dict[str, np.ndarray]:
+    """Every kernel of `program` (emmy.program.Program) in order; the program's outputs by buffer
+    name, in interpreter storage. `inputs`: torch tensors (default: the example inputs)."""
+    from emmy.dtypes import to_numpy
+
+    if device not in DEVICES:
+        raise EmmyError(f"unknown device {device!r}; devices here: {', '.join(DEVICES)} "
+                        "(cuda needs a GPU machine and is not built yet)")
+    import emmy.sim as sim
+
+    loops = program.loop_ir
+    given = inputs or program.example_inputs
+    if given is None or len(given) != len(loops.inputs):
+        raise EmmyError(f"the program takes {len(loops.inputs)} inputs, got {0 if given is None else len(given)}")
+    types = program.buffer_types
+    graph_inputs = [n.name for n in program.tensor_ir.inputs]
+    by_name = dict(zip(graph_inputs, given))
+    buffers = {name: to_device(to_numpy(by_name[name])[0], t.dtype) for name, t in loops.inputs}
+    buffers |= {name: to_device(program.weights[name], t.dtype) for name, t in loops.weights}
+    buffers |= {k.output: empty_buffer(k.type) for k in loops.kernels}
+    module = sim.load(program.cuda_source, "program.cu", mode=mode)
+    for kernel in program.kernel_ir:
+        args = [buffers[p.name] for p in kernel.params]
+        module.launch(kernel.name, grid=kernel.grid, block=kernel.block, args=args)
+    return {name: from_device(buffers[name], types[name].dtype) for name in loops.outputs}
+
+
+def check_program(program, inputs=None, device: str = "sim", mode: str = "plain") -> list[Check]:
+    """Run on `device` and compare every output with torch (float64), within the dtype's tolerance."""
+    from emmy.checking import compare, reference_outputs
+
+    results = run_program(program, inputs, device, mode)
+    expected = reference_outputs(program.captured, inputs)
+    checks = []
+    for (name, actual), want in zip(results.items(), expected):
+        dtype = program.buffer_types[name].dtype
+        c = compare(actual.astype(np.float64).reshape(want.shape), want, dtype)
+        checks.append(Check(name, dtype, c.max_abs, c.max_rel, c.ok))
+    return checks
