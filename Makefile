@@ -20,7 +20,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(BIN)/emmy suite
+	$(BIN)/emmy suite --ir cuda
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -1,6 +1,8 @@
 """The main job: compile every reference workload as far as the pipeline
-goes (through Tile IR: each kernel's chosen schedule and its predicted time),
-print the requested stage, and check the result against torch."""
+goes (through Tile IR: each kernel's chosen schedule and its predicted time;
+to CUDA where every kernel lowers to Kernel IR), print the requested stage,
+check the interpreters against torch, and run the emitted CUDA in the CPU
+simulator against torch."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ def run_suite(stage: str = "loop", target: str | None = None, only=None, quiet: 
     from emmy.api import optimize
     from emmy.checking import compare, reference_outputs
     from emmy.errors import StageNotBuiltError
+    from emmy.kernel_ir.lower import supports
+    from emmy.runtime import check_program
 
     if stage not in BUILT_STAGES:
         raise StageNotBuiltError(f"the {stage} stage is not built yet; stages so far: {', '.join(BUILT_STAGES)}")
@@ -24,10 +28,15 @@ def run_suite(stage: str = "loop", target: str | None = None, only=None, quiet: 
     for workload in chosen:
         start = time.perf_counter()
         program = optimize(workload.code, target=target, stop_after="tile")
+        why = next((f"kernel {k.kernel.name} ({k.shape.describe()}): {supports(k)}"
+                    for k in program.tile_ir.kernels if supports(k)), "")
         compile_s = time.perf_counter() - start
         if not quiet:
             print(f"=== {workload.name}: {workload.code}")
-            sys.stdout.write(program.ir(stage))
+            if why and stage in ("kernel", "cuda"):
+                print(f"(no {stage} stage yet: {why})")
+            else:
+                sys.stdout.write(program.ir(stage))
             print()
         expected = reference_outputs(program.captured)
         errors, ok = [], True
@@ -37,13 +46,20 @@ def run_suite(stage: str = "loop", target: str | None = None, only=None, quiet: 
                 result = compare(out.float().numpy(), want, program.tensor_ir[name].type.dtype)
                 worst, ok = max(worst, result.max_abs), ok and result.ok
             errors.append(f"{worst:.2e}")
+        if why:
+            simulated = "not lowered yet"
+        else:  # the emitted CUDA, compiled by g++ and run in the simulator
+            checks = check_program(program)
+            simulated = f"{max(c.max_abs for c in checks):.2e}"
+            ok = ok and all(c.ok for c in checks)
         failed += not ok
         predicted = sum(k.seconds for k in program.tile_ir.kernels)
-        rows.append((workload.name, len(program.loop_ir.kernels), f"{compile_s:.2f}", f"{predicted * 1e6:.2f}",
-                     *errors, "ok" if ok else "MISMATCH"))
+        schedule = str(program.tile_ir.kernels[0].row) + (" ..." if len(program.tile_ir.kernels) > 1 else "")
+        rows.append((workload.name, len(program.loop_ir.kernels), schedule, f"{compile_s:.2f}",
+                     f"{predicted * 1e6:.2f}", *errors, simulated, "ok" if ok else "MISMATCH"))
     target_name = program.target.name if rows else ""
-    header = ("workload", "kernels", "compile s", f"predicted us ({target_name})", "tensor IR err", "loop IR err",
-              "vs torch (f64)")
+    header = ("workload", "kernels", "schedule (first kernel)", "compile s", f"predicted us ({target_name})",
+              "tensor IR err", "loop IR err", "CUDA in sim err", "vs torch (f64)")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     for row in [header] + rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))

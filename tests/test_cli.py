@@ -99,14 +99,25 @@ def test_no_command_prints_help_and_exits_2():
     assert "compile" in result.stdout
 
 
-def test_suite_compiles_checks_and_predicts_a_workload():
-    result = run_emmy("suite", "--only", "rmsnorm", "--quiet", "--target", "sm_120")
+def test_suite_compiles_checks_predicts_and_simulates_a_workload():
+    result = run_emmy("suite", "--only", "rmsnorm", "--only", "matmul_small", "--quiet", "--target", "sm_120")
     assert result.returncode == 0, result.stderr
-    header, row, summary = result.stdout.splitlines()
-    assert header.split()[:5] == ["workload", "kernels", "compile", "s", "predicted"] and "(sm_120)" in header
-    cells = row.split()
-    assert cells[0] == "rmsnorm" and cells[1] == "1" and float(cells[3]) > 0 and cells[-1] == "ok"
-    assert summary == "1 passed, 0 failed"
+    header, rms, matmul, summary = result.stdout.splitlines()
+    assert header.split()[:6] == ["workload", "kernels", "schedule", "(first", "kernel)", "compile"]
+    assert "(sm_120)" in header and "CUDA in sim err" in header
+    cells = rms.split()
+    assert cells[:3] == ["rmsnorm", "1", "WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=,RASTER="]
+    assert float(cells[3]) > 0 and float(cells[-2]) < 1e-5 and cells[-1] == "ok"
+    assert matmul.split()[0] == "matmul_small" and "not lowered yet" in matmul
+    assert summary == "2 passed, 0 failed"
+
+
+def test_suite_prints_the_cuda_of_what_lowers():
+    result = run_emmy("suite", "--only", "softmax", "--only", "matmul_small", "--ir", "cuda")
+    assert result.returncode == 0, result.stderr
+    assert "extern \"C\" __global__ void __launch_bounds__(512) k_softmax(" in result.stdout
+    assert ("(no cuda stage yet: kernel k_mm (contraction 4x2x3): contraction kernels are not lowered to Kernel IR "
+            "yet)") in result.stdout
 
 
 def test_suite_names_an_unknown_workload():
