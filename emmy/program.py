@@ -85,6 +85,13 @@ class Program:
         sources = {tk.kernel.name: f"{tk.kernel.name} writes {tk.kernel.output}" for tk in self.tile_ir.kernels}
         return program_source(self.kernel_ir, self.buffer_types, sources)
 
+    def cubin(self, target: str | None = None):
+        """The program's CUDA built by nvcc for `target` (default: the program's), cached; with each
+        kernel's registers, shared memory and spills (emmy.nvcc.Cubin)."""
+        from emmy.nvcc import build_cubin
+
+        return build_cubin(self.cuda_source, target or self.target.name)
+
     def schedule_space(self):
         """Every legal knob row for every kernel, within the pins."""
         from emmy.egraph.schedules import build_space

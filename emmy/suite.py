@@ -47,19 +47,22 @@ def run_suite(stage: str = "loop", target: str | None = None, only=None, quiet: 
                 worst, ok = max(worst, result.max_abs), ok and result.ok
             errors.append(f"{worst:.2e}")
         if why:
-            simulated = "not lowered yet"
-        else:  # the emitted CUDA, compiled by g++ and run in the simulator
+            simulated = built = "not lowered yet"
+        else:  # the emitted CUDA, built by nvcc, and compiled by g++ and run in the simulator
+            resources = program.cubin().resources.values()
+            built = "/".join(f"{r.registers}" for r in resources) + (" SPILLS" if any(r.spills for r in resources)
+                                                                       else "")
             checks = check_program(program)
             simulated = f"{max(c.max_abs for c in checks):.2e}"
-            ok = ok and all(c.ok for c in checks)
+            ok = ok and all(c.ok for c in checks) and not any(r.spills for r in resources)
         failed += not ok
         predicted = sum(k.seconds for k in program.tile_ir.kernels)
         schedule = str(program.tile_ir.kernels[0].row) + (" ..." if len(program.tile_ir.kernels) > 1 else "")
         rows.append((workload.name, len(program.loop_ir.kernels), schedule, f"{compile_s:.2f}",
-                     f"{predicted * 1e6:.2f}", *errors, simulated, "ok" if ok else "MISMATCH"))
+                     f"{predicted * 1e6:.2f}", built, *errors, simulated, "ok" if ok else "MISMATCH"))
     target_name = program.target.name if rows else ""
     header = ("workload", "kernels", "schedule (first kernel)", "compile s", f"predicted us ({target_name})",
-              "tensor IR err", "loop IR err", "CUDA in sim err", "vs torch (f64)")
+              "nvcc regs", "tensor IR err", "loop IR err", "CUDA in sim err", "vs torch (f64)")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     for row in [header] + rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))

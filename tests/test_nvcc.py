@@ -1,0 +1,56 @@
+"""nvcc builds of emitted programs: the cache, the resource report and the SASS each row promises."""
+
+from pathlib import Path
+
+import pytest
+
+import emmy
+from emmy.nvcc import Resources, build_cubin, parse_ptxas, sass_mix
+
+RMSNORM = "x=torch.randn(1,32,2048); w=torch.randn(2048); F.rms_norm(x,(2048,),w,eps=1e-6)"
+KERNELS = Path(__file__).resolve().parent / "sim_kernels"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cubins")
+
+
+def test_a_build_reports_resources_per_kernel_and_the_second_is_cached(cache):
+    source = emmy.optimize(RMSNORM, target="sm_90").cuda_source
+    for target in ("sm_80", "sm_90", "sm_120"):
+        first = build_cubin(source, target, cache)
+        assert not first.cached and first.path.exists()
+        (name, r), = first.resources.items()
+        assert name == "k_rms_norm" and 8 <= r.registers <= 64 and not r.spills
+        assert r.shared_bytes >= 32 * 4  # the per-warp partial sums
+        again = build_cubin(source, target, cache)
+        assert again.cached and again.path == first.path and again.resources == first.resources
+    assert not build_cubin(source.replace("1e-06f", "1e-05f"), "sm_90", cache).cached
+
+
+def test_ptxas_report_parsing_sees_spills():
+    text = ("ptxas info    : Compiling entry function 'k' for 'sm_90'\n"
+            "ptxas info    : Function properties for k\n"
+            "    24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+            "ptxas info    : Used 255 registers, used 1 barriers, 4096 bytes smem, 400 bytes cmem[0]\n")
+    assert parse_ptxas(text) == {"k": Resources(255, 4096, 24, 8, 12)}
+    assert parse_ptxas(text)["k"].spills
+
+
+@pytest.mark.parametrize("knobs, wide", [("WORK=t256,TILE=f4/v4,REDUCE=coop", True),
+                                         ("WORK=t256,TILE=f4,REDUCE=coop", False)])
+def test_the_sass_has_what_the_row_promises(cache, knobs, wide):
+    program = emmy.optimize(RMSNORM, target="sm_90", knobs=knobs)
+    mix = sass_mix(build_cubin(program.cuda_source, "sm_90", cache).path)["k_rms_norm"]
+    wide_loads = sum(n for op, n in mix.items() if op.startswith("LDG.E.128"))
+    assert (wide_loads > 0) == wide  # 4-wide f32 loads are 128-bit loads; scalar rows have none
+    assert mix["SHFL.BFLY"] > 0 and any(op.startswith("BAR.SYNC") for op in mix)
+    assert not any(op.startswith(("LDL", "STL")) for op in mix)  # nothing goes through local memory
+
+
+def test_mma_tiles_become_hmma_instructions(cache):
+    mix = sass_mix(build_cubin((KERNELS / "mma_matmul.cu").read_text(), "sm_90", cache).path)
+    for kernel in ("mma_matmul_f16", "mma_matmul_bf16"):
+        assert any(op.startswith("HMMA.16816") for op in mix[kernel]), mix[kernel]
+        assert any(op.startswith("LDSM") for op in mix[kernel])  # ldmatrix
