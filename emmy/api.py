@@ -6,7 +6,7 @@ from emmy.program import Program
 
 
 def optimize(graph, *example_inputs, target: str | None = None, stop_after: str = "tensor",
-             rules: tuple = (), budget=None, knobs=None) -> Program:
+             rules: tuple = (), budget=None, knobs=None, capture_cache: bool = False) -> Program:
     """Compile a PyTorch program.
 
     `graph` is `-c`-style code (a string), an `nn.Module` or `fx.GraphModule`
@@ -16,20 +16,32 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     `rules` adds rule groups (emmy.rules.RuleGroup) to the built-in ones;
     `budget` (emmy.egraph.driver.Budget) bounds saturation, by default from
     EMMY_EGRAPH_* settings. `knobs` pins schedule knobs for every kernel
-    (`"K=V,..."` or an emmy.knobs.KnobRow; default EMMY_KNOBS).
+    (`"K=V,..."` or an emmy.knobs.KnobRow; default EMMY_KNOBS). `capture_cache`: for code
+    strings, reuse (or remember) what capture and decomposition made of the same code in the
+    on-disk cache (emmy.capture.cache), so a repeat needs no torch; such a program's
+    `captured` is a CachedCapture (no ExportedProgram: checking against torch recaptures).
     """
-    from emmy.capture import capture
     from emmy.config import settings
     from emmy.extract.targets import get_target
 
     config = settings()
+    from emmy.capture import capture
     from emmy.knobs import KnobRow, check_target, parse_pins
 
     chosen = get_target(target or config.target)  # fail fast, before the slow capture
     pins = knobs if isinstance(knobs, KnobRow) else parse_pins(config.knobs if knobs is None else knobs)
     check_target(pins, chosen)
     groups, budget = _optimizer_setup(rules, budget, config)
-    program = Program(capture(graph, *example_inputs), chosen, groups, budget, pins)
+    cached = None
+    if capture_cache and isinstance(graph, str):
+        from emmy.capture.cache import lookup
+
+        cached = lookup(graph, config.cache_dir)
+    program = Program(cached or capture(graph, *example_inputs), chosen, groups, budget, pins)
+    if capture_cache and isinstance(graph, str) and cached is None:
+        from emmy.capture.cache import store
+
+        store(graph, program, config.cache_dir)  # decomposes now: unsupported ops fail here as below
     if stop_after != "torch":
         program.tensor_program  # noqa: B018 - decompose now, so unsupported ops fail here
     if stop_after not in ("torch", "tensor"):

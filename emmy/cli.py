@@ -121,7 +121,7 @@ def _compile(args) -> int:
 
     rules, budget = _optimizer_args(args)
     program = optimize(args.code, target=args.target, stop_after=args.ir, rules=rules, budget=budget,
-                       knobs=args.knobs)
+                       knobs=args.knobs, capture_cache=True)
     text = program.ir(args.ir)
     if args.verbose and args.ir not in ("torch", "tensor"):
         for report in program.loop_result.reports:
@@ -155,16 +155,17 @@ def _optimizer_args(args):
     return rules, budget
 
 
-def _compiled(args, stop_after: str):
+def _compiled(args, stop_after: str, capture_cache: bool = True):
     """The program of a `-c` command that also takes --target, --knobs and optimizer options,
-    checking the cheap arguments before the slow capture."""
+    checking the cheap arguments before the slow capture (through the capture cache unless the
+    command needs torch's own program, as checking against torch does)."""
     _check_target(args.target)
     _check_knobs(args.knobs, args.target)
     from emmy.api import optimize
 
     rules, budget = _optimizer_args(args)
     return optimize(args.code, target=args.target, stop_after=stop_after, rules=rules, budget=budget,
-                    knobs=args.knobs)
+                    knobs=args.knobs, capture_cache=capture_cache)
 
 
 def _print_table(header: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> None:
@@ -251,7 +252,7 @@ def _run(args) -> int:
 
     if args.sim_mode not in MODES:
         raise EmmyError(f"unknown --sim-mode {args.sim_mode!r}; modes are {', '.join(MODES)}")
-    program = _compiled(args, "tile")
+    program = _compiled(args, "tile", capture_cache=False)
     for kernel in program.kernel_ir:
         print(f"{kernel.name}: grid {kernel.grid[0]} x block {kernel.block[0]}  {kernel.knobs}")
     if not args.check:

@@ -23,6 +23,10 @@ class Program:
 
     @cached_property
     def tensor_program(self):
+        from emmy.capture.cache import CachedCapture
+
+        if isinstance(self.captured, CachedCapture):  # decomposed in an earlier run
+            return self.captured.tensor_program
         from emmy.decompose import to_tensor_ir
 
         return to_tensor_ir(self.captured)
@@ -123,7 +127,11 @@ class Program:
         if stage not in STAGES:
             raise EmmyError(f"unknown IR stage {stage!r}; stages are {', '.join(STAGES)}")
         if stage == "torch":
+            from emmy.capture.cache import CachedCapture
             from emmy.capture.printer import print_torch_ir
+
+            if isinstance(self.captured, CachedCapture):
+                return self.captured.torch_ir
 
             return print_torch_ir(self.captured)
         if stage == "tensor":
