@@ -44,9 +44,19 @@ def test_the_sass_has_what_the_row_promises(cache, knobs, wide):
     program = emmy.optimize(RMSNORM, target="sm_90", knobs=knobs)
     mix = sass_mix(build_cubin(program.cuda_source, "sm_90", cache).path)["k_rms_norm"]
     wide_loads = sum(n for op, n in mix.items() if op.startswith("LDG.E.128"))
-    assert (wide_loads > 0) == wide  # 4-wide f32 loads are 128-bit loads; scalar rows have none
+    wide_stores = sum(n for op, n in mix.items() if op.startswith("STG.E.128"))
+    assert (wide_loads > 0) == wide and (wide_stores > 0) == wide  # 4-wide f32 rows move 128 bits at once
     assert mix["SHFL.BFLY"] > 0 and any(op.startswith("BAR.SYNC") for op in mix)
     assert not any(op.startswith(("LDL", "STL")) for op in mix)  # nothing goes through local memory
+
+
+def test_a_four_wide_map_moves_128_bits_per_load_and_store(cache):
+    program = emmy.optimize("x=torch.randn(64,1024); y=torch.randn(64,1024); x*2+y", target="sm_90",
+                            knobs="WORK=t256,TILE=f4/v4")
+    (kernel,) = program.kernel_ir
+    mix = sass_mix(build_cubin(program.cuda_source, "sm_90", cache).path)[kernel.name]
+    assert any(op.startswith("LDG.E.128") for op in mix) and any(op.startswith("STG.E.128") for op in mix)
+    assert not any(op.startswith(("LDL", "STL")) for op in mix)
 
 
 def test_mma_tiles_become_hmma_instructions(cache):

@@ -47,8 +47,8 @@ def _index_c(types):
     return lambda buffer, index: affine_c(flat_index(buffer, index, types))
 
 
-def _lines(stmts, types, vector_of=None) -> list[str]:
-    return [statement(s, _index_c(types), types, vector_of) for s in stmts]
+def _lines(stmts, types, vector_of=None, stored_to=None) -> list[str]:
+    return [statement(s, _index_c(types), types, vector_of, stored_to) for s in stmts]
 
 
 def _decomposition(vars_) -> list[tuple[int, int, int]]:
@@ -75,13 +75,16 @@ def _render(n, k: K.KernelIR, types) -> str:
         return template.render(n=n, rows=k.tile.rows, decomposition=_decomposition(n.vars))
     if isinstance(n, K.Scalar):
         return template.render(lines=_lines(n.stmts, types))
-    if isinstance(n, K.ElementLoop):
+    if isinstance(n, (K.ElementLoop, K.MapElements)):
         vector_of = {v.dst[:-2]: v.dst for v in n.vectors}
+        stored_to = {v.buffer: v.src for v in n.stores}
+        storage = {v.buffer: STORAGE[v.dtype] for v in (*n.vectors, *n.stores)}
+        lines = _lines(n.body, types, vector_of, stored_to)
+        if isinstance(n, K.MapElements):
+            return template.render(n=n, decomposition=_decomposition(n.vars[:-1] if n.width > 1 else n.vars),
+                                   inner=n.vars[-1] if n.vars else None, storage=storage, lines=lines)
         main = n.extent - n.extent % n.width
-        return template.render(n=n, main=main, storage={v.buffer: STORAGE[v.dtype] for v in n.vectors},
-                               lines=_lines(n.body, types, vector_of), tail_lines=_lines(n.body, types))
-    if isinstance(n, K.MapElements):
-        return template.render(n=n, decomposition=_decomposition(n.vars), lines=_lines(n.body, types))
+        return template.render(n=n, main=main, storage=storage, lines=lines, tail_lines=_lines(n.body, types))
     if isinstance(n, K.WarpShuffle):
         return template.render(n=n, merge=_merge(n.op, n.accs, ""))
     if isinstance(n, K.TreeHalve):

@@ -15,7 +15,7 @@ from emmy.affine import Affine, Dim, FloorDiv, Mod
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
 from emmy.kernel_ir.nodes import (Broadcast, ElementLoop, KernelIR, MapElements, OnlyThread, Param, RowIndex, Scalar,
-                                  Smem, Store, Sync, Tile, TreeHalve, VecLoad, WarpShuffle)
+                                  Smem, Store, Sync, Tile, TreeHalve, VecLoad, VecStore, WarpShuffle)
 from emmy.loop_ir import nodes as L
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
 
@@ -121,20 +121,33 @@ def _vectorizable(flat: Affine, var: int, width: int) -> bool:
     return step == 1 and flat.const % width == 0
 
 
-def _element_loop(var, extent, body, types, width, workers, unroll, worker) -> ElementLoop:
-    """One thread's share of `var` over `body` (Loop IR statements), with the loads that can be
-    taken a vector at a time hoisted out as VecLoads."""
-    vectors = []
+def _vector_accesses(body, var: int, width: int, types: dict) -> tuple[tuple, tuple]:
+    """The loads and stores of `body` that walk `var` contiguously from an aligned start: they can
+    move `width` elements at once."""
+    loads, stores = [], []
     for stmt in body:
         if isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load):
             flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
-            if _vectorizable(flat, var, width) and extent % width == 0:
-                vectors.append(VecLoad(f"{stmt.name}_v", stmt.expr.buffer, types[stmt.expr.buffer].dtype,
+            if _vectorizable(flat, var, width):
+                loads.append(VecLoad(f"{stmt.name}_v", stmt.expr.buffer, types[stmt.expr.buffer].dtype,
+                                     affine_c(flat, {var: "base"}), width))
+        elif isinstance(stmt, L.Store):
+            flat = flat_index(stmt.buffer, stmt.index, types)
+            if _vectorizable(flat, var, width) and not any(s.buffer == stmt.buffer for s in stores):
+                stores.append(VecStore(f"{stmt.buffer}_s", stmt.buffer, types[stmt.buffer].dtype,
                                        affine_c(flat, {var: "base"}), width))
-    if not vectors:
+    return tuple(loads), tuple(stores)
+
+
+def _element_loop(var, extent, body, types, width, workers, unroll, worker) -> ElementLoop:
+    """One thread's share of `var` over `body` (Loop IR statements), with the loads and stores that
+    can move a vector at a time taken out as VecLoads and VecStores. The schedule space only offers
+    widths that divide the contiguous extent, so the scalar tail is there for extents it does not."""
+    loads, stores = _vector_accesses(body, var, width, types) if width > 1 else ((), ())
+    if not loads and not stores:
         width = 1  # nothing gains from vectors: plain strided elements
-    return ElementLoop(var, extent, width, workers, max(1, unroll), worker, tuple(vectors), tuple(body),
-                       extent % width != 0)
+    return ElementLoop(var, extent, width, workers, max(1, unroll), worker, loads, tuple(body),
+                       extent % width != 0, stores)
 
 
 def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
@@ -227,8 +240,11 @@ def _lower_map(tile: TileKernel, types: dict, params) -> KernelIR:
     total = prod(e for _, e in loops)
     per_block = g.threads * g.elems
     blocks = -(-total // per_block)
-    # each element: its loop variables from the flat index, then the nest's statements in order
-    elements = MapElements(tuple(loops), g.elems, total, tuple(body))
+    width, loads, stores = 1, (), ()
+    if g.vec > 1 and loops and loops[-1][1] % g.vec == 0:  # a vector never straddles two rows
+        loads, stores = _vector_accesses(body, loops[-1][0], g.vec, types)
+        width = g.vec if loads or stores else 1
+    elements = MapElements(tuple(loops), g.elems, total, tuple(body), width, loads, stores)
     return KernelIR(tile.kernel.name, params, Tile(("element",), per_block, total, g.threads),
                     (blocks, 1, 1), (g.threads, 1, 1), (), (elements,), str(tile.row), tile.shape.describe())
 

@@ -53,6 +53,16 @@ class VecLoad:
 
 
 @dataclass(frozen=True)
+class VecStore:
+    """`width` consecutive elements from register array `src` to `buffer` at flat `index`."""
+    src: str
+    buffer: str
+    dtype: DType
+    index: str
+    width: int
+
+
+@dataclass(frozen=True)
 class ElementLoop:
     """A thread's share of `var` in 0..extent: `width`-wide vectors, `workers` threads striding
     together, `unroll` vectors per thread per step. `tail`: the last extent % width elements
@@ -66,15 +76,20 @@ class ElementLoop:
     vectors: tuple[VecLoad, ...]  # loads taken a vector at a time
     body: tuple  # per element, with `a<var>` bound and `u` the lane within the vector
     tail: bool
+    stores: tuple[VecStore, ...] = ()  # stores written a vector at a time
 
 
 @dataclass(frozen=True)
 class MapElements:
-    """A map's elements: thread t of block b owns elements (b * blockDim + t) * per_thread + j."""
+    """A map's elements, `width` consecutive ones at a time: vector j of thread t in block b starts
+    at element b * blockDim * per_thread + (j * blockDim + t) * width (coalesced)."""
     vars: tuple[tuple[int, int], ...]  # the free loops (variable, extent), outermost first
     per_thread: int
     total: int
     body: tuple  # Loop IR statements per element
+    width: int = 1
+    vectors: tuple[VecLoad, ...] = ()
+    stores: tuple[VecStore, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,7 +146,7 @@ class OnlyThread:
     body: tuple
 
 
-Stmt = Union[RowIndex, Scalar, VecLoad, ElementLoop, MapElements, WarpShuffle, Smem, Sync, TreeHalve,
+Stmt = Union[RowIndex, Scalar, VecLoad, VecStore, ElementLoop, MapElements, WarpShuffle, Smem, Sync, TreeHalve,
              Broadcast, Store, OnlyThread]
 
 

@@ -51,11 +51,13 @@ def operand(value) -> str:
     return value if isinstance(value, str) else literal(value.value, value.dtype)
 
 
-def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = None) -> str:
+def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = None,
+              stored_to: dict[str, str] | None = None) -> str:
     """One Loop IR statement as C. `index_c(buffer, index)` gives the flat index text; `types`:
     buffer -> TensorType; `vector_of[name]`: the register array a vectorised load of `name` went
-    into (lane `u`)."""
+    into, `stored_to[buffer]`: the one a vectorised store to `buffer` comes from (lane `u`)."""
     vector_of = vector_of or {}
+    stored_to = stored_to or {}
     if isinstance(stmt, L.Init):
         return f"float {stmt.acc} = {literal(REDUCE_OPS[stmt.op], DType.F32)};" if stmt.dtype.is_float else \
             f"{REGISTER[stmt.dtype]} {stmt.acc} = {literal(REDUCE_OPS[stmt.op], stmt.dtype)};"
@@ -66,7 +68,9 @@ def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = Non
         return f"{stmt.acc} = {operand(stmt.value)};"
     if isinstance(stmt, L.Store):
         storage = STORAGE[types[stmt.buffer].dtype]
-        return f"{stmt.buffer}[{index_c(stmt.buffer, stmt.index)}] = emmy::from_reg<{storage}>({operand(stmt.value)});"
+        target = f"{stored_to[stmt.buffer]}.v[u]" if stmt.buffer in stored_to else \
+            f"{stmt.buffer}[{index_c(stmt.buffer, stmt.index)}]"
+        return f"{target} = emmy::from_reg<{storage}>({operand(stmt.value)});"
     if not isinstance(stmt, L.Assign):
         raise EmmyError(f"no C form for {type(stmt).__name__}")
     expr = stmt.expr
