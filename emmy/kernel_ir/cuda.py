@@ -9,8 +9,8 @@ from math import prod
 from pathlib import Path
 
 from emmy.kernel_ir import nodes as K
-from emmy.kernel_ir.lower import affine_c, flat_index
-from emmy.kernel_ir.scalar_c import STORAGE, literal, statement
+from emmy.kernel_ir.lower import flat_index
+from emmy.kernel_ir.scalar_c import STORAGE, affine_c, literal, statement
 from emmy.dtypes import DType
 
 _IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "prod": 1.0}

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from math import prod
 
-from emmy.affine import Affine, Dim, FloorDiv, Mod
+from emmy.affine import Affine, Dim
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
 from emmy.kernel_ir.nodes import (Broadcast, ElementLoop, KernelIR, MapElements, OnlyThread, Param, RowIndex, Scalar,
                                   Smem, Store, Sync, Tile, TreeHalve, VecLoad, VecStore, WarpShuffle)
+from emmy.kernel_ir.scalar_c import affine_c
 from emmy.loop_ir import nodes as L
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
 
-ROLES = {("softmax", 2): ("m", "d"), ("welford", 3): ("n", "mean", "m2")}
+# the twisted states the runtime header can merge across threads (emmy::merge_softmax, merge_welford)
+MERGED = {("softmax", 2), ("welford", 3)}
 MONOID = {"add": "sum", "sum": "sum", "maximum": "max", "max": "max", "minimum": "min", "min": "min",
           "multiply": "prod", "prod": "prod"}
 
@@ -33,8 +35,10 @@ def supports(tile: TileKernel) -> str:
     row = tile.row
     if tile.shape.kind not in ("map", "row"):
         return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
-    if row.REDUCE not in ("", "coop") or row.STAGE or row.RASTER:
-        return f"REDUCE={row.REDUCE}, STAGE={row.STAGE}, RASTER={row.RASTER} are not lowered yet"
+    blocking = [f"REDUCE={row.REDUCE}"] if row.REDUCE not in ("", "coop") else []
+    blocking += [f"{knob}={getattr(row, knob)}" for knob in ("STAGE", "RASTER") if getattr(row, knob)]
+    if blocking:
+        return f"{', '.join(blocking)} {'is' if len(blocking) == 1 else 'are'} not lowered yet"
     if tile.kernel.body and not isinstance(tile.kernel.body[0], L.Loop):
         return "statements outside the kernel's free loops are not lowered yet"
     return ""
@@ -87,35 +91,17 @@ def flat_index(buffer: str, index: tuple[Affine, ...], types: dict) -> Affine:
     return flat
 
 
-def affine_c(a: Affine, names: dict[int, str] | None = None) -> str:
-    """C text of an index expression; loop variable d<i> is `a<i>` unless `names` says otherwise."""
-    names = names or {}
-    parts = []
-    for atom, c in a.terms:
-        if isinstance(atom, Dim):
-            text = names.get(atom.index, f"a{atom.index}")
-        elif isinstance(atom, FloorDiv):
-            text = f"(({affine_c(atom.expr, names)}) / {atom.divisor})"
-        elif isinstance(atom, Mod):
-            text = f"(({affine_c(atom.expr, names)}) % {atom.divisor})"
-        parts.append(text if c == 1 else f"{c} * {text}")
-    if a.const or not parts:
-        parts.append(str(a.const))
-    return " + ".join(parts).replace("+ -", "- ")
-
-
 def _vectorizable(flat: Affine, var: int, width: int) -> bool:
-    """The index walks `var` with stride 1 and starts every vector on a multiple of `width`."""
+    """The index walks `var` with stride 1 and starts every vector on a multiple of `width` (a
+    div/mod term anywhere is taken one element at a time: its alignment is not checked)."""
     if width == 1:
         return False
     step = 0
     for atom, c in flat.terms:
-        if isinstance(atom, Dim) and atom.index == var:
+        if not isinstance(atom, Dim):
+            return False
+        if atom.index == var:
             step = c
-        elif not isinstance(atom, Dim):
-            if var in atom.expr.dims():
-                return False
-            return False  # a div/mod in the base: its alignment is not checked, take it scalar
         elif c % width:
             return False
     return step == 1 and flat.const % width == 0
@@ -200,7 +186,7 @@ def _block_combine(fold: Fold, threads: int):
             plain.setdefault(MONOID[s.op], []).append(s.acc)
     groups = [(op, tuple(accs)) for op, accs in sorted(plain.items())]
     if state:
-        if (fold.twist, len(state)) not in ROLES:
+        if (fold.twist, len(state)) not in MERGED:
             raise Unsupported(f"a {fold.twist} fold with {len(state)} state values is not lowered yet")
         groups.append((fold.twist, state))
     for op, accs in groups:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from emmy.affine import Guard
+from emmy.affine import Affine, Dim, FloorDiv, Guard, Mod
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
 from emmy.loop_ir import nodes as L
@@ -102,8 +102,23 @@ def _op(op: str, args: tuple[str, ...], dtype: DType | None = None) -> str:
 
 
 def _guard(g: Guard) -> str:
-    from emmy.kernel_ir.lower import affine_c
-
     text = affine_c(g.expr)
     parts = ([f"{text} >= {g.lo}"] if g.lo is not None else []) + ([f"{text} < {g.hi}"] if g.hi is not None else [])
     return "(" + " && ".join(parts) + ")"
+
+
+def affine_c(a: Affine, names: dict[int, str] | None = None) -> str:
+    """C text of an index expression; loop variable d<i> is `a<i>` unless `names` says otherwise."""
+    names = names or {}
+    parts = []
+    for atom, c in a.terms:
+        if isinstance(atom, Dim):
+            text = names.get(atom.index, f"a{atom.index}")
+        elif isinstance(atom, FloorDiv):
+            text = f"(({affine_c(atom.expr, names)}) / {atom.divisor})"
+        elif isinstance(atom, Mod):
+            text = f"(({affine_c(atom.expr, names)}) % {atom.divisor})"
+        parts.append(text if c == 1 else f"{c} * {text}")
+    if a.const or not parts:
+        parts.append(str(a.const))
+    return " + ".join(parts).replace("+ -", "- ")

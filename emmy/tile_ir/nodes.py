@@ -27,6 +27,10 @@ class Placement:
     threads: int
 
 
+# The state of a twisted fold, by position of its Init statements: names for listings and merges.
+TWIST_ROLES = {("softmax", 2): ("m", "d"), ("softmax", 3): ("m", "d", "z"), ("welford", 3): ("n", "mean", "m2")}
+
+
 @dataclass(frozen=True)
 class Fold:
     var: int

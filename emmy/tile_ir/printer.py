@@ -17,10 +17,7 @@ from __future__ import annotations
 from emmy.loop_ir.nodes import Init, Update
 from emmy.loop_ir.printer import IDENTITY, _lines, statement_text
 from emmy.tensor_ir.printer import literal
-from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel, TileProgram
-
-# The state of a twisted fold, in the order lowering creates it.
-_ROLES = {("softmax", 2): ("m", "d"), ("softmax", 3): ("m", "d", "z"), ("welford", 3): ("n", "mean", "m2")}
+from emmy.tile_ir.nodes import TWIST_ROLES, Epilogue, Fold, Sweep, TileKernel, TileProgram
 
 
 def _flat(body) -> str:
@@ -37,7 +34,7 @@ def _fold(fold: Fold, tk: TileKernel, out: list[str]) -> None:
     state = [i for i in fold.init if i.acc in stepped]
     out.extend(f"│ init     {statement_text(i)}" for i in fold.init if i.acc not in stepped)
     if state:
-        roles = _ROLES.get((fold.twist, len(state)), tuple(i.acc for i in state))
+        roles = TWIST_ROLES.get((fold.twist, len(state)), tuple(i.acc for i in state))
         values = ", ".join(literal(IDENTITY[i.op]) for i in state)
         named = ", ".join(f"{r}={i.acc}" for r, i in zip(roles, state))
         out.append(f"│ init     ({', '.join(roles)}) = ({values})  [{named}]")
@@ -48,7 +45,7 @@ def _fold(fold: Fold, tk: TileKernel, out: list[str]) -> None:
         out.append(f"│ combine  {statement_text(s)}")
     if updates:
         out.append(f"│ step     {'; '.join(statement_text(u) for u in updates)}")
-        roles = _ROLES.get((fold.twist, len(state)), ())
+        roles = TWIST_ROLES.get((fold.twist, len(state)), ())
         merge = {"softmax": "online-softmax merge", "welford": "Chan's merge"}[fold.twist]
         out.append(f"│ combine  {merge} ({', '.join(roles)}): associative, splits across threads and blocks")
         if roles == ("m", "d", "z"):
