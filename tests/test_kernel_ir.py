@@ -16,7 +16,8 @@ from emmy.workloads import get
 from tests.conftest import run_emmy
 
 RMSNORM = get("rmsnorm").code
-LOWERED = ["add3", "rmsnorm", "softmax", "layernorm", "layernorm_bf16"]  # map and row kernels
+LOWERED = ["add3", "rmsnorm", "softmax", "layernorm", "layernorm_bf16",  # map and row kernels
+           "matmul_small", "gelu_chain"]  # SIMT contractions staged through shared memory
 
 
 def test_rmsnorm_kernel_ir_has_vector_loads_a_warp_shuffle_and_a_shared_memory_tree():
@@ -39,7 +40,7 @@ def test_rmsnorm_cuda_carries_its_knob_row_and_calls_the_runtime_header(tmp_path
     assert text.startswith('#include "emmy_rt.cuh"')
     assert "// knobs WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=,RASTER=" in text
     assert "emmy::load_vec<2>(&x[2048 * a0 + base])" in text
-    assert "__shfl_xor_sync(0xffffffffu, acc0, offset)" in text and "__shared__ float sum_partials[32];" in text
+    assert "__shfl_xor_sync(0xffffffffu, acc0, offset)" in text and "__shared__ __align__(16) float sum_partials[32];" in text
     assert text.count("__syncthreads();") == 3
 
 
@@ -74,16 +75,30 @@ def _sample_rows(program, seed=0):
     return ranked[:4] + random.Random(seed).sample(rest, min(5, len(rest)))
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layernorm"])
+@pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layernorm", "gelu_chain"])
 def test_a_sample_of_legal_rows_runs_right_in_the_simulator(name):
     base = emmy.optimize(get(name).code, target="sm_90")
     sample = _sample_rows(base)
     assert len(sample) == 9
+    ran = 0
     for row in sample:
         program = emmy.optimize(get(name).code, target="sm_90", knobs=str(row))
-        assert not any(supports(k) for k in program.tile_ir.kernels), row
+        if any(supports(k) for k in program.tile_ir.kernels):
+            assert name == "gelu_chain", row  # every legal row of the row kernels lowers
+            continue
         checks = check_program(program)
         assert all(c.ok for c in checks), (str(row), checks)
+        ran += 1
+    assert ran >= 4  # the default and the model's next three at least
+
+
+@pytest.mark.parametrize("knobs", ["WORK=t256,TILE=f1,REDUCE=,STAGE=d1/smem,RASTER=",
+                                   "WORK=t64,TILE=f4,REDUCE=,STAGE=d2/smem-async,RASTER=",
+                                   "WORK=t128,TILE=f2,REDUCE=,STAGE=,RASTER="])
+def test_staged_contractions_are_free_of_shared_memory_races(knobs):
+    program = emmy.optimize("a=torch.randn(40,70); b=torch.randn(70,24); torch.tanh(a @ b)", target="sm_90",
+                            knobs=knobs)
+    assert all(c.ok for c in check_program(program, mode="racecheck"))
 
 
 def test_rmsnorm_runs_clean_under_address_sanitizer():
@@ -99,6 +114,6 @@ def test_emmy_run_check_prints_the_errors_and_refuses_what_it_cannot_lower():
     row = next(line.split() for line in result.stdout.splitlines() if line.strip().startswith("rms_norm"))
     assert row[1] == "f32" and float(row[2]) < 1e-5 and row[-1] == "ok"
     matmul = run_emmy("run", "-c", get("matmul_f16").code, "--check")
-    assert matmul.returncode == 2 and "contraction kernels are not lowered to Kernel IR yet" in matmul.stderr
+    assert matmul.returncode == 2 and "tensor-core (mma) contraction tiles are not lowered" in matmul.stderr
     device = run_emmy("run", "-c", RMSNORM, "--device", "gpu")
     assert device.returncode == 2 and "unknown --device 'gpu'" in device.stderr

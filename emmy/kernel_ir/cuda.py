@@ -12,6 +12,7 @@ from emmy.kernel_ir import nodes as K
 from emmy.kernel_ir.lower import flat_index
 from emmy.kernel_ir.scalar_c import STORAGE, affine_c, literal, statement
 from emmy.dtypes import DType
+from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
 _IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "prod": 1.0}
 _STATE_IDENTITY = {"softmax": (float("-inf"), 0.0), "welford": (0.0, 0.0, 0.0)}
@@ -40,15 +41,17 @@ def kernel_source(k: K.KernelIR, types: dict, sources: str) -> str:
     params = ", ".join(f"{STORAGE[p.dtype]}* __restrict__ {p.name}" if p.written
                        else f"const {STORAGE[p.dtype]}* __restrict__ {p.name}" for p in k.params)
     body = "\n".join(_render(n, k, types) for n in k.body)
-    return _environment().get_template("KernelIR.j2").render(k=k, params=params, body=body, sources=sources)
+    shared = [(STORAGE[s.dtype], s.name, s.size) for s in k.shared]
+    return _environment().get_template("KernelIR.j2").render(k=k, params=params, body=body, sources=sources,
+                                                             shared=shared)
 
 
 def _index_c(types):
     return lambda buffer, index: affine_c(flat_index(buffer, index, types))
 
 
-def _lines(stmts, types, vector_of=None, stored_to=None) -> list[str]:
-    return [statement(s, _index_c(types), types, vector_of, stored_to) for s in stmts]
+def _lines(stmts, types, vector_of=None, stored_to=None, load_from=None) -> list[str]:
+    return [statement(s, _index_c(types), types, vector_of, stored_to, load_from) for s in stmts]
 
 
 def _decomposition(vars_) -> list[tuple[int, int, int]]:
@@ -91,7 +94,30 @@ def _render(n, k: K.KernelIR, types) -> str:
         identity = _STATE_IDENTITY.get(n.op) or (_IDENTITY[n.op],) * len(n.accs)
         accs = [(a, literal(i, DType.F32)) for a, i in zip(n.accs, identity)]
         return template.render(n=n, accs=accs, merge=_merge(n.op, n.accs, "_w"))
+    if isinstance(n, K.ContractionTile):
+        return _render_contraction(n, template, types)
     if isinstance(n, K.OnlyThread):
         lines = [f"{s.buffer}[{s.index}] = emmy::from_reg<{STORAGE[s.dtype]}>({s.value});" for s in n.body]
         return template.render(lines=lines)
     return template.render(n=n)
+
+
+def _render_contraction(n: K.ContractionTile, template, types) -> str:
+    total = lambda vars_: prod(e for _, e in vars_)  # noqa: E731
+    load_from, panels = {}, []
+    for p in n.panels:
+        element = f"{p.name}_panel[(stage * {p.rows} + {'mm' if p.side == 'a' else 'kk'}) * {p.cols} + " \
+                  f"{'kk' if p.side == 'a' else 'nn'}]"
+        load_from[p.name] = element
+        stmt = next(s for s in n.lift if getattr(s, "name", None) == p.name)
+        index = affine_c(flat_index(stmt.expr.buffer, stmt.expr.index, types))
+        panels.append({"p": p, "index": index, "storage": STORAGE[p.dtype],
+                       "bound": ("m" if p.side == "a" else "k", "k" if p.side == "a" else "n")})
+    accs = [i.acc for i in n.inits]
+    inits = {i.acc: literal(REDUCE_OPS[i.op], DType.F32) for i in n.inits}
+    return template.render(
+        n=n, M=total(n.m_vars), N=total(n.n_vars), tiles_n=-(-total(n.n_vars) // n.bn),
+        tiles_m=-(-total(n.m_vars) // n.bm), m_dec=_decomposition(n.m_vars), n_dec=_decomposition(n.n_vars),
+        b_dec=_decomposition(n.batch_vars), panels=panels, accs=accs, inits=inits,
+        lift=_lines(n.lift, types, load_from=load_from), combine=_lines(n.combine, types),
+        epilogue=_lines(n.epilogue, types))

@@ -14,8 +14,9 @@ from math import prod
 from emmy.affine import Affine, Dim
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
-from emmy.kernel_ir.nodes import (Broadcast, ElementLoop, KernelIR, MapElements, OnlyThread, Param, RowIndex, Scalar,
-                                  Smem, Store, Sync, Tile, TreeHalve, VecLoad, VecStore, WarpShuffle)
+from emmy.kernel_ir.nodes import (Broadcast, ContractionTile, ElementLoop, KernelIR, MapElements, OnlyThread, Panel,
+                                  Param, RowIndex, Scalar, Smem, Store, Sync, Tile, TreeHalve, VecLoad, VecStore,
+                                  WarpShuffle)
 from emmy.kernel_ir.scalar_c import affine_c
 from emmy.loop_ir import nodes as L
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
@@ -33,6 +34,8 @@ class Unsupported(EmmyError):
 def supports(tile: TileKernel) -> str:
     """Why the lowering cannot take this kernel's row, or "" when it can."""
     row = tile.row
+    if tile.shape.kind == "contraction":
+        return _supports_contraction(tile)
     if tile.shape.kind not in ("map", "row"):
         return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
     blocking = [f"REDUCE={row.REDUCE}"] if row.REDUCE not in ("", "coop") else []
@@ -44,6 +47,28 @@ def supports(tile: TileKernel) -> str:
     return ""
 
 
+def _supports_contraction(tile: TileKernel) -> str:
+    row, g = tile.row, tile.geometry
+    if g.mma:
+        return "tensor-core (mma) contraction tiles are not lowered to Kernel IR yet"
+    if row.REDUCE:
+        return f"REDUCE={row.REDUCE} (split contractions) is not lowered yet"
+    if g.vec > 1:
+        return f"TILE={row.TILE}: vector loads along K in SIMT contractions are not lowered yet"
+    if row.RASTER:
+        return f"RASTER={row.RASTER} is not lowered yet"
+    if g.stage_how == "smem-async" and g.stage_depth < 2:
+        return "a cp.async pipeline needs at least 2 stages"
+    folds = [p for p in tile.parts if isinstance(p, Fold)]
+    if len(folds) != 1 or any(isinstance(p, Sweep) for p in tile.parts) or not isinstance(tile.parts[0], Fold):
+        return "a contraction with statements before its fold, sweeps or several folds is not lowered yet"
+    if folds[0].twist:
+        return "a twisted contraction fold is not lowered yet"
+    if g.stage_how == "smem-async" and tile.shape.itemsize != 4:
+        return "cp.async staging of operands that are not 4 bytes wide is not lowered yet"
+    return ""
+
+
 def lower_kernel(tile: TileKernel, types: dict) -> KernelIR:
     """`types`: buffer name -> TensorType, for every buffer of the program."""
     why = supports(tile)
@@ -52,6 +77,8 @@ def lower_kernel(tile: TileKernel, types: dict) -> KernelIR:
     params = _params(tile.kernel, types)
     if tile.shape.kind == "map":
         return _lower_map(tile, types, params)
+    if tile.shape.kind == "contraction":
+        return _lower_contraction(tile, types, params)
     return _lower_row(tile, types, params)
 
 
@@ -248,3 +275,37 @@ def _map_nest(body) -> tuple[list[tuple[int, int]], list]:
             raise Unsupported("a map kernel whose loops are not one nest")
         loops.append((inner[0].var, inner[0].extent))
         body = inner[0].body
+
+
+def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
+    g, shape = tile.geometry, tile.shape
+    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    extents = dict(loops)
+    m_vars = tuple((v, extents[v]) for v, _ in loops if v in shape.m_vars)
+    n_vars = tuple((v, extents[v]) for v, _ in loops if v in shape.n_vars)
+    batch = tuple((v, e) for v, e in loops if v not in shape.m_vars and v not in shape.n_vars)
+    (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
+    epilogue = tuple(s for p in tile.parts if isinstance(p, Epilogue) for s in p.body)
+    bm, bn, bk = g.tile_m, g.tile_n, g.tile_k
+    panels = []
+    if g.stage_depth:
+        m_set, n_set = {v for v, _ in m_vars}, {v for v, _ in n_vars}
+        for stmt in fold.lift:
+            if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)):
+                continue
+            deps = flat_index(stmt.expr.buffer, stmt.expr.index, types).dims() - {v for v, _ in batch}
+            if fold.var not in deps:
+                continue
+            side = "a" if deps - {fold.var} and deps - {fold.var} <= m_set else \
+                "b" if deps - {fold.var} and deps - {fold.var} <= n_set else ""
+            if side:
+                rows, cols = (bm, bk) if side == "a" else (bk, bn)
+                panels.append(Panel(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side, rows, cols))
+    m_total, n_total = prod(e for _, e in m_vars), prod(e for _, e in n_vars)
+    tiles = -(-m_total // bm) * -(-n_total // bn)
+    body = ContractionTile(m_vars, n_vars, batch, fold.var, fold.extent, bm, bn, bk, g.elems, g.stage_depth,
+                           g.stage_how, tuple(panels), fold.init, fold.lift, fold.combine, epilogue)
+    shared = tuple(Smem(p.dtype, f"{p.name}_panel", g.stage_depth * p.rows * p.cols) for p in panels)
+    return KernelIR(tile.kernel.name, params, Tile(("m", "n"), bk, m_total * n_total, g.threads),
+                    (tiles, prod(e for _, e in batch) or 1, 1), (g.threads, 1, 1), shared, (body,), str(tile.row),
+                    shape.describe())

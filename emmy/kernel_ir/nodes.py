@@ -125,6 +125,42 @@ class TreeHalve:
 
 
 @dataclass(frozen=True)
+class Panel:
+    """An operand of a contraction staged through shared memory: the Loop IR load `name` (from
+    `buffer`) for a BM x BK (side "a") or BK x BN (side "b") tile, `depth` buffers deep."""
+    name: str
+    buffer: str
+    dtype: DType
+    side: str
+    rows: int
+    cols: int
+
+
+@dataclass(frozen=True)
+class ContractionTile:
+    """A block's BM x BN tile of a SIMT contraction: each thread owns `per_thread` outputs (strided
+    by the block size); K advances BK at a time through the staged panels (plain loads or cp.async,
+    `depth` buffers), then each output's epilogue runs and stores. Loop IR statements keep their
+    names: an accumulator `acc` is one register per owned output."""
+    m_vars: tuple[tuple[int, int], ...]  # (variable, extent), row-major
+    n_vars: tuple[tuple[int, int], ...]
+    batch_vars: tuple[tuple[int, int], ...]
+    k_var: int
+    k_extent: int
+    bm: int
+    bn: int
+    bk: int
+    per_thread: int
+    depth: int  # 0: operands straight from global memory
+    how: str  # "smem" | "smem-async" | ""
+    panels: tuple[Panel, ...]
+    inits: tuple
+    lift: tuple
+    combine: tuple
+    epilogue: tuple
+
+
+@dataclass(frozen=True)
 class Broadcast:
     """Every thread reads the combined values the tree left in shared memory."""
     accs: tuple[str, ...]
@@ -147,7 +183,7 @@ class OnlyThread:
 
 
 Stmt = Union[RowIndex, Scalar, VecLoad, VecStore, ElementLoop, MapElements, WarpShuffle, Smem, Sync, TreeHalve,
-             Broadcast, Store, OnlyThread]
+             Broadcast, Store, OnlyThread, ContractionTile]
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,10 @@ def print_kernel_ir(kernels: list[K.KernelIR]) -> str:
 def _tile(k: K.KernelIR) -> str:
     t = k.tile
     dims = ", ".join(t.dims)
+    if t.dims == ("m", "n"):
+        (c,) = [n for n in k.body if isinstance(n, K.ContractionTile)]
+        return (f"Tile[m, n] (K={c.k_extent}) // {t.rows} outputs in {c.bm} x {c.bn} tiles, {t.workers} workers, "
+                f"{c.per_thread} output(s) each")
     if t.dims == ("element",):
         return f"Tile[{dims}] (N={t.rows}) // {t.extent} elements, {t.workers} workers per block"
     return f"Tile[{dims}] (N={t.extent}) // {t.rows} rows, {t.workers} workers per row"
@@ -62,6 +66,22 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
         out.append(f"{pad}TreeHalve({n.op}, length={n.length}, tid={n.tid}) {n.smem}")
     elif isinstance(n, K.Broadcast):
         out.append(f"{pad}{', '.join(n.accs)} = {n.smem}[0..{len(n.accs)}]")
+    elif isinstance(n, K.ContractionTile):
+        for p in n.panels:
+            out.append(f"{pad}Smem {p.dtype} {p.name}_panel[{n.depth}][{p.rows}][{p.cols}]  ({p.side}: {p.buffer})")
+        out += [pad + statement_text(s) + "  (one per owned output)" for s in n.inits]
+        if n.depth:
+            how = "cp.async, " + f"{n.depth - 1} chunk(s) ahead" if n.how == "smem-async" else "plain loads"
+            out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.bk}:  stage the panels ({how}), Sync")
+        else:
+            out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.k_extent}:  operands from global memory")
+        out.append(f"{pad}  for a{n.k_var} in k0..k0+{n.bk if n.depth else n.k_extent}, each owned output:")
+        staged = {p.name: p for p in n.panels}
+        for s in (*n.lift, *n.combine):
+            name = getattr(s, "name", None)
+            out.append(f"{pad}    " + (f"{name} = {name}_panel[stage][..]" if name in staged else statement_text(s)))
+        out.append(f"{pad}each owned output:")
+        out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
     elif isinstance(n, K.OnlyThread):
         out.append(pad + "thread 0:")
         out += [f"{pad}  {s.buffer}[{s.index}] = {s.value}" for s in n.body]

@@ -52,12 +52,14 @@ def operand(value) -> str:
 
 
 def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = None,
-              stored_to: dict[str, str] | None = None) -> str:
+              stored_to: dict[str, str] | None = None, load_from: dict[str, str] | None = None) -> str:
     """One Loop IR statement as C. `index_c(buffer, index)` gives the flat index text; `types`:
     buffer -> TensorType; `vector_of[name]`: the register array a vectorised load of `name` went
-    into, `stored_to[buffer]`: the one a vectorised store to `buffer` comes from (lane `u`)."""
+    into, `stored_to[buffer]`: the one a vectorised store to `buffer` comes from (lane `u`);
+    `load_from[name]`: where a staged load of `name` reads instead (a shared-memory element)."""
     vector_of = vector_of or {}
     stored_to = stored_to or {}
+    load_from = load_from or {}
     if isinstance(stmt, L.Init):
         return f"float {stmt.acc} = {literal(REDUCE_OPS[stmt.op], DType.F32)};" if stmt.dtype.is_float else \
             f"{REGISTER[stmt.dtype]} {stmt.acc} = {literal(REDUCE_OPS[stmt.op], stmt.dtype)};"
@@ -75,7 +77,9 @@ def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = Non
         raise EmmyError(f"no C form for {type(stmt).__name__}")
     expr = stmt.expr
     if isinstance(expr, L.Load):
-        if stmt.name in vector_of:
+        if stmt.name in load_from:
+            text = f"emmy::to_reg({load_from[stmt.name]})"
+        elif stmt.name in vector_of:
             text = f"emmy::to_reg({vector_of[stmt.name]}.v[u])"
         else:
             text = f"emmy::to_reg({expr.buffer}[{index_c(expr.buffer, expr.index)}])"

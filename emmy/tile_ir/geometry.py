@@ -69,6 +69,7 @@ def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
         return Geometry(threads, shape.rows * split, elems, vec, 0, split)
     per_block = threads * elems
     side = max(1, isqrt(per_block))
-    blocks = ceil(shape.rows * shape.cols * shape.batch / per_block) * split
+    # square-ish tiles of side x per_block // side outputs (the Kernel IR lowering's tiles)
+    blocks = ceil(shape.rows / side) * ceil(shape.cols / max(1, per_block // side)) * shape.batch * split
     return Geometry(threads, blocks, elems, vec, depth * 2 * SIMT_PANEL * shape.itemsize, split,
                     side, max(1, per_block // side), 32, False, depth, how, group)
