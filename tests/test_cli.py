@@ -8,6 +8,7 @@ import pytest
 from tests.conftest import run_emmy
 
 MATMUL = "x=torch.randn(4,3); w=torch.randn(3,2); x @ w"
+MATMUL_F16 = "a=torch.randn(128,128,dtype=torch.float16); b=torch.randn(128,128,dtype=torch.float16); a@b"
 
 BAD_INPUT = [
     # (code, extra args, the error line must contain all of these)
@@ -23,7 +24,8 @@ BAD_INPUT = [
     ("x=torch.randn(4,dtype=torch.float64); x*2", [], ["unsupported dtype float64 (input x)"]),
     ("x=torch.randn(4)\nx.double() * 2", [], ["unsupported dtype float64", "line 2: `x.double() * 2`"]),
     (MATMUL, ["--target", "sm_70"], ["unknown target 'sm_70'", "sm_80, sm_89, sm_90, sm_120"]),
-    (MATMUL, ["--ir", "kernel"], ["kernel k_mm (contraction", "contraction kernels are not lowered to Kernel IR yet"]),
+    (MATMUL_F16, ["--ir", "kernel"], ["kernel k_mm_cast_2 (contraction 128x128x128, f16 operands",
+                                      "tensor-core (mma) contraction tiles are not lowered to Kernel IR yet"]),
     (MATMUL, ["--ir", "llvm"], ["unknown --ir stage 'llvm'"]),
 ]
 
@@ -100,7 +102,7 @@ def test_no_command_prints_help_and_exits_2():
 
 
 def test_suite_compiles_checks_predicts_and_simulates_a_workload():
-    result = run_emmy("suite", "--only", "rmsnorm", "--only", "matmul_small", "--quiet", "--target", "sm_120")
+    result = run_emmy("suite", "--only", "rmsnorm", "--only", "matmul_f16", "--quiet", "--target", "sm_120")
     assert result.returncode == 0, result.stderr
     header, rms, matmul, summary = result.stdout.splitlines()
     assert header.split()[:6] == ["workload", "kernels", "schedule", "(first", "kernel)", "compile"]
@@ -108,16 +110,16 @@ def test_suite_compiles_checks_predicts_and_simulates_a_workload():
     cells = rms.split()
     assert cells[:3] == ["rmsnorm", "1", "WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=,RASTER="]
     assert float(cells[3]) > 0 and float(cells[-2]) < 1e-5 and cells[-1] == "ok"
-    assert matmul.split()[0] == "matmul_small" and "not lowered yet" in matmul
+    assert matmul.split()[0] == "matmul_f16" and "not lowered yet" in matmul
     assert summary == "2 passed, 0 failed"
 
 
 def test_suite_prints_the_cuda_of_what_lowers():
-    result = run_emmy("suite", "--only", "softmax", "--only", "matmul_small", "--ir", "cuda")
+    result = run_emmy("suite", "--only", "softmax", "--only", "matmul_f16", "--ir", "cuda")
     assert result.returncode == 0, result.stderr
     assert "extern \"C\" __global__ void __launch_bounds__(512) k_softmax(" in result.stdout
-    assert ("(no cuda stage yet: kernel k_mm (contraction 4x2x3): contraction kernels are not lowered to Kernel IR "
-            "yet)") in result.stdout
+    assert ("(no cuda stage yet: kernel k_mm_cast_2 (contraction 128x128x128, f16 operands): tensor-core (mma) "
+            "contraction tiles are not lowered to Kernel IR yet)") in result.stdout
 
 
 def test_suite_names_an_unknown_workload():
