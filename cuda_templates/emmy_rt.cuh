@@ -46,6 +46,32 @@ EMMY_DEVICE float round_bf16(float x) { return __bfloat162float(__float2bfloat16
 EMMY_DEVICE float maximum(float a, float b) { return (a != a || a > b) ? a : b; }
 EMMY_DEVICE float minimum(float a, float b) { return (a != a || a < b) ? a : b; }
 
+// Atomic combines of a split reduction's partial results into its output.
+EMMY_DEVICE void atomic_sum(float* p, float v) { atomicAdd(p, v); }
+#if defined(__CUDACC__)
+EMMY_DEVICE void atomic_max(float* p, float v) {  // no float atomicMax in hardware: compare and swap
+  int* word = reinterpret_cast<int*>(p);
+  int seen = *word;
+  while (maximum(__int_as_float(seen), v) != __int_as_float(seen)) {
+    const int before = atomicCAS(word, seen, __float_as_int(maximum(__int_as_float(seen), v)));
+    if (before == seen) break;
+    seen = before;
+  }
+}
+EMMY_DEVICE void atomic_min(float* p, float v) {
+  int* word = reinterpret_cast<int*>(p);
+  int seen = *word;
+  while (minimum(__int_as_float(seen), v) != __int_as_float(seen)) {
+    const int before = atomicCAS(word, seen, __float_as_int(minimum(__int_as_float(seen), v)));
+    if (before == seen) break;
+    seen = before;
+  }
+}
+#else
+inline void atomic_max(float* p, float v) { *p = maximum(*p, v); }  // one fiber runs at a time
+inline void atomic_min(float* p, float v) { *p = minimum(*p, v); }
+#endif
+
 // Merges of twisted fold states (associative; the identity merges as a no-op).
 // Online softmax (m, d): the running max and the sum of exp(x - m). Scales are 1 where the max
 // did not move, so (-inf, 0) states merge without exp(-inf - -inf).

@@ -79,7 +79,7 @@ class Program:
         """Each Tile IR kernel in hardware terms (emmy.kernel_ir)."""
         from emmy.kernel_ir.lower import lower_kernel
 
-        return [lower_kernel(tk, self.buffer_types) for tk in self.tile_ir.kernels]
+        return [k for tk in self.tile_ir.kernels for k in lower_kernel(tk, self.buffer_types)]
 
     @cached_property
     def cuda_source(self) -> str:

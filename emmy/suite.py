@@ -17,7 +17,7 @@ def run_suite(stage: str = "loop", target: str | None = None, only=None, quiet: 
     from emmy.api import optimize
     from emmy.checking import compare, reference_outputs
     from emmy.errors import StageNotBuiltError
-    from emmy.kernel_ir.lower import supports
+    from emmy.kernel_ir.lower import Unsupported, supports
     from emmy.runtime import check_program
 
     if stage not in BUILT_STAGES:
@@ -30,6 +30,11 @@ def run_suite(stage: str = "loop", target: str | None = None, only=None, quiet: 
         program = optimize(workload.code, target=target, stop_after="tile")
         why = next((f"kernel {k.kernel.name} ({k.shape.describe()}): {supports(k)}"
                     for k in program.tile_ir.kernels if supports(k)), "")
+        if not why:
+            try:
+                program.kernel_ir  # noqa: B018 - a lowering may still refuse (e.g. a promise it cannot keep)
+            except Unsupported as refused:
+                why = str(refused)
         compile_s = time.perf_counter() - start
         if not quiet:
             print(f"=== {workload.name}: {workload.code}")

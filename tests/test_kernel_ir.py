@@ -17,7 +17,7 @@ from tests.conftest import run_emmy
 
 RMSNORM = get("rmsnorm").code
 LOWERED = ["add3", "rmsnorm", "softmax", "layernorm", "layernorm_bf16",  # map and row kernels
-           "matmul_small", "gelu_chain"]  # SIMT contractions staged through shared memory
+           "matmul_small", "gelu_chain", "mlp"]  # SIMT contractions staged through shared memory (mlp: split K)
 
 
 def test_rmsnorm_kernel_ir_has_vector_loads_a_warp_shuffle_and_a_shared_memory_tree():
@@ -92,13 +92,27 @@ def test_a_sample_of_legal_rows_runs_right_in_the_simulator(name):
     assert ran >= 4  # the default and the model's next three at least
 
 
-@pytest.mark.parametrize("knobs", ["WORK=t256,TILE=f1,REDUCE=,STAGE=d1/smem,RASTER=",
-                                   "WORK=t64,TILE=f4,REDUCE=,STAGE=d2/smem-async,RASTER=",
-                                   "WORK=t128,TILE=f2,REDUCE=,STAGE=,RASTER="])
-def test_staged_contractions_are_free_of_shared_memory_races(knobs):
-    program = emmy.optimize("a=torch.randn(40,70); b=torch.randn(70,24); torch.tanh(a @ b)", target="sm_90",
-                            knobs=knobs)
+@pytest.mark.parametrize("code, knobs", [
+    ("a=torch.randn(40,70); b=torch.randn(70,24); torch.tanh(a @ b)", "WORK=t256,TILE=f1,REDUCE=,STAGE=d1/smem"),
+    ("a=torch.randn(40,70); b=torch.randn(70,24); torch.tanh(a @ b)", "WORK=t64,TILE=f4,REDUCE=,STAGE=d2/smem-async"),
+    ("a=torch.randn(40,70); b=torch.randn(70,24); torch.tanh(a @ b)", "WORK=t128,TILE=f2,REDUCE=,STAGE="),
+    # split K with atomics; operands contiguous along K loaded 4 (2) at a time
+    ("a=torch.randn(16,512); b=torch.randn(64,512); a @ b.t()", "WORK=t256,TILE=f4/v4,REDUCE=g4a,STAGE=d2/smem-async"),
+    ("a=torch.randn(16,512); b=torch.randn(64,512); a @ b.t()", "WORK=t128,TILE=f2/v2,REDUCE=,STAGE=d1/smem"),
+])
+def test_staged_contractions_are_free_of_shared_memory_races(code, knobs):
+    program = emmy.optimize(code, target="sm_90", knobs=knobs)
     assert all(c.ok for c in check_program(program, mode="racecheck"))
+
+
+def test_a_split_contraction_fills_its_output_then_adds_partials_atomically():
+    program = emmy.optimize("a=torch.randn(16,512); b=torch.randn(64,512); a @ b.t()", target="sm_90",
+                            knobs="WORK=t256,TILE=f4/v4,REDUCE=g4a,STAGE=d2/smem-async")
+    fill, main = program.kernel_ir
+    assert fill.name == "k_mm_fill" and main.grid[2] == 4
+    text = program.ir("kernel")
+    assert "split K 4 ways (grid z)" in text and "load.v4 along K" in text
+    assert "emmy::atomic_sum(&mm[" in program.cuda_source
 
 
 def test_rmsnorm_runs_clean_under_address_sanitizer():

@@ -59,6 +59,15 @@ def test_a_four_wide_map_moves_128_bits_per_load_and_store(cache):
     assert not any(op.startswith(("LDL", "STL")) for op in mix)
 
 
+def test_a_four_wide_contraction_stages_its_panels_by_128_bit_cp_async(cache):
+    program = emmy.optimize("a=torch.randn(16,512); b=torch.randn(64,512); a @ b.t()", target="sm_90",
+                            knobs="WORK=t256,TILE=f4/v4,REDUCE=g4a,STAGE=d2/smem-async")
+    mix = sass_mix(build_cubin(program.cuda_source, "sm_90", cache).path)["k_mm"]
+    assert any(op.startswith("LDGSTS") and op.endswith(".128") for op in mix), mix
+    assert any(op.startswith("RED.E.ADD.F32") or op.startswith("REDG.E.ADD.F32") for op in mix), mix
+    assert not any(op.startswith(("LDL", "STL")) for op in mix)
+
+
 def test_mma_tiles_become_hmma_instructions(cache):
     mix = sass_mix(build_cubin((KERNELS / "mma_matmul.cu").read_text(), "sm_90", cache).path)
     for kernel in ("mma_matmul_f16", "mma_matmul_bf16"):

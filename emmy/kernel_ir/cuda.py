@@ -96,6 +96,8 @@ def _render(n, k: K.KernelIR, types) -> str:
         return template.render(n=n, accs=accs, merge=_merge(n.op, n.accs, "_w"))
     if isinstance(n, K.ContractionTile):
         return _render_contraction(n, template, types)
+    if isinstance(n, K.Fill):
+        return template.render(n=n, value=literal(n.value, DType.F32), storage=STORAGE[n.dtype])
     if isinstance(n, K.OnlyThread):
         lines = [f"{s.buffer}[{s.index}] = emmy::from_reg<{STORAGE[s.dtype]}>({s.value});" for s in n.body]
         return template.render(lines=lines)
@@ -106,17 +108,23 @@ def _render_contraction(n: K.ContractionTile, template, types) -> str:
     total = lambda vars_: prod(e for _, e in vars_)  # noqa: E731
     load_from, panels = {}, []
     for p in n.panels:
-        element = f"{p.name}_panel[(stage * {p.rows} + {'mm' if p.side == 'a' else 'kk'}) * {p.cols} + " \
-                  f"{'kk' if p.side == 'a' else 'nn'}]"
+        outer = "mm" if p.side == "a" else "nn"
+        row, col = (outer, "kk") if p.k_fast else ("kk", outer)
+        element = f"{p.name}_panel[(stage * {p.rows} + {row}) * {p.cols} + {col}]"
         load_from[p.name] = element
         stmt = next(s for s in n.lift if getattr(s, "name", None) == p.name)
         index = affine_c(flat_index(stmt.expr.buffer, stmt.expr.index, types))
         panels.append({"p": p, "index": index, "storage": STORAGE[p.dtype],
-                       "bound": ("m" if p.side == "a" else "k", "k" if p.side == "a" else "n")})
+                       "outer_dec": _decomposition(n.m_vars if p.side == "a" else n.n_vars),
+                       "outer_total": total(n.m_vars if p.side == "a" else n.n_vars),
+                       "outer_start": "m0" if p.side == "a" else "n0"})
     accs = [i.acc for i in n.inits]
     inits = {i.acc: literal(REDUCE_OPS[i.op], DType.F32) for i in n.inits}
+    atomic_ops = dict(n.atomics)
+    atomic_stores = [(s.buffer, affine_c(flat_index(s.buffer, s.index, types)), s.value, atomic_ops[s.value])
+                     for s in n.epilogue if n.split > 1]
     return template.render(
-        n=n, M=total(n.m_vars), N=total(n.n_vars), tiles_n=-(-total(n.n_vars) // n.bn),
+        atomic_stores=atomic_stores, n=n, M=total(n.m_vars), N=total(n.n_vars), tiles_n=-(-total(n.n_vars) // n.bn),
         tiles_m=-(-total(n.m_vars) // n.bm), m_dec=_decomposition(n.m_vars), n_dec=_decomposition(n.n_vars),
         b_dec=_decomposition(n.batch_vars), panels=panels, accs=accs, inits=inits,
         lift=_lines(n.lift, types, load_from=load_from), combine=_lines(n.combine, types),

@@ -14,11 +14,12 @@ from math import prod
 from emmy.affine import Affine, Dim
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
-from emmy.kernel_ir.nodes import (Broadcast, ContractionTile, ElementLoop, KernelIR, MapElements, OnlyThread, Panel,
-                                  Param, RowIndex, Scalar, Smem, Store, Sync, Tile, TreeHalve, VecLoad, VecStore,
-                                  WarpShuffle)
+from emmy.kernel_ir.nodes import (Broadcast, ContractionTile, ElementLoop, Fill, KernelIR, MapElements,
+                                  OnlyThread, Panel, Param, RowIndex, Scalar, Smem, Store, Sync, Tile, TreeHalve,
+                                  VecLoad, VecStore, WarpShuffle)
 from emmy.kernel_ir.scalar_c import affine_c
 from emmy.loop_ir import nodes as L
+from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
 
 # the twisted states the runtime header can merge across threads (emmy::merge_softmax, merge_welford)
@@ -51,10 +52,12 @@ def _supports_contraction(tile: TileKernel) -> str:
     row, g = tile.row, tile.geometry
     if g.mma:
         return "tensor-core (mma) contraction tiles are not lowered to Kernel IR yet"
-    if row.REDUCE:
-        return f"REDUCE={row.REDUCE} (split contractions) is not lowered yet"
-    if g.vec > 1:
-        return f"TILE={row.TILE}: vector loads along K in SIMT contractions are not lowered yet"
+    if row.REDUCE.endswith("k"):
+        return f"REDUCE={row.REDUCE} (split contractions through a workspace) is not lowered yet"
+    if row.REDUCE and tile.kernel.type.dtype.value != "f32":
+        return f"REDUCE={row.REDUCE}: atomics into a {tile.kernel.type.dtype} output are not lowered yet"
+    if g.vec > 1 and not g.stage_depth:
+        return f"TILE={row.TILE}: vector loads along K without staging are not lowered yet"
     if row.RASTER:
         return f"RASTER={row.RASTER} is not lowered yet"
     if g.stage_how == "smem-async" and g.stage_depth < 2:
@@ -69,17 +72,28 @@ def _supports_contraction(tile: TileKernel) -> str:
     return ""
 
 
-def lower_kernel(tile: TileKernel, types: dict) -> KernelIR:
-    """`types`: buffer name -> TensorType, for every buffer of the program."""
+def lower_kernel(tile: TileKernel, types: dict) -> list[KernelIR]:
+    """The kernels that run `tile` in order (a split reduction's output is filled with the identity
+    first). `types`: buffer name -> TensorType, for every buffer of the program."""
     why = supports(tile)
     if why:
         raise Unsupported(f"kernel {tile.kernel.name} ({tile.shape.describe()}, {tile.row}): {why}")
     params = _params(tile.kernel, types)
     if tile.shape.kind == "map":
-        return _lower_map(tile, types, params)
+        return [_lower_map(tile, types, params)]
     if tile.shape.kind == "contraction":
-        return _lower_contraction(tile, types, params)
-    return _lower_row(tile, types, params)
+        main = _lower_contraction(tile, types, params)
+        (body,) = main.body
+        if body.split == 1:
+            return [main]
+        output = tile.kernel.output
+        total = prod(types[output].shape)
+        identity = REDUCE_OPS[body.atomics[0][1]]
+        fill = KernelIR(f"{tile.kernel.name}_fill", (Param(output, types[output].dtype, True),),
+                        Tile(("element",), 256, total, 256), (-(-total // 256), 1, 1), (256, 1, 1), (),
+                        (Fill(output, types[output].dtype, total, identity),), "", f"{output} := {identity}")
+        return [fill, main]
+    return [_lower_row(tile, types, params)]
 
 
 def _params(kernel: L.Kernel, types: dict) -> tuple[Param, ...]:
@@ -299,13 +313,25 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
             side = "a" if deps - {fold.var} and deps - {fold.var} <= m_set else \
                 "b" if deps - {fold.var} and deps - {fold.var} <= n_set else ""
             if side:
-                rows, cols = (bm, bk) if side == "a" else (bk, bn)
-                panels.append(Panel(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side, rows, cols))
+                flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
+                width = g.vec if g.vec > 1 and _vectorizable(flat, fold.var, g.vec) else 1
+                k_fast = side == "a" or width > 1
+                rows, cols = ((bm if side == "a" else bn), bk) if k_fast else (bk, bn)
+                panels.append(Panel(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side, rows, cols,
+                                    k_fast, width))
+        if g.vec > 1 and not any(p.width > 1 for p in panels):
+            raise Unsupported(f"kernel {tile.kernel.name} ({tile.row}): no operand is contiguous along K, so "
+                              f"TILE={tile.row.TILE}'s vector loads cannot be kept")
     m_total, n_total = prod(e for _, e in m_vars), prod(e for _, e in n_vars)
     tiles = -(-m_total // bm) * -(-n_total // bn)
+    atomics = ()
+    if g.split > 1:  # the schedule allows atomic splits only where the output is the raw accumulator
+        atomics = tuple((s.acc, MONOID[s.op]) for s in fold.combine if isinstance(s, L.Accumulate))
+        if len(atomics) != 1 or not all(isinstance(s, L.Store) and s.value == atomics[0][0] for s in epilogue):
+            raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one accumulator stored raw")
     body = ContractionTile(m_vars, n_vars, batch, fold.var, fold.extent, bm, bn, bk, g.elems, g.stage_depth,
-                           g.stage_how, tuple(panels), fold.init, fold.lift, fold.combine, epilogue)
+                           g.stage_how, tuple(panels), fold.init, fold.lift, fold.combine, epilogue, g.split, atomics)
     shared = tuple(Smem(p.dtype, f"{p.name}_panel", g.stage_depth * p.rows * p.cols) for p in panels)
     return KernelIR(tile.kernel.name, params, Tile(("m", "n"), bk, m_total * n_total, g.threads),
-                    (tiles, prod(e for _, e in batch) or 1, 1), (g.threads, 1, 1), shared, (body,), str(tile.row),
+                    (tiles, prod(e for _, e in batch) or 1, g.split), (g.threads, 1, 1), shared, (body,), str(tile.row),
                     shape.describe())

@@ -127,13 +127,17 @@ class TreeHalve:
 @dataclass(frozen=True)
 class Panel:
     """An operand of a contraction staged through shared memory: the Loop IR load `name` (from
-    `buffer`) for a BM x BK (side "a") or BK x BN (side "b") tile, `depth` buffers deep."""
+    `buffer`) for its BM (side "a") or BN (side "b") rows of a BK chunk, `depth` buffers deep.
+    Laid out rows x cols: K along the columns (`k_fast`, then filled `width` elements at a time
+    where the source is contiguous along K) or along the rows (a B operand contiguous along N)."""
     name: str
     buffer: str
     dtype: DType
     side: str
     rows: int
     cols: int
+    k_fast: bool = True
+    width: int = 1
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,17 @@ class ContractionTile:
     lift: tuple
     combine: tuple
     epilogue: tuple
+    split: int = 1  # blocks along K (grid z); >1: each adds its partial result atomically
+    atomics: tuple[tuple[str, str], ...] = ()  # split: (accumulator, monoid) combined into the output
+
+
+@dataclass(frozen=True)
+class Fill:
+    """Every element of `buffer` set to `value`: the identity a split's atomics combine into."""
+    buffer: str
+    dtype: DType
+    total: int
+    value: float
 
 
 @dataclass(frozen=True)
@@ -183,7 +198,7 @@ class OnlyThread:
 
 
 Stmt = Union[RowIndex, Scalar, VecLoad, VecStore, ElementLoop, MapElements, WarpShuffle, Smem, Sync, TreeHalve,
-             Broadcast, Store, OnlyThread, ContractionTile]
+             Broadcast, Store, OnlyThread, ContractionTile, Fill]
 
 
 @dataclass(frozen=True)

@@ -66,9 +66,14 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
         out.append(f"{pad}TreeHalve({n.op}, length={n.length}, tid={n.tid}) {n.smem}")
     elif isinstance(n, K.Broadcast):
         out.append(f"{pad}{', '.join(n.accs)} = {n.smem}[0..{len(n.accs)}]")
+    elif isinstance(n, K.Fill):
+        out.append(f"{pad}{n.buffer}[0..{n.total}] = {n.value}")
     elif isinstance(n, K.ContractionTile):
+        if n.split > 1:
+            out.append(f"{pad}split K {n.split} ways (grid z); each block adds its partial result atomically")
         for p in n.panels:
-            out.append(f"{pad}Smem {p.dtype} {p.name}_panel[{n.depth}][{p.rows}][{p.cols}]  ({p.side}: {p.buffer})")
+            wide = f", load.v{p.width} along K" if p.width > 1 else ""
+            out.append(f"{pad}Smem {p.dtype} {p.name}_panel[{n.depth}][{p.rows}][{p.cols}]  ({p.side}: {p.buffer}{wide})")
         out += [pad + statement_text(s) + "  (one per owned output)" for s in n.inits]
         if n.depth:
             how = "cp.async, " + f"{n.depth - 1} chunk(s) ahead" if n.how == "smem-async" else "plain loads"
@@ -80,7 +85,7 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
         for s in (*n.lift, *n.combine):
             name = getattr(s, "name", None)
             out.append(f"{pad}    " + (f"{name} = {name}_panel[stage][..]" if name in staged else statement_text(s)))
-        out.append(f"{pad}each owned output:")
+        out.append(f"{pad}each owned output:" + (" (atomic combine into the output)" if n.split > 1 else ""))
         out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
     elif isinstance(n, K.OnlyThread):
         out.append(pad + "thread 0:")
