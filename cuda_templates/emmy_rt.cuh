@@ -49,24 +49,19 @@ EMMY_DEVICE float minimum(float a, float b) { return (a != a || a < b) ? a : b; 
 // Atomic combines of a split reduction's partial results into its output.
 EMMY_DEVICE void atomic_sum(float* p, float v) { atomicAdd(p, v); }
 #if defined(__CUDACC__)
-EMMY_DEVICE void atomic_max(float* p, float v) {  // no float atomicMax in hardware: compare and swap
+// No float atomicMax/atomicMin in hardware: compare and swap until the stored value is combined.
+template <float (*Combine)(float, float)>
+EMMY_DEVICE void atomic_combine(float* p, float v) {
   int* word = reinterpret_cast<int*>(p);
   int seen = *word;
-  while (maximum(__int_as_float(seen), v) != __int_as_float(seen)) {
-    const int before = atomicCAS(word, seen, __float_as_int(maximum(__int_as_float(seen), v)));
+  while (Combine(__int_as_float(seen), v) != __int_as_float(seen)) {
+    const int before = atomicCAS(word, seen, __float_as_int(Combine(__int_as_float(seen), v)));
     if (before == seen) break;
     seen = before;
   }
 }
-EMMY_DEVICE void atomic_min(float* p, float v) {
-  int* word = reinterpret_cast<int*>(p);
-  int seen = *word;
-  while (minimum(__int_as_float(seen), v) != __int_as_float(seen)) {
-    const int before = atomicCAS(word, seen, __float_as_int(minimum(__int_as_float(seen), v)));
-    if (before == seen) break;
-    seen = before;
-  }
-}
+EMMY_DEVICE void atomic_max(float* p, float v) { atomic_combine<maximum>(p, v); }
+EMMY_DEVICE void atomic_min(float* p, float v) { atomic_combine<minimum>(p, v); }
 #else
 inline void atomic_max(float* p, float v) { *p = maximum(*p, v); }  // one fiber runs at a time
 inline void atomic_min(float* p, float v) { *p = minimum(*p, v); }

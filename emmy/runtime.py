@@ -67,6 +67,9 @@ def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") 
     buffers |= {k.output: empty_buffer(k.type) for k in loops.kernels}
     module = sim.load(program.cuda_source, "program.cu", mode=mode)
     for kernel in program.kernel_ir:
+        for p in kernel.params:  # scratch (a split's workspace), shared by the kernels that name it
+            if p.name not in buffers:
+                buffers[p.name] = np.zeros(p.scratch, np.float32)
         args = [buffers[p.name] for p in kernel.params]
         module.launch(kernel.name, grid=kernel.grid, block=kernel.block, args=args)
     return {name: from_device(buffers[name], types[name].dtype) for name in loops.outputs}

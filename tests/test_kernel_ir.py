@@ -39,7 +39,7 @@ def test_rmsnorm_cuda_carries_its_knob_row_and_calls_the_runtime_header(tmp_path
     text = out.read_text()
     assert text.startswith('#include "emmy_rt.cuh"')
     assert "// knobs WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=,RASTER=" in text
-    assert "emmy::load_vec<2>(&x[2048 * a0 + base])" in text
+    assert "emmy::load_vec<2>(&g_x[2048 * a0 + base])" in text  # buffers are g_<name> in CUDA text
     assert "__shfl_xor_sync(0xffffffffu, acc0, offset)" in text and "__shared__ __align__(16) float sum_partials[32];" in text
     assert text.count("__syncthreads();") == 3
 
@@ -105,6 +105,22 @@ def test_staged_contractions_are_free_of_shared_memory_races(code, knobs):
     assert all(c.ok for c in check_program(program, mode="racecheck"))
 
 
+def test_a_workspace_split_writes_partials_then_a_finishing_kernel_applies_the_epilogue():
+    program = emmy.optimize(get("gelu_chain").code, target="sm_90", knobs="WORK=t64,TILE=f8,REDUCE=g4k,STAGE=d1/smem")
+    main, finish = program.kernel_ir
+    assert finish.name == "k_gelu_finish" and main.grid[2] == 4
+    (workspace,) = [p for p in main.params if p.scratch]
+    assert workspace.scratch == 4 * 16 * 512  # one partial sum per split and output
+    assert "each output: acc0 = sum over 4 partials in k_gelu_workspace" in program.ir("kernel")
+    assert all(c.ok for c in check_program(program, mode="racecheck"))
+
+
+def test_buffers_named_like_template_locals_do_not_clash():
+    # b, c, e, r, s: names the templates use for their own variables
+    code = "b=torch.randn(4,40); c=torch.randn(40,6); e=torch.randn(6); r=torch.relu(b @ c + e); s=r*2; s"
+    assert all(c.ok for c in check_program(emmy.optimize(code, target="sm_90")))
+
+
 def test_a_split_contraction_fills_its_output_then_adds_partials_atomically():
     program = emmy.optimize("a=torch.randn(16,512); b=torch.randn(64,512); a @ b.t()", target="sm_90",
                             knobs="WORK=t256,TILE=f4/v4,REDUCE=g4a,STAGE=d2/smem-async")
@@ -112,7 +128,7 @@ def test_a_split_contraction_fills_its_output_then_adds_partials_atomically():
     assert fill.name == "k_mm_fill" and main.grid[2] == 4
     text = program.ir("kernel")
     assert "split K 4 ways (grid z)" in text and "load.v4 along K" in text
-    assert "emmy::atomic_sum(&mm[" in program.cuda_source
+    assert "emmy::atomic_sum(&g_mm[" in program.cuda_source
 
 
 def test_rmsnorm_runs_clean_under_address_sanitizer():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from emmy.kernel_ir import nodes as K
 from emmy.kernel_ir.lower import flat_index
-from emmy.kernel_ir.scalar_c import STORAGE, affine_c, literal, statement
+from emmy.kernel_ir.scalar_c import STORAGE, affine_c, buffer_c, literal, statement
 from emmy.dtypes import DType
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
@@ -25,8 +25,10 @@ def _environment():
     import emmy.cuda_templates
 
     folder = Path(emmy.cuda_templates.__path__[0]) / "kernel_ir"
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=False, autoescape=False)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=False, autoescape=False)
+    env.filters["buf"] = buffer_c
+    return env
 
 
 def program_source(kernels: list[K.KernelIR], types: dict, sources: dict[str, str]) -> str:
@@ -38,8 +40,8 @@ def program_source(kernels: list[K.KernelIR], types: dict, sources: dict[str, st
 
 
 def kernel_source(k: K.KernelIR, types: dict, sources: str) -> str:
-    params = ", ".join(f"{STORAGE[p.dtype]}* __restrict__ {p.name}" if p.written
-                       else f"const {STORAGE[p.dtype]}* __restrict__ {p.name}" for p in k.params)
+    params = ", ".join(f"{STORAGE[p.dtype]}* __restrict__ {buffer_c(p.name)}" if p.written
+                       else f"const {STORAGE[p.dtype]}* __restrict__ {buffer_c(p.name)}" for p in k.params)
     body = "\n".join(_render(n, k, types) for n in k.body)
     shared = [(STORAGE[s.dtype], s.name, s.size) for s in k.shared]
     return _environment().get_template("KernelIR.j2").render(k=k, params=params, body=body, sources=sources,
@@ -96,10 +98,16 @@ def _render(n, k: K.KernelIR, types) -> str:
         return template.render(n=n, accs=accs, merge=_merge(n.op, n.accs, "_w"))
     if isinstance(n, K.ContractionTile):
         return _render_contraction(n, template, types)
+    if isinstance(n, K.SplitFinish):
+        accs = [(acc, literal(REDUCE_OPS[op], DType.F32), _merge(op, (acc,), "")) for acc, op in n.accs]
+        return template.render(n=n, accs=accs, M=prod(e for _, e in n.m_vars), N=prod(e for _, e in n.n_vars),
+                               B=prod(e for _, e in n.batch_vars), m_dec=_decomposition(n.m_vars),
+                               n_dec=_decomposition(n.n_vars), b_dec=_decomposition(n.batch_vars),
+                               epilogue=_lines(n.epilogue, types))
     if isinstance(n, K.Fill):
         return template.render(n=n, value=literal(n.value, DType.F32), storage=STORAGE[n.dtype])
     if isinstance(n, K.OnlyThread):
-        lines = [f"{s.buffer}[{s.index}] = emmy::from_reg<{STORAGE[s.dtype]}>({s.value});" for s in n.body]
+        lines = [f"{buffer_c(s.buffer)}[{s.index}] = emmy::from_reg<{STORAGE[s.dtype]}>({s.value});" for s in n.body]
         return template.render(lines=lines)
     return template.render(n=n)
 
@@ -122,7 +130,7 @@ def _render_contraction(n: K.ContractionTile, template, types) -> str:
     inits = {i.acc: literal(REDUCE_OPS[i.op], DType.F32) for i in n.inits}
     atomic_ops = dict(n.atomics)
     atomic_stores = [(s.buffer, affine_c(flat_index(s.buffer, s.index, types)), s.value, atomic_ops[s.value])
-                     for s in n.epilogue if n.split > 1]
+                     for s in n.epilogue if n.atomics]
     return template.render(
         atomic_stores=atomic_stores, n=n, M=total(n.m_vars), N=total(n.n_vars), tiles_n=-(-total(n.n_vars) // n.bn),
         tiles_m=-(-total(n.m_vars) // n.bm), m_dec=_decomposition(n.m_vars), n_dec=_decomposition(n.n_vars),

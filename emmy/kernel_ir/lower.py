@@ -15,8 +15,8 @@ from emmy.affine import Affine, Dim
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
 from emmy.kernel_ir.nodes import (Broadcast, ContractionTile, ElementLoop, Fill, KernelIR, MapElements,
-                                  OnlyThread, Panel, Param, RowIndex, Scalar, Smem, Store, Sync, Tile, TreeHalve,
-                                  VecLoad, VecStore, WarpShuffle)
+                                  OnlyThread, Panel, Param, RowIndex, Scalar, Smem, SplitFinish, Store, Sync, Tile,
+                                  TreeHalve, VecLoad, VecStore, WarpShuffle)
 from emmy.kernel_ir.scalar_c import affine_c
 from emmy.loop_ir import nodes as L
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
@@ -52,9 +52,7 @@ def _supports_contraction(tile: TileKernel) -> str:
     row, g = tile.row, tile.geometry
     if g.mma:
         return "tensor-core (mma) contraction tiles are not lowered to Kernel IR yet"
-    if row.REDUCE.endswith("k"):
-        return f"REDUCE={row.REDUCE} (split contractions through a workspace) is not lowered yet"
-    if row.REDUCE and tile.kernel.type.dtype.value != "f32":
+    if row.REDUCE.endswith("a") and tile.kernel.type.dtype.value != "f32":
         return f"REDUCE={row.REDUCE}: atomics into a {tile.kernel.type.dtype} output are not lowered yet"
     if g.vec > 1 and not g.stage_depth:
         return f"TILE={row.TILE}: vector loads along K without staging are not lowered yet"
@@ -86,6 +84,8 @@ def lower_kernel(tile: TileKernel, types: dict) -> list[KernelIR]:
         (body,) = main.body
         if body.split == 1:
             return [main]
+        if body.workspace:
+            return [main, _finishing_kernel(tile, main, body, types)]
         output = tile.kernel.output
         total = prod(types[output].shape)
         identity = REDUCE_OPS[body.atomics[0][1]]
@@ -324,14 +324,36 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
                               f"TILE={tile.row.TILE}'s vector loads cannot be kept")
     m_total, n_total = prod(e for _, e in m_vars), prod(e for _, e in n_vars)
     tiles = -(-m_total // bm) * -(-n_total // bn)
-    atomics = ()
-    if g.split > 1:  # the schedule allows atomic splits only where the output is the raw accumulator
-        atomics = tuple((s.acc, MONOID[s.op]) for s in fold.combine if isinstance(s, L.Accumulate))
+    atomics, workspace = (), ""
+    monoids = tuple((s.acc, MONOID[s.op]) for s in fold.combine if isinstance(s, L.Accumulate))
+    if g.split > 1 and tile.row.REDUCE.endswith("a"):  # the schedule allows these only for a raw output
+        atomics = monoids
         if len(atomics) != 1 or not all(isinstance(s, L.Store) and s.value == atomics[0][0] for s in epilogue):
             raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one accumulator stored raw")
+    elif g.split > 1:
+        workspace = f"{tile.kernel.name}_workspace"
+        batch_total = prod(e for _, e in batch) or 1
+        params = (*params, Param(workspace, DType.F32, True, len(monoids) * g.split * batch_total * m_total * n_total))
     body = ContractionTile(m_vars, n_vars, batch, fold.var, fold.extent, bm, bn, bk, g.elems, g.stage_depth,
-                           g.stage_how, tuple(panels), fold.init, fold.lift, fold.combine, epilogue, g.split, atomics)
+                           g.stage_how, tuple(panels), fold.init, fold.lift, fold.combine, epilogue, g.split, atomics,
+                           workspace)
     shared = tuple(Smem(p.dtype, f"{p.name}_panel", g.stage_depth * p.rows * p.cols) for p in panels)
     return KernelIR(tile.kernel.name, params, Tile(("m", "n"), bk, m_total * n_total, g.threads),
                     (tiles, prod(e for _, e in batch) or 1, g.split), (g.threads, 1, 1), shared, (body,), str(tile.row),
                     shape.describe())
+
+
+def _finishing_kernel(tile: TileKernel, main: KernelIR, body: ContractionTile, types: dict) -> KernelIR:
+    """A split contraction's second kernel: the partial results reduced, the epilogue, the store."""
+    monoids = tuple((s.acc, MONOID[s.op]) for s in body.combine if isinstance(s, L.Accumulate))
+    workspace = next(p for p in main.params if p.name == body.workspace)
+    outputs = [p for p in main.params if p.written and p.name != body.workspace]
+    reads = sorted({s.expr.buffer for s in body.epilogue if isinstance(s, L.Assign) and isinstance(s.expr, L.Load)})
+    params = (Param(workspace.name, DType.F32, False, workspace.scratch),
+              *(Param(b, types[b].dtype, False) for b in reads), *outputs)
+    total = prod(e for _, e in (*body.m_vars, *body.n_vars, *body.batch_vars))
+    finish = SplitFinish(body.m_vars, body.n_vars, body.batch_vars, body.split, body.workspace, monoids,
+                         body.epilogue)
+    return KernelIR(f"{tile.kernel.name}_finish", params, Tile(("element",), 256, total, 256),
+                    (-(-total // 256), 1, 1), (256, 1, 1), (), (finish,), main.knobs,
+                    f"{main.summary}: the {body.split} partial results reduced")

@@ -18,6 +18,7 @@ class Param:
     name: str
     dtype: DType
     written: bool  # the kernel stores to it (else `const ... __restrict__`)
+    scratch: int = 0  # elements of a buffer the program does not have (a split's workspace): allocate them
 
 
 @dataclass(frozen=True)
@@ -162,8 +163,22 @@ class ContractionTile:
     lift: tuple
     combine: tuple
     epilogue: tuple
-    split: int = 1  # blocks along K (grid z); >1: each adds its partial result atomically
+    split: int = 1  # blocks along K (grid z): each adds its partial result atomically, or writes it to
     atomics: tuple[tuple[str, str], ...] = ()  # split: (accumulator, monoid) combined into the output
+    workspace: str = ""  # ... this buffer, [accumulator][split][batch][M][N], for a finishing kernel
+
+
+@dataclass(frozen=True)
+class SplitFinish:
+    """One thread per output: each accumulator combined over the split's partial results in the
+    workspace, then the contraction's epilogue and store."""
+    m_vars: tuple[tuple[int, int], ...]
+    n_vars: tuple[tuple[int, int], ...]
+    batch_vars: tuple[tuple[int, int], ...]
+    split: int
+    workspace: str
+    accs: tuple[tuple[str, str], ...]  # (accumulator, monoid), in workspace order
+    epilogue: tuple
 
 
 @dataclass(frozen=True)
@@ -184,11 +199,11 @@ class Broadcast:
 
 @dataclass(frozen=True)
 class Store:
+    """One element of a row's result: `buffer[index] = value` (an SSA name or literal text)."""
     buffer: str
     dtype: DType
     index: str
-    value: str  # an SSA name or literal text
-    width: int = 1
+    value: str
 
 
 @dataclass(frozen=True)
@@ -198,7 +213,7 @@ class OnlyThread:
 
 
 Stmt = Union[RowIndex, Scalar, VecLoad, VecStore, ElementLoop, MapElements, WarpShuffle, Smem, Sync, TreeHalve,
-             Broadcast, Store, OnlyThread, ContractionTile, Fill]
+             Broadcast, Store, OnlyThread, ContractionTile, Fill, SplitFinish]
 
 
 @dataclass(frozen=True)

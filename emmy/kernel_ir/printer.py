@@ -66,11 +66,16 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
         out.append(f"{pad}TreeHalve({n.op}, length={n.length}, tid={n.tid}) {n.smem}")
     elif isinstance(n, K.Broadcast):
         out.append(f"{pad}{', '.join(n.accs)} = {n.smem}[0..{len(n.accs)}]")
+    elif isinstance(n, K.SplitFinish):
+        out.append(f"{pad}each output: " + ", ".join(f"{a} = {op} over {n.split} partials in {n.workspace}"
+                                                     for a, op in n.accs))
+        out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
     elif isinstance(n, K.Fill):
         out.append(f"{pad}{n.buffer}[0..{n.total}] = {n.value}")
     elif isinstance(n, K.ContractionTile):
         if n.split > 1:
-            out.append(f"{pad}split K {n.split} ways (grid z); each block adds its partial result atomically")
+            how = f"writes its partial results to {n.workspace}" if n.workspace else "adds its partial result atomically"
+            out.append(f"{pad}split K {n.split} ways (grid z); each block {how}")
         for p in n.panels:
             wide = f", load.v{p.width} along K" if p.width > 1 else ""
             out.append(f"{pad}Smem {p.dtype} {p.name}_panel[{n.depth}][{p.rows}][{p.cols}]  ({p.side}: {p.buffer}{wide})")
@@ -85,8 +90,11 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
         for s in (*n.lift, *n.combine):
             name = getattr(s, "name", None)
             out.append(f"{pad}    " + (f"{name} = {name}_panel[stage][..]" if name in staged else statement_text(s)))
-        out.append(f"{pad}each owned output:" + (" (atomic combine into the output)" if n.split > 1 else ""))
-        out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+        if n.workspace:
+            out.append(f"{pad}each owned output: accumulators to {n.workspace}")
+        else:
+            out.append(f"{pad}each owned output:" + (" (atomic combine into the output)" if n.split > 1 else ""))
+            out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
     elif isinstance(n, K.OnlyThread):
         out.append(pad + "thread 0:")
         out += [f"{pad}  {s.buffer}[{s.index}] = {s.value}" for s in n.body]

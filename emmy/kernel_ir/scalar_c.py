@@ -33,6 +33,12 @@ _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "log": 
           "tanh": "tanhf({0})", "erf": "erff({0})", "logical_not": "(!{0})"}
 
 
+def buffer_c(name: str) -> str:
+    """A buffer's name in CUDA text: `g_` (global memory) and its name, so that no buffer can take
+    the name of a template's local variable (a user's input called `b` or `c`)."""
+    return f"g_{name}"
+
+
 def literal(value, dtype: DType) -> str:
     if dtype == DType.BOOL:
         return "true" if value else "false"
@@ -71,7 +77,7 @@ def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = Non
     if isinstance(stmt, L.Store):
         storage = STORAGE[types[stmt.buffer].dtype]
         target = f"{stored_to[stmt.buffer]}.v[u]" if stmt.buffer in stored_to else \
-            f"{stmt.buffer}[{index_c(stmt.buffer, stmt.index)}]"
+            f"{buffer_c(stmt.buffer)}[{index_c(stmt.buffer, stmt.index)}]"
         return f"{target} = emmy::from_reg<{storage}>({operand(stmt.value)});"
     if not isinstance(stmt, L.Assign):
         raise EmmyError(f"no C form for {type(stmt).__name__}")
@@ -82,7 +88,7 @@ def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = Non
         elif stmt.name in vector_of:
             text = f"emmy::to_reg({vector_of[stmt.name]}.v[u])"
         else:
-            text = f"emmy::to_reg({expr.buffer}[{index_c(expr.buffer, expr.index)}])"
+            text = f"emmy::to_reg({buffer_c(expr.buffer)}[{index_c(expr.buffer, expr.index)}])"
     elif isinstance(expr, L.Masked):
         condition = " && ".join(_guard(g) for g in expr.guards) or "true"
         text = f"(({condition}) ? {operand(expr.value)} : {literal(expr.fill, stmt.dtype)})"
