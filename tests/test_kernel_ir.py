@@ -80,16 +80,11 @@ def test_a_sample_of_legal_rows_runs_right_in_the_simulator(name):
     base = emmy.optimize(get(name).code, target="sm_90")
     sample = _sample_rows(base)
     assert len(sample) == 9
-    ran = 0
     for row in sample:
         program = emmy.optimize(get(name).code, target="sm_90", knobs=str(row))
-        if any(supports(k) for k in program.tile_ir.kernels):
-            assert name == "gelu_chain", row  # every legal row of the row kernels lowers
-            continue
+        assert not any(supports(k) for k in program.tile_ir.kernels), row
         checks = check_program(program)
         assert all(c.ok for c in checks), (str(row), checks)
-        ran += 1
-    assert ran >= 4  # the default and the model's next three at least
 
 
 @pytest.mark.parametrize("code, knobs", [
