@@ -56,6 +56,22 @@ extern "C" int emmy_gpu_launch_{name}(const unsigned* g, const unsigned* b, unsi
   cudaError_t e = cudaLaunchKernel((const void*){name}, dim3(g[0], g[1], g[2]), dim3(b[0], b[1], b[2]), argv, smem, 0);
   return (int)(e == cudaSuccess ? cudaDeviceSynchronize() : e);
 }}
+// `iters` back-to-back launches between two CUDA events; *ms: their total time
+extern "C" int emmy_gpu_time_{name}(const unsigned* g, const unsigned* b, unsigned long smem, void** argv, int iters,
+                                   float* ms) {{
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  for (int i = 0; i < iters; ++i)
+    cudaLaunchKernel((const void*){name}, dim3(g[0], g[1], g[2]), dim3(b[0], b[1], b[2]), argv, smem, 0);
+  cudaEventRecord(stop);
+  cudaError_t e = cudaEventSynchronize(stop);
+  cudaEventElapsedTime(ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return (int)(e == cudaSuccess ? cudaGetLastError() : e);
+}}
 """
 
 
@@ -91,14 +107,16 @@ def cases(rng):
 
 
 class Gpu:
-    def __init__(self, source: str, arch: str, work: Path):
-        names = list(kernels_of((KERNELS / source).read_text(), source))
-        wrapper = work / f"{source}.wrap.cu"
-        wrapper.write_text(WRAPPER.format(source=KERNELS / source,
-                                          launchers="".join(LAUNCHER.format(name=n) for n in names)))
-        lib = work / f"{source}.so"
-        subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-O3", "-fmad=false", f"-arch=sm_{arch}",
-                        "-I", str(HEADERS), str(wrapper), "-o", str(lib)], check=True)
+    """A CUDA source built by nvcc into a library with a host launcher (and timer) per kernel."""
+
+    def __init__(self, source: str | Path, arch: str, work: Path, fmad: bool = False):
+        path = source if isinstance(source, Path) else KERNELS / source
+        names = list(kernels_of(path.read_text(), path.name))
+        wrapper = work / f"{path.name}.wrap.cu"
+        wrapper.write_text(WRAPPER.format(source=path, launchers="".join(LAUNCHER.format(name=n) for n in names)))
+        lib = work / f"{path.name}.so"
+        subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-O3", f"-fmad={'true' if fmad else 'false'}",
+                        f"-arch=sm_{arch}", "-I", str(HEADERS), str(wrapper), "-o", str(lib)], check=True)
         self.lib = ctypes.CDLL(str(lib))
 
     def _check(self, rc, what):
