@@ -142,3 +142,18 @@ def test_emmy_run_check_prints_the_errors_and_refuses_what_it_cannot_lower():
     assert matmul.returncode == 2 and "tensor-core (mma) contraction tiles are not lowered" in matmul.stderr
     device = run_emmy("run", "-c", RMSNORM, "--device", "gpu")
     assert device.returncode == 2 and "unknown --device 'gpu'" in device.stderr
+
+
+@pytest.mark.parametrize("code", ["x=torch.randn(8,40000); x.sum(-1)", "x=torch.randn(8,40000); x.amax(-1)"])
+def test_long_rows_split_over_blocks_that_combine_atomically(code):
+    program = emmy.optimize(code, target="sm_90")
+    rows = program.schedule_space().rows[program.loop_ir.kernels[0].name]
+    atomic = [r for r in rows if r.REDUCE.endswith("a")]
+    assert atomic
+    for row in [atomic[0], atomic[len(atomic) // 2], atomic[-1]]:
+        pinned = emmy.optimize(code, target="sm_90", knobs=str(row))
+        fill, main = pinned.kernel_ir
+        assert fill.name.endswith("_fill") and main.grid[0] == 8 * pinned.tile_ir.kernels[0].geometry.split
+        assert all(c.ok for c in check_program(pinned)), row
+    assert all(c.ok for c in check_program(emmy.optimize(code, target="sm_90", knobs=str(atomic[0])),
+                                           mode="racecheck"))

@@ -107,7 +107,9 @@ def _render(n, k: K.KernelIR, types) -> str:
     if isinstance(n, K.Fill):
         return template.render(n=n, value=literal(n.value, DType.F32), storage=STORAGE[n.dtype])
     if isinstance(n, K.OnlyThread):
-        lines = [f"{buffer_c(s.buffer)}[{s.index}] = emmy::from_reg<{STORAGE[s.dtype]}>({s.value});" for s in n.body]
+        lines = [f"emmy::atomic_{s.atomic}(&{buffer_c(s.buffer)}[{s.index}], {s.value});  // this slice's part"
+                 if s.atomic else f"{buffer_c(s.buffer)}[{s.index}] = emmy::from_reg<{STORAGE[s.dtype]}>({s.value});"
+                 for s in n.body]
         return template.render(lines=lines)
     return template.render(n=n)
 

@@ -9,6 +9,7 @@ contiguously, from an aligned start, are taken a vector at a time.
 
 from __future__ import annotations
 
+import dataclasses
 from math import prod
 
 from emmy.affine import Affine, Dim
@@ -39,7 +40,8 @@ def supports(tile: TileKernel) -> str:
         return _supports_contraction(tile)
     if tile.shape.kind not in ("map", "row"):
         return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
-    blocking = [f"REDUCE={row.REDUCE}"] if row.REDUCE not in ("", "coop") else []
+    split_ok = tile.shape.kind == "row" and row.REDUCE.endswith("a") and tile.kernel.type.dtype.value == "f32"
+    blocking = [f"REDUCE={row.REDUCE}"] if row.REDUCE not in ("", "coop") and not split_ok else []
     blocking += [f"{knob}={getattr(row, knob)}" for knob in ("STAGE", "RASTER") if getattr(row, knob)]
     if blocking:
         return f"{', '.join(blocking)} {'is' if len(blocking) == 1 else 'are'} not lowered yet"
@@ -86,14 +88,28 @@ def lower_kernel(tile: TileKernel, types: dict) -> list[KernelIR]:
             return [main]
         if body.workspace:
             return [main, _finishing_kernel(tile, main, body, types)]
-        output = tile.kernel.output
-        total = prod(types[output].shape)
-        identity = REDUCE_OPS[body.atomics[0][1]]
-        fill = KernelIR(f"{tile.kernel.name}_fill", (Param(output, types[output].dtype, True),),
-                        Tile(("element",), 256, total, 256), (-(-total // 256), 1, 1), (256, 1, 1), (),
-                        (Fill(output, types[output].dtype, total, identity),), "", f"{output} := {identity}")
-        return [fill, main]
-    return [_lower_row(tile, types, params)]
+        return [_fill_kernel(tile, types, REDUCE_OPS[body.atomics[0][1]]), main]
+    main = _lower_row(tile, types, params)
+    if tile.geometry.split == 1:
+        return [main]
+    return [_fill_kernel(tile, types, REDUCE_OPS[_row_atomic(tile)]), main]
+
+
+def _row_atomic(tile: TileKernel) -> str:
+    """The monoid a row split's blocks combine their partial results with (one plain accumulator)."""
+    (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
+    monoids = {MONOID[s.op] for s in fold.combine if isinstance(s, L.Accumulate)}
+    if len(monoids) != 1 or any(isinstance(s, L.Update) for s in fold.combine):
+        raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one monoid")
+    return monoids.pop()
+
+
+def _fill_kernel(tile: TileKernel, types: dict, identity: float) -> KernelIR:
+    output = tile.kernel.output
+    total = prod(types[output].shape)
+    return KernelIR(f"{tile.kernel.name}_fill", (Param(output, types[output].dtype, True),),
+                    Tile(("element",), 256, total, 256), (-(-total // 256), 1, 1), (256, 1, 1), (),
+                    (Fill(output, types[output].dtype, total, identity),), "", f"{output} := {identity}")
 
 
 def _params(kernel: L.Kernel, types: dict) -> tuple[Param, ...]:
@@ -181,20 +197,25 @@ def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
     g, row = tile.geometry, tile.row
     loops, _ = _free_loops(tile.kernel, tile.placement.free)
     rows = prod(e for _, e in loops)
-    coop = row.REDUCE == "coop"
+    split = g.split  # > 1: a row's fold spread over `split` blocks that combine atomically
+    coop = row.REDUCE == "coop" or split > 1
+    atomic = _row_atomic(tile) if split > 1 else ""
     threads, width = g.threads, g.vec
     unroll = max(1, g.elems // max(1, width))
-    body: list = [RowIndex(tuple(loops), "blockIdx.x" if coop else "thread")]
+    body: list = [RowIndex(tuple(loops), "blockIdx.x" if coop else "thread", split)]
     shared: list[Smem] = []
     twists = []
     for part in tile.parts:
         if isinstance(part, Epilogue):
-            body += _scalar_and_stores(part.body, types, coop)
+            body += _scalar_and_stores(part.body, types, coop, atomic)
         elif isinstance(part, Fold):
             body.append(Scalar(part.init))
             workers, worker = (threads, "threadIdx.x") if coop else (1, "0")
-            body.append(_element_loop(part.var, part.extent, part.lift + part.combine, types, width, workers,
-                                      unroll, worker))
+            loop = _element_loop(part.var, part.extent, part.lift + part.combine, types, width, workers, unroll,
+                                 worker)
+            if split > 1:  # this block's slice of the fold: whole steps of the threads' vectors
+                loop = dataclasses.replace(loop, split=split)
+            body.append(loop)
             if coop:
                 combine, smem = _block_combine(part, threads)
                 body += combine
@@ -205,7 +226,7 @@ def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
             workers, worker = (threads, "threadIdx.x") if coop else (1, "0")
             body.append(_element_loop(part.var, part.extent, part.body, types, width, workers, unroll, worker))
     extent = max((p.extent for p in tile.parts if isinstance(p, (Fold, Sweep))), default=1)
-    blocks = rows if coop else -(-rows // threads)
+    blocks = rows * split if coop else -(-rows // threads)
     return KernelIR(tile.kernel.name, params, Tile(("row", "col"), extent, rows, threads if coop else 1),
                     (blocks, 1, 1), (threads, 1, 1), tuple(shared), tuple(body), str(row),
                     tile.shape.describe(), tuple(twists))
@@ -239,9 +260,10 @@ def _block_combine(fold: Fold, threads: int):
     return stmts, smem
 
 
-def _scalar_and_stores(stmts, types, coop: bool) -> list:
+def _scalar_and_stores(stmts, types, coop: bool, atomic: str = "") -> list:
     """Row-level statements: every thread computes the scalars; a row's stores are written by one
-    thread of the block that owns it (coop), or by the thread that owns it."""
+    thread of the block that owns it (coop; with `atomic`, combined into the output by that monoid),
+    or by the thread that owns it."""
     out, pending = [], []
     for s in stmts:
         if isinstance(s, L.Store) and coop:
@@ -249,7 +271,8 @@ def _scalar_and_stores(stmts, types, coop: bool) -> list:
                 out.append(Scalar(tuple(pending)))
                 pending = []
             out.append(OnlyThread((Store(s.buffer, types[s.buffer].dtype,
-                                         affine_c(flat_index(s.buffer, s.index, types)), _operand(s.value)),)))
+                                         affine_c(flat_index(s.buffer, s.index, types)), _operand(s.value),
+                                         atomic),)))
         else:
             pending.append(s)
     if pending:

@@ -35,6 +35,7 @@ class RowIndex:
     """The free loop variables of the block's row, from the block index (row-major)."""
     vars: tuple[tuple[int, int], ...]  # (loop variable, extent), outermost first
     source: str = "blockIdx.x"  # or "thread": one row per thread
+    split: int = 1  # blocks per row (blockIdx.x = row * split + slice)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class ElementLoop:
     body: tuple  # per element, with `a<var>` bound and `u` the lane within the vector
     tail: bool
     stores: tuple[VecStore, ...] = ()  # stores written a vector at a time
+    split: int = 1  # > 1: only this block's slice (blockIdx.x % split) of the extent
 
 
 @dataclass(frozen=True)
@@ -199,11 +201,13 @@ class Broadcast:
 
 @dataclass(frozen=True)
 class Store:
-    """One element of a row's result: `buffer[index] = value` (an SSA name or literal text)."""
+    """One element of a row's result: `buffer[index] = value` (an SSA name or literal text), or with
+    `atomic` (a monoid) the value combined into it, as the blocks of a split row do."""
     buffer: str
     dtype: DType
     index: str
     value: str
+    atomic: str = ""
 
 
 @dataclass(frozen=True)
