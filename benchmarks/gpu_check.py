@@ -25,9 +25,8 @@ import gpu_sim_compare  # noqa: E402
 
 import emmy  # noqa: E402
 from emmy.checking import compare, reference_outputs  # noqa: E402
-from emmy.dtypes import to_numpy  # noqa: E402
 from emmy.kernel_ir.lower import Unsupported, supports  # noqa: E402
-from emmy.runtime import empty_buffer, from_device, to_device  # noqa: E402
+from emmy.runtime import from_device, host_buffers  # noqa: E402
 from emmy.tile_ir.nodes import Fold  # noqa: E402
 from emmy.workloads import WORKLOADS  # noqa: E402
 
@@ -45,12 +44,7 @@ def run_workload(workload, arch: str, work: Path) -> dict:
     source.write_text(program.cuda_source)
     gpu = gpu_sim_compare.Gpu(source, arch, work, fmad=True)
     lib, loops, types = gpu.lib, program.loop_ir, program.buffer_types
-    by_name = dict(zip([n.name for n in program.tensor_ir.inputs], program.example_inputs))
-    host = {n: to_device(to_numpy(by_name[n])[0], t.dtype) for n, t in loops.inputs}
-    host |= {n: to_device(program.weights[n], t.dtype) for n, t in loops.weights}
-    host |= {k.output: empty_buffer(k.type) for k in loops.kernels}
-    for k in kernels:
-        host |= {p.name: np.zeros(p.scratch, np.float32) for p in k.params if p.name not in host}
+    host = host_buffers(program, program.example_inputs)
     device = {}
     for name, array in host.items():
         ptr = ctypes.c_void_p()

@@ -32,43 +32,33 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--target", help="GPU architecture: sm_80, sm_89, sm_90, sm_120 (default: EMMY_TARGET or sm_90)")
         p.add_argument("-v", "--verbose", action="store_true", help="log progress; tracebacks on errors")
 
-    compile_ = sub.add_parser("compile", help="compile a program and print one stage")
-    compile_.add_argument("-c", dest="code", required=True, metavar="CODE",
-                          help="Python code whose last statement is the tensor expression to compile")
+    def program_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        """A command that compiles -c code: the code, knob pins, optimizer options, --target, -v."""
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("-c", dest="code", required=True, metavar="CODE",
+                       help="Python code whose last statement is the tensor expression to compile")
+        p.add_argument("--knobs", metavar="K=V,...", help="pin schedule knobs (overrides EMMY_KNOBS)")
+        optimizer_options(p)
+        common(p)
+        return p
+
+    compile_ = program_command("compile", "compile a program and print one stage")
     compile_.add_argument("--ir", default="tensor", metavar="STAGE", help=f"stage to print: {'|'.join(STAGES)}")
     compile_.add_argument("-o", dest="output", metavar="FILE", help="write the stage to FILE instead of stdout")
-    compile_.add_argument("--knobs", metavar="K=V,...", help="pin schedule knobs (overrides EMMY_KNOBS)")
-    optimizer_options(compile_)
-    common(compile_)
 
-    schedules = sub.add_parser("schedules", help="list every legal knob row of each kernel, with its cost estimate")
-    schedules.add_argument("-c", dest="code", required=True, metavar="CODE",
-                           help="Python code whose last statement is the tensor expression to compile")
+    schedules = program_command("schedules", "list every legal knob row of each kernel, with its cost estimate")
     schedules.add_argument("--limit", type=int, default=20, metavar="N",
                            help="rows to print per kernel, cheapest first (0: all; default 20)")
-    schedules.add_argument("--knobs", metavar="K=V,...", help="pin schedule knobs (overrides EMMY_KNOBS)")
-    optimizer_options(schedules)
-    common(schedules)
 
-    explain = sub.add_parser("explain", help="per kernel, the chosen knob row and the best alternatives, "
-                                             "with every term of their predicted time")
-    explain.add_argument("-c", dest="code", required=True, metavar="CODE",
-                         help="Python code whose last statement is the tensor expression to compile")
+    explain = program_command("explain", "per kernel, the chosen knob row and the best alternatives, "
+                                         "with every term of their predicted time")
     explain.add_argument("--top", type=int, default=3, metavar="K", help="alternatives to show (default 3)")
-    explain.add_argument("--knobs", metavar="K=V,...", help="pin schedule knobs (overrides EMMY_KNOBS)")
-    optimizer_options(explain)
-    common(explain)
 
-    run = sub.add_parser("run", help="run the compiled program's kernels on a device (sim: the CPU simulator)")
-    run.add_argument("-c", dest="code", required=True, metavar="CODE",
-                     help="Python code whose last statement is the tensor expression to compile")
+    run = program_command("run", "run the compiled program's kernels on a device (sim: the CPU simulator)")
     run.add_argument("--device", default="sim", metavar="DEVICE", help="sim (the CPU simulator); default sim")
     run.add_argument("--sim-mode", default="plain", metavar="MODE",
                      help="simulator build: plain, asan (out-of-bounds checks) or racecheck (default plain)")
     run.add_argument("--check", action="store_true", help="compare every output with torch; exit 1 on a mismatch")
-    run.add_argument("--knobs", metavar="K=V,...", help="pin schedule knobs (overrides EMMY_KNOBS)")
-    optimizer_options(run)
-    common(run)
 
     rules = sub.add_parser("rules", help="list the rulesets and rules, with their descriptions")
     rules.add_argument("--rules", dest="rule_files", action="append", default=[], metavar="FILE",

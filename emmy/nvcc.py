@@ -51,7 +51,7 @@ class Cubin:
 
 def build_cubin(source: str, target: str, cache_dir: Path | None = None) -> Cubin:
     from emmy.config import settings
-    from emmy.sim.build import HEADERS
+    from emmy.sim.build import HEADERS, headers_digest
 
     if not re.fullmatch(r"sm_\d+a?", target):
         raise EmmyError(f"nvcc target must look like sm_90, got {target!r}")
@@ -59,7 +59,7 @@ def build_cubin(source: str, target: str, cache_dir: Path | None = None) -> Cubi
     if nvcc is None:
         raise KernelBuildError("nvcc is not on PATH; it is needed to build cubins")
     key = hashlib.sha256("\0".join([source, target, " ".join(FLAGS), _nvcc_version(nvcc),
-                                    _header_digest(HEADERS)]).encode()).hexdigest()[:24]
+                                    headers_digest()]).encode()).hexdigest()[:24]
     folder = (cache_dir or settings().cache_dir) / "cubin"
     cubin, report = folder / f"{key}-{target}.cubin", folder / f"{key}-{target}.json"
     if cubin.exists() and report.exists():
@@ -150,11 +150,3 @@ def _load_report(path: Path) -> dict[str, Resources]:
 @functools.lru_cache(maxsize=4)
 def _nvcc_version(nvcc: str) -> str:
     return subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
-
-
-@functools.lru_cache(maxsize=1)
-def _header_digest(headers: Path) -> str:
-    digest = hashlib.sha256()
-    for header in sorted(headers.glob("*.cuh")) + sorted(headers.glob("*.h")):
-        digest.update(header.read_bytes())
-    return digest.hexdigest()

@@ -36,6 +36,21 @@ def empty_buffer(type_) -> np.ndarray:
     return np.zeros(type_.shape, storage)
 
 
+def host_buffers(program, inputs) -> dict[str, np.ndarray]:
+    """Every buffer the program's kernels name, in kernel storage: inputs (torch tensors, in the
+    graph's input order), weights, zeroed kernel outputs and scratch (a split's workspace)."""
+    from emmy.dtypes import to_numpy
+
+    loops = program.loop_ir
+    by_name = dict(zip([n.name for n in program.tensor_ir.inputs], inputs))
+    buffers = {name: to_device(to_numpy(by_name[name])[0], t.dtype) for name, t in loops.inputs}
+    buffers |= {name: to_device(program.weights[name], t.dtype) for name, t in loops.weights}
+    buffers |= {k.output: empty_buffer(k.type) for k in loops.kernels}
+    for kernel in program.kernel_ir:
+        buffers |= {p.name: np.zeros(p.scratch, np.float32) for p in kernel.params if p.name not in buffers}
+    return buffers
+
+
 @dataclass(frozen=True)
 class Check:
     output: str
@@ -48,8 +63,6 @@ class Check:
 def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") -> dict[str, np.ndarray]:
     """Every kernel of `program` (emmy.program.Program) in order; the program's outputs by buffer
     name, in interpreter storage. `inputs`: torch tensors (default: the example inputs)."""
-    from emmy.dtypes import to_numpy
-
     if device not in DEVICES:
         raise EmmyError(f"unknown device {device!r}; devices here: {', '.join(DEVICES)} "
                         "(cuda needs a GPU machine and is not built yet)")
@@ -60,16 +73,9 @@ def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") 
     if given is None or len(given) != len(loops.inputs):
         raise EmmyError(f"the program takes {len(loops.inputs)} inputs, got {0 if given is None else len(given)}")
     types = program.buffer_types
-    graph_inputs = [n.name for n in program.tensor_ir.inputs]
-    by_name = dict(zip(graph_inputs, given))
-    buffers = {name: to_device(to_numpy(by_name[name])[0], t.dtype) for name, t in loops.inputs}
-    buffers |= {name: to_device(program.weights[name], t.dtype) for name, t in loops.weights}
-    buffers |= {k.output: empty_buffer(k.type) for k in loops.kernels}
+    buffers = host_buffers(program, given)
     module = sim.load(program.cuda_source, "program.cu", mode=mode)
     for kernel in program.kernel_ir:
-        for p in kernel.params:  # scratch (a split's workspace), shared by the kernels that name it
-            if p.name not in buffers:
-                buffers[p.name] = np.zeros(p.scratch, np.float32)
         args = [buffers[p.name] for p in kernel.params]
         module.launch(kernel.name, grid=kernel.grid, block=kernel.block, args=args)
     return {name: from_device(buffers[name], types[name].dtype) for name in loops.outputs}

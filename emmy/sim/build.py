@@ -43,7 +43,7 @@ def build(source: str, filename: str, mode: str, cache_dir: Path) -> Built:
         raise KernelBuildError(f"unknown simulator mode {mode!r}; modes are {', '.join(MODES)}")
     text = simulator_source(source, filename)
     key = hashlib.sha256("\0".join([text, mode, " ".join(COMMON_FLAGS + MODE_FLAGS[mode]), _compiler_version(),
-                                    _headers_digest()]).encode()).hexdigest()[:24]
+                                    headers_digest()]).encode()).hexdigest()[:24]
     library = cache_dir / "sim" / f"{key}-{mode}.so"
     if library.exists():
         return Built(library, False)
@@ -74,7 +74,8 @@ def _compiler_version() -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _headers_digest() -> str:
+def headers_digest() -> str:
+    """The runtime and simulator headers' text: part of every build cache's key (g++ and nvcc)."""
     digest = hashlib.sha256()
     for header in sorted(HEADERS.glob("*.h")) + sorted(HEADERS.glob("*.cuh")):
         digest.update(header.read_bytes())
