@@ -33,7 +33,8 @@ from emmy.workloads import WORKLOADS  # noqa: E402
 
 def run_workload(workload, arch: str, work: Path) -> dict:
     program = emmy.optimize(workload.code, target=f"sm_{arch}")
-    why = next((supports(k) for k in program.tile_ir.kernels if supports(k)), "")
+    types = program.buffer_types
+    why = next((supports(k, types) for k in program.tile_ir.kernels if supports(k, types)), "")
     try:
         kernels = [] if why else program.kernel_ir
     except Unsupported as refused:
@@ -43,7 +44,7 @@ def run_workload(workload, arch: str, work: Path) -> dict:
     source = work / f"{workload.name}.cu"
     source.write_text(program.cuda_source)
     gpu = gpu_sim_compare.Gpu(source, arch, work, fmad=True)
-    lib, loops, types = gpu.lib, program.loop_ir, program.buffer_types
+    lib, loops = gpu.lib, program.loop_ir
     host = host_buffers(program, program.example_inputs)
     device = {}
     for name, array in host.items():
@@ -52,11 +53,19 @@ def run_workload(workload, arch: str, work: Path) -> dict:
         gpu._check(lib.emmy_gpu_put(ptr, array.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(array.nbytes)), "in")
         device[name] = ptr
     dims = lambda v: (ctypes.c_uint * 3)(*v)  # noqa: E731
-    argvs = [(k, (ctypes.c_void_p * len(k.params))(*[ctypes.addressof(device[p.name]) for p in k.params]))
-             for k in kernels]
+    argvs, maps = [], []
+    for k in kernels:
+        addresses = [ctypes.addressof(device[p.name]) for p in k.params]
+        for buffer, row, box_rows, box_cols in k.tensor_maps:  # TMA descriptors follow the buffers
+            itemsize = host[buffer].itemsize
+            owner, view = gpu.tensor_map(device[buffer], (host[buffer].size // row, row), row * itemsize,
+                                         (box_rows, box_cols), itemsize)
+            maps.append(owner)
+            addresses.append(view.ctypes.data)
+        argvs.append((k, (ctypes.c_void_p * len(addresses))(*addresses)))
     for k, argv in argvs:  # the run that is checked
-        gpu._check(getattr(lib, f"emmy_gpu_launch_{k.name}")(dims(k.grid), dims(k.block), ctypes.c_ulong(0), argv),
-                   k.name)
+        gpu._check(getattr(lib, f"emmy_gpu_launch_{k.name}")(dims(k.grid), dims(k.block),
+                                                               ctypes.c_ulong(k.dynamic_smem), argv), k.name)
     longest = max((p.extent for t in program.tile_ir.kernels for p in t.parts if isinstance(p, Fold)), default=1)
     expected = reference_outputs(program.captured)
     worst, ok = 0.0, True
@@ -73,14 +82,15 @@ def run_workload(workload, arch: str, work: Path) -> dict:
             timer = getattr(lib, f"emmy_gpu_time_{k.name}")
             ms, total, iters = ctypes.c_float(), 0.0, 16
             while total < 10.0:  # warm-up: at least 10 ms of GPU time
-                gpu._check(timer(dims(k.grid), dims(k.block), ctypes.c_ulong(0), argv, iters, ctypes.byref(ms)), k.name)
+                gpu._check(timer(dims(k.grid), dims(k.block), ctypes.c_ulong(k.dynamic_smem), argv, iters,
+                                 ctypes.byref(ms)), k.name)
                 total += ms.value
                 iters *= 2
             per_batch = max(16, int(iters * 1.0 / max(total, 1e-3)))  # about 1 ms batches
             samples = []
             for _ in range(20):
-                gpu._check(timer(dims(k.grid), dims(k.block), ctypes.c_ulong(0), argv, per_batch, ctypes.byref(ms)),
-                           k.name)
+                gpu._check(timer(dims(k.grid), dims(k.block), ctypes.c_ulong(k.dynamic_smem), argv, per_batch,
+                                 ctypes.byref(ms)), k.name)
                 samples.append(ms.value * 1e3 / per_batch)
             times[k.name] = statistics.median(samples)
     for ptr in device.values():

@@ -34,7 +34,7 @@ extern "C" int emmy_gpu_free(void* p) {{ return (int)cudaFree(p); }}
 extern "C" int emmy_gpu_put(void* d, const void* h, size_t n) {{ return (int)cudaMemcpy(d, h, n, cudaMemcpyHostToDevice); }}
 extern "C" int emmy_gpu_get(void* h, const void* d, size_t n) {{ return (int)cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost); }}
 extern "C" int emmy_gpu_tensormap(void* out, void* base, unsigned long rows, unsigned long cols,
-                                  unsigned long row_bytes, unsigned box_rows, unsigned box_cols) {{
+                                  unsigned long row_bytes, unsigned box_rows, unsigned box_cols, unsigned element_bytes) {{
   cuuint64_t dims[2] = {{cols, rows}}, strides[1] = {{row_bytes}};
   cuuint32_t box[2] = {{box_cols, box_rows}}, unit[2] = {{1, 1}};
   // the driver's entry point through the runtime: no link against libcuda (absent where this is built)
@@ -44,7 +44,9 @@ extern "C" int emmy_gpu_tensormap(void* out, void* base, unsigned long rows, uns
       !fn)
     return -1;
   auto encode = reinterpret_cast<decltype(&cuTensorMapEncodeTiled)>(fn);
-  return (int)encode((CUtensorMap*)out, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, strides, box,
+  // the copy is bitwise: only the element size matters (bf16 travels as 16-bit integers)
+  const CUtensorMapDataType type = element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  return (int)encode((CUtensorMap*)out, type, 2, base, dims, strides, box,
                      unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                      CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }}
@@ -123,6 +125,17 @@ class Gpu:
         if rc:
             raise RuntimeError(f"{what}: CUDA error {rc}")
 
+    def tensor_map(self, device_ptr, shape, row_bytes, box, element_bytes):
+        """(owner, 128-byte view at a 64-byte boundary): the driver's CUtensorMap of a 2-D device array."""
+        buffer = np.zeros(192, np.uint8)
+        view = buffer[(-buffer.ctypes.data) % 64:][:128]
+        rows, cols = shape
+        self._check(self.lib.emmy_gpu_tensormap(
+            view.ctypes.data_as(ctypes.c_void_p), device_ptr, ctypes.c_ulong(rows), ctypes.c_ulong(cols),
+            ctypes.c_ulong(row_bytes), ctypes.c_uint(box[0]), ctypes.c_uint(box[1]), ctypes.c_uint(element_bytes)),
+            "cuTensorMapEncodeTiled")
+        return buffer, view
+
     def run(self, kernel, signature, grid, block, shared, args):
         storage, device, keep = [], [], []
         for param, value in zip(signature.params, args):
@@ -134,13 +147,7 @@ class Gpu:
                                                   ctypes.c_size_t(host.nbytes)), "copy in")
                 device.append((ptr, host))
                 if param.kind == "tensormap":
-                    buffer = np.zeros(192, np.uint8)
-                    view = buffer[(-buffer.ctypes.data) % 64:][:128]
-                    rows, cols = host.shape
-                    self._check(self.lib.emmy_gpu_tensormap(
-                        view.ctypes.data_as(ctypes.c_void_p), ptr, ctypes.c_ulong(rows), ctypes.c_ulong(cols),
-                        ctypes.c_ulong(host.strides[0]), ctypes.c_uint(value.box[0]), ctypes.c_uint(value.box[1])),
-                        "cuTensorMapEncodeTiled")
+                    buffer, view = self.tensor_map(ptr, host.shape, host.strides[0], value.box, host.itemsize)
                     keep.append(buffer)
                     storage.append(view.ctypes.data)
                 else:

@@ -239,6 +239,15 @@ inline void mma_m16n8k16_bf16_f32(float d[4], const uint32_t a[4], const uint32_
 }
 #endif
 
+// Two 16-bit values in one fragment register, `lo` in the low half (the order of the mma fragments).
+template <class T>
+EMMY_DEVICE uint32_t pack2(T lo, T hi) {
+  uint16_t l, h;
+  __builtin_memcpy(&l, &lo, 2);
+  __builtin_memcpy(&h, &hi, 2);
+  return uint32_t(l) | (uint32_t(h) << 16);
+}
+
 // ---- ldmatrix: 8x8 matrices of 16-bit elements from shared memory ------------------------
 // Lanes 8j..8j+7 give the addresses of the 8 rows (16 bytes each) of matrix j (j < X).
 // Lane l receives in r[j] row l / 4, columns 2 (l % 4) + {0, 1} of matrix j; with .trans,

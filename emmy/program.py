@@ -69,10 +69,9 @@ class Program:
     @property
     def buffer_types(self) -> dict:
         """Every buffer of the Loop IR program (inputs, weights, kernel outputs) -> TensorType."""
-        loops = self.loop_ir
-        types = dict(loops.inputs) | dict(loops.weights)
-        types |= {k.output: k.type for k in loops.kernels}
-        return types
+        from emmy.tile_ir.build import buffer_types
+
+        return buffer_types(self.loop_ir)
 
     @cached_property
     def kernel_ir(self) -> list:
@@ -97,12 +96,19 @@ class Program:
         return build_cubin(self.cuda_source, target or self.target.name)
 
     def schedule_space(self):
-        """Every legal knob row for every kernel, within the pins."""
+        """Every knob row offered for every kernel, within the pins: legal (the schedule rules) and
+        lowered by Kernel IR (tile_ir.build.offered_rows)."""
+        import dataclasses
+
         from emmy.egraph.schedules import build_space
+        from emmy.tile_ir.build import offered_rows
         from emmy.tile_ir.shape import kernel_shape
 
-        return build_space([kernel_shape(k) for k in self.loop_ir.kernels], self.target, self.pins,
-                           self.loop_result.egraph, self.loop_result.kernel_roots())
+        shapes = [kernel_shape(k) for k in self.loop_ir.kernels]
+        space = build_space(shapes, self.target, self.pins, self.loop_result.egraph, self.loop_result.kernel_roots())
+        types = self.buffer_types
+        rows = {k.name: offered_rows(k, shape, space.rows[k.name], types) for k, shape in zip(self.loop_ir.kernels, shapes)}
+        return dataclasses.replace(space, rows=rows)
 
     def explain(self, top: int = 3) -> list[tuple[str, list]]:
         """Per kernel: its legal rows' cost breakdowns (emmy.extract.cost_model.Breakdown), the

@@ -77,7 +77,9 @@ def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") 
     module = sim.load(program.cuda_source, "program.cu", mode=mode)
     for kernel in program.kernel_ir:
         args = [buffers[p.name] for p in kernel.params]
-        module.launch(kernel.name, grid=kernel.grid, block=kernel.block, args=args)
+        args += [sim.TensorMap(buffers[buffer].reshape(-1, row), box=(box_rows, box_cols))
+                 for buffer, row, box_rows, box_cols in kernel.tensor_maps]
+        module.launch(kernel.name, grid=kernel.grid, block=kernel.block, args=args, shared_bytes=kernel.dynamic_smem)
     return {name: from_device(buffers[name], types[name].dtype) for name in loops.outputs}
 
 

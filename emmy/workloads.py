@@ -1,7 +1,9 @@
 """The reference workloads (DESIGN.md section 9), as `-c` code.
 
 `code` uses the shapes the tests and the suite run; `bench_code`, where the
-benchmark shape differs, the larger one.
+benchmark shape differs, the larger one; `sim_code`, where `code` is too much
+work for the CPU simulator (billions of thread-steps), the same program at a
+small shape, which the simulator runs instead.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ class Workload:
     code: str
     notes: str
     bench_code: str | None = None
+    sim_code: str | None = None
 
 
 def _matmul(n: int) -> str:
@@ -22,9 +25,9 @@ def _matmul(n: int) -> str:
             "torch.matmul(a, b)")
 
 
-def _attention(seq: int, causal: bool) -> str:
-    return (f"q=torch.randn(1,8,{seq},64,dtype=torch.float16); k=torch.randn(1,8,{seq},64,dtype=torch.float16); "
-            f"v=torch.randn(1,8,{seq},64,dtype=torch.float16); "
+def _attention(seq: int, causal: bool, heads: int = 8) -> str:
+    return (f"q=torch.randn(1,{heads},{seq},64,dtype=torch.float16); k=torch.randn(1,{heads},{seq},64,dtype=torch.float16); "
+            f"v=torch.randn(1,{heads},{seq},64,dtype=torch.float16); "
             f"F.scaled_dot_product_attention(q, k, v, is_causal={causal})")
 
 
@@ -48,8 +51,9 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("layernorm_bf16", _layernorm("bfloat16"), "Welford, bf16"),
     Workload("softmax", "x=torch.randn(64,1000); torch.softmax(x,-1)", "online softmax, ragged width"),
     Workload("matmul_f16", _matmul(128), "mma atoms, staging", bench_code=_matmul(4096)),
-    Workload("attention", _attention(1024, False), "flash-style fold"),
-    Workload("attention_causal", _attention(1024, True), "flash-style fold, causal mask"),
+    Workload("attention", _attention(1024, False), "flash-style fold", sim_code=_attention(72, False, heads=2)),
+    Workload("attention_causal", _attention(1024, True), "flash-style fold, causal mask",
+             sim_code=_attention(72, True, heads=2)),
     Workload("mlp", _mlp(16, 256, 512), "multi-kernel, fused epilogues", bench_code=_mlp(128, 4096, 11008)),
     Workload("gelu_chain", "x=torch.randn(16,256); w=torch.randn(256,512); b=torch.randn(512); F.gelu(x @ w + b)",
              "epilogue fusion"),

@@ -5,10 +5,11 @@ import sys
 
 import pytest
 
+from emmy.workloads import get
+
 from tests.conftest import run_emmy
 
 MATMUL = "x=torch.randn(4,3); w=torch.randn(3,2); x @ w"
-MATMUL_F16 = "a=torch.randn(128,128,dtype=torch.float16); b=torch.randn(128,128,dtype=torch.float16); a@b"
 
 BAD_INPUT = [
     # (code, extra args, the error line must contain all of these)
@@ -24,8 +25,8 @@ BAD_INPUT = [
     ("x=torch.randn(4,dtype=torch.float64); x*2", [], ["unsupported dtype float64 (input x)"]),
     ("x=torch.randn(4)\nx.double() * 2", [], ["unsupported dtype float64", "line 2: `x.double() * 2`"]),
     (MATMUL, ["--target", "sm_70"], ["unknown target 'sm_70'", "sm_80, sm_89, sm_90, sm_120"]),
-    (MATMUL_F16, ["--ir", "kernel"], ["kernel k_mm_cast_2 (contraction 128x128x128, f16 operands",
-                                      "tensor-core (mma) contraction tiles are not lowered to Kernel IR yet"]),
+    (get("attention").sim_code, ["--ir", "kernel", "--knobs", "WORK=w2x1,TILE=mma_m16n8k16_f16_f32/f2x2/k1"],
+     ["kernel k_sdpa_cast_3", "tensor-core (mma) flash attention is not lowered yet"]),
     (MATMUL, ["--ir", "llvm"], ["unknown --ir stage 'llvm'"]),
 ]
 
@@ -110,7 +111,7 @@ def test_suite_compiles_checks_predicts_and_simulates_a_workload():
     cells = rms.split()
     assert cells[:3] == ["rmsnorm", "1", "WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=,RASTER="]
     assert float(cells[3]) > 0 and float(cells[-2]) < 1e-5 and cells[-1] == "ok"
-    assert matmul.split()[0] == "matmul_f16" and "not lowered yet" in matmul
+    assert matmul.split()[:2] == ["matmul_f16", "1"] and "mma_m16n8k16_f16_f32" in matmul and matmul.split()[-1] == "ok"
     assert summary == "2 passed, 0 failed"
 
 
@@ -118,8 +119,7 @@ def test_suite_prints_the_cuda_of_what_lowers():
     result = run_emmy("suite", "--only", "softmax", "--only", "matmul_f16", "--ir", "cuda")
     assert result.returncode == 0, result.stderr
     assert "extern \"C\" __global__ void __launch_bounds__(512) k_softmax(" in result.stdout
-    assert ("(no cuda stage yet: kernel k_mm_cast_2 (contraction 128x128x128, f16 operands): tensor-core (mma) "
-            "contraction tiles are not lowered to Kernel IR yet)") in result.stdout
+    assert "emmy::mma_m16n8k16_f16_f32(acc[fm][fn], a_frag[fm], b_frag[fn], acc[fm][fn]);" in result.stdout
 
 
 def test_suite_names_an_unknown_workload():

@@ -12,12 +12,20 @@ from emmy.kernel_ir.lower import supports
 from emmy.runtime import check_program
 from emmy.tile_ir.build import ranked_rows
 from emmy.tile_ir.shape import kernel_shape
-from emmy.workloads import get
+from emmy.workloads import WORKLOADS, get
 from tests.conftest import run_emmy
 
 RMSNORM = get("rmsnorm").code
 LOWERED = ["add3", "rmsnorm", "softmax", "layernorm", "layernorm_bf16",  # map and row kernels
-           "matmul_small", "gelu_chain", "mlp"]  # SIMT contractions staged through shared memory (mlp: split K)
+           "matmul_small", "gelu_chain", "mlp",  # SIMT contractions staged through shared memory (mlp: split K)
+           "matmul_f16",  # tensor cores: mma atoms fed by ldmatrix from a cp.async pipeline
+           "attention", "attention_causal"]  # flash attention on SIMT warps (causal: an mma QK^T kernel first)
+assert set(LOWERED) == {w.name for w in WORKLOADS}
+
+
+def _simulated(name: str) -> str:
+    """The code the simulator runs for a workload: its own, or the same program at a small shape."""
+    return get(name).sim_code or get(name).code
 
 
 def test_rmsnorm_kernel_ir_has_vector_loads_a_warp_shuffle_and_a_shared_memory_tree():
@@ -61,7 +69,7 @@ def test_emitted_cuda_compiles_with_nvcc_for_every_target_without_spills(name, t
 
 @pytest.mark.parametrize("name", LOWERED)
 def test_the_chosen_kernels_run_in_the_simulator_and_match_torch(name):
-    program = emmy.optimize(get(name).code, target="sm_90")
+    program = emmy.optimize(_simulated(name), target="sm_90")
     checks = check_program(program)
     assert checks and all(c.ok for c in checks), checks
 
@@ -75,14 +83,16 @@ def _sample_rows(program, seed=0):
     return ranked[:4] + random.Random(seed).sample(rest, min(5, len(rest)))
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layernorm", "gelu_chain"])
+@pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layernorm", "gelu_chain", "matmul_f16", "attention",
+                                  "attention_causal"])
 def test_a_sample_of_legal_rows_runs_right_in_the_simulator(name):
-    base = emmy.optimize(get(name).code, target="sm_90")
+    code = _simulated(name)
+    base = emmy.optimize(code, target="sm_90")
     sample = _sample_rows(base)
     assert len(sample) == 9
     for row in sample:
-        program = emmy.optimize(get(name).code, target="sm_90", knobs=str(row))
-        assert not any(supports(k) for k in program.tile_ir.kernels), row
+        program = emmy.optimize(code, target="sm_90", knobs=str(row))
+        assert not any(supports(k, program.buffer_types) for k in program.tile_ir.kernels), row
         checks = check_program(program)
         assert all(c.ok for c in checks), (str(row), checks)
 
@@ -132,14 +142,22 @@ def test_rmsnorm_runs_clean_under_address_sanitizer():
     assert all(c.ok for c in check_program(program, mode="asan"))
 
 
+@pytest.mark.parametrize("name", ["add3", "matmul_small", "softmax", "matmul_f16", "attention_causal", "mlp"])
+def test_every_kind_of_kernel_runs_clean_under_address_sanitizer_at_a_small_shape(name):
+    # maps, rows, SIMT contractions (with a split), mma tiles with cp.async, flash attention
+    program = emmy.optimize(_simulated(name), target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
 def test_emmy_run_check_prints_the_errors_and_refuses_what_it_cannot_lower():
     result = run_emmy("run", "-c", RMSNORM, "--check")
     assert result.returncode == 0, result.stderr
     assert "k_rms_norm: grid 32 x block 1024  WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=,RASTER=" in result.stdout
     row = next(line.split() for line in result.stdout.splitlines() if line.strip().startswith("rms_norm"))
     assert row[1] == "f32" and float(row[2]) < 1e-5 and row[-1] == "ok"
-    matmul = run_emmy("run", "-c", get("matmul_f16").code, "--check")
-    assert matmul.returncode == 2 and "tensor-core (mma) contraction tiles are not lowered" in matmul.stderr
+    attention = run_emmy("run", "-c", get("attention").sim_code, "--check", "--knobs",
+                         "WORK=w2x1,TILE=mma_m16n8k16_f16_f32/f2x2/k1")
+    assert attention.returncode == 2 and "tensor-core (mma) flash attention is not lowered yet" in attention.stderr
     device = run_emmy("run", "-c", RMSNORM, "--device", "gpu")
     assert device.returncode == 2 and "unknown --device 'gpu'" in device.stderr
 

@@ -6,6 +6,7 @@ import pytest
 
 import emmy
 from emmy.nvcc import Resources, build_cubin, parse_ptxas, sass_mix
+from emmy.workloads import get
 
 RMSNORM = "x=torch.randn(1,32,2048); w=torch.randn(2048); F.rms_norm(x,(2048,),w,eps=1e-6)"
 KERNELS = Path(__file__).resolve().parent / "sim_kernels"
@@ -73,3 +74,16 @@ def test_mma_tiles_become_hmma_instructions(cache):
     for kernel in ("mma_matmul_f16", "mma_matmul_bf16"):
         assert any(op.startswith("HMMA.16816") for op in mix[kernel]), mix[kernel]
         assert any(op.startswith("LDSM") for op in mix[kernel])  # ldmatrix
+
+
+@pytest.mark.parametrize("target, stage, copy", [("sm_80", "d3/smem-async", "LDGSTS.E.BYPASS.128"),
+                                                 ("sm_90", "d3/smem-tma", "UTMALDG.2D"),
+                                                 ("sm_120", "", "")])
+def test_emitted_mma_tiles_have_hmma_ldmatrix_and_the_staging_their_row_names(cache, target, stage, copy):
+    program = emmy.optimize(get("matmul_f16").code, target=target,
+                            knobs=f"WORK=w2x2,TILE=mma_m16n8k16_f16_f32/f2x2/k2,REDUCE=,STAGE={stage},RASTER=")
+    mix = sass_mix(build_cubin(program.cuda_source, target, cache).path)["k_mm_cast_2"]
+    assert any(op.startswith("HMMA.16816.F32") for op in mix), mix
+    assert any(op.startswith("LDSM") for op in mix) == bool(stage), mix  # ldmatrix from the staged panels
+    assert not copy or copy in mix, mix
+    assert not any(op.startswith(("LDL", "STL")) for op in mix)

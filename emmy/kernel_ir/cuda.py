@@ -42,6 +42,7 @@ def program_source(kernels: list[K.KernelIR], types: dict, sources: dict[str, st
 def kernel_source(k: K.KernelIR, types: dict, sources: str) -> str:
     params = ", ".join(f"{STORAGE[p.dtype]}* __restrict__ {buffer_c(p.name)}" if p.written
                        else f"const {STORAGE[p.dtype]}* __restrict__ {buffer_c(p.name)}" for p in k.params)
+    params += "".join(f", const __grid_constant__ CUtensorMap tmap_{buffer}" for buffer, *_ in k.tensor_maps)
     body = "\n".join(_render(n, k, types) for n in k.body)
     shared = [(STORAGE[s.dtype], s.name, s.size) for s in k.shared]
     return _environment().get_template("KernelIR.j2").render(k=k, params=params, body=body, sources=sources,
@@ -98,6 +99,10 @@ def _render(n, k: K.KernelIR, types) -> str:
         return template.render(n=n, accs=accs, merge=_merge(n.op, n.accs, "_w"))
     if isinstance(n, K.ContractionTile):
         return _render_contraction(n, template, types)
+    if isinstance(n, K.MmaTile):
+        return _render_mma(n, template, types)
+    if isinstance(n, K.FlashRows):
+        return _render_flash(n, template, types)
     if isinstance(n, K.SplitFinish):
         accs = [(acc, literal(REDUCE_OPS[op], DType.F32), _merge(op, (acc,), "")) for acc, op in n.accs]
         return template.render(n=n, accs=accs, M=prod(e for _, e in n.m_vars), N=prod(e for _, e in n.n_vars),
@@ -124,7 +129,9 @@ def _render_contraction(n: K.ContractionTile, template, types) -> str:
         load_from[p.name] = element
         stmt = next(s for s in n.lift if getattr(s, "name", None) == p.name)
         index = affine_c(flat_index(stmt.expr.buffer, stmt.expr.index, types))
-        panels.append({"p": p, "index": index, "storage": STORAGE[p.dtype],
+        copy_bytes = p.width * p.dtype.itemsize  # cp.async moves 4, 8 or 16 bytes; narrower copies are plain
+        panels.append({"p": p, "index": index, "storage": STORAGE[p.dtype], "bytes": copy_bytes,
+                       "async": n.how == "smem-async" and copy_bytes in (4, 8, 16),
                        "outer_dec": _decomposition(n.m_vars if p.side == "a" else n.n_vars),
                        "outer_total": total(n.m_vars if p.side == "a" else n.n_vars),
                        "outer_start": "m0" if p.side == "a" else "n0"})
@@ -137,5 +144,63 @@ def _render_contraction(n: K.ContractionTile, template, types) -> str:
         atomic_stores=atomic_stores, n=n, M=total(n.m_vars), N=total(n.n_vars), tiles_n=-(-total(n.n_vars) // n.bn),
         tiles_m=-(-total(n.m_vars) // n.bm), m_dec=_decomposition(n.m_vars), n_dec=_decomposition(n.n_vars),
         b_dec=_decomposition(n.batch_vars), panels=panels, accs=accs, inits=inits,
-        lift=_lines(n.lift, types, load_from=load_from), combine=_lines(n.combine, types),
+        lift=_lines(n.lift, types, {v.dst[:-2]: v.dst for v in n.vectors}, load_from=load_from),
+        combine=_lines(n.combine, types), vector_storage={v.buffer: STORAGE[v.dtype] for v in n.vectors},
         epilogue=_lines(n.epilogue, types))
+
+
+def _render_mma(n: K.MmaTile, template, types) -> str:
+    total = lambda vars_: prod(e for _, e in vars_)  # noqa: E731
+    ops = []
+    for o in n.operands:
+        outer = n.m_vars if o.side == "a" else n.n_vars
+        start = "m0" if o.side == "a" else "n0"
+        k0 = f"chunk * {n.bk}"
+        c1 = start if o.k_fast else k0
+        if o.tma_first_row:
+            c1 = f"{c1} + {o.tma_first_row}"
+        ops.append({"o": o, "outer_dec": _decomposition(outer), "outer_total": total(outer), "start": start,
+                    "c0": k0 if o.k_fast else start, "c1": c1})
+    tma_bytes = sum(o.rows * o.cols * o.dtype.itemsize for o in n.operands)
+    atomic_stores = [(s.buffer, affine_c(flat_index(s.buffer, s.index, types)), s.value, dict(n.atomics)[s.value])
+                     for s in n.epilogue if n.atomics]
+    return template.render(
+        n=n, ops=ops, storage=STORAGE[n.operands[0].dtype], M=total(n.m_vars), N=total(n.n_vars),
+        tiles_n=-(-total(n.n_vars) // n.bn), tiles_m=-(-total(n.m_vars) // n.bm), chunks_total=n.k_extent // n.bk,
+        m_dec=_decomposition(n.m_vars), n_dec=_decomposition(n.n_vars), b_dec=_decomposition(n.batch_vars),
+        tma_bytes=tma_bytes, atomic_stores=atomic_stores, epilogue=_lines(n.epilogue, types))
+
+
+_WARP_MONOID = {"sum": "Sum", "max": "Max", "min": "Min"}
+
+
+def _render_flash(n: K.FlashRows, template, types) -> str:
+    from emmy.kernel_ir.lower import MONOID
+    from emmy.loop_ir import nodes as L
+
+    load_from, panels, offset = {}, [], 0
+    for p in n.panels:
+        column = f"a{n.inner_var}" if p.side == "k" else "c"
+        load_from[p.name] = f"{p.name}_panel[(stage * {p.rows} + j) * {p.cols} + {column}]"
+        stmt = next(s for s in (*n.dot, *n.per_col) if getattr(s, "name", None) == p.name)
+        copy_bytes = p.width * p.dtype.itemsize
+        panels.append({"p": p, "storage": STORAGE[p.dtype], "offset": offset, "bytes": copy_bytes,
+                       "async": n.how == "smem-async" and copy_bytes in (4, 8, 16),
+                       "index": affine_c(flat_index(stmt.expr.buffer, stmt.expr.index, types))})
+        offset += n.depth * p.rows * p.cols * p.dtype.itemsize
+    per_key = []
+    for s in n.per_key:
+        if isinstance(s, L.Loop):
+            (acc,) = {a.acc for a in s.body if isinstance(a, L.Accumulate)}
+            op = next(a.op for a in s.body if isinstance(a, L.Accumulate))
+            per_key.append({"dot": True, "acc": acc, "monoid": _WARP_MONOID[MONOID[op]]})
+        else:
+            per_key.append({"dot": False, "line": _lines((s,), types)[0]})
+    inits = [(i.acc, literal(REDUCE_OPS[i.op], DType.F32)) for i in n.inits]
+    return template.render(
+        n=n, panels=panels, per_key=per_key, inits=inits, held=[s.name for s in n.held],
+        held_lines=_lines(n.held, types), dot_lines=_lines(n.dot, types, load_from=load_from),
+        col_lines=_lines(n.per_col, types, load_from=load_from), epilogue=_lines(n.epilogue, types),
+        ROWS=prod(e for _, e in n.row_vars), COLS=prod(e for _, e in n.col_vars),
+        chunks=-(-n.key_extent // n.keys_step), r_dec=_decomposition(n.row_vars), c_dec=_decomposition(n.col_vars),
+        b_dec=_decomposition(n.batch_vars))

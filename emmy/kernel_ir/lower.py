@@ -15,9 +15,11 @@ from math import prod
 from emmy.affine import Affine, Dim
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
-from emmy.kernel_ir.nodes import (Broadcast, ContractionTile, ElementLoop, Fill, KernelIR, MapElements,
+from emmy.kernel_ir.nodes import (Broadcast, ContractionTile, ElementLoop, Fill, KernelIR, MapElements, MmaTile,
                                   OnlyThread, Panel, Param, RowIndex, Scalar, Smem, SplitFinish, Store, Sync, Tile,
                                   TreeHalve, VecLoad, VecStore, WarpShuffle)
+from emmy.kernel_ir.lower_flash import lower_flash, supports_flash
+from emmy.kernel_ir.lower_mma import lower_mma, supports_mma
 from emmy.kernel_ir.scalar_c import affine_c
 from emmy.loop_ir import nodes as L
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
@@ -33,11 +35,14 @@ class Unsupported(EmmyError):
     """A schedule the Kernel IR lowering does not handle yet."""
 
 
-def supports(tile: TileKernel) -> str:
-    """Why the lowering cannot take this kernel's row, or "" when it can."""
+def supports(tile: TileKernel, types: dict | None = None) -> str:
+    """Why the lowering cannot take this kernel's row, or "" when it can (`types`, buffer name ->
+    TensorType, lets it look at the operands' layouts too)."""
     row = tile.row
     if tile.shape.kind == "contraction":
-        return _supports_contraction(tile)
+        return _supports_contraction(tile, types)
+    if tile.shape.kind == "attention":
+        return supports_flash(tile)
     if tile.shape.kind not in ("map", "row"):
         return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
     split_ok = tile.shape.kind == "row" and row.REDUCE.endswith("a") and tile.kernel.type.dtype.value == "f32"
@@ -47,42 +52,61 @@ def supports(tile: TileKernel) -> str:
         return f"{', '.join(blocking)} {'is' if len(blocking) == 1 else 'are'} not lowered yet"
     if tile.kernel.body and not isinstance(tile.kernel.body[0], L.Loop):
         return "statements outside the kernel's free loops are not lowered yet"
+    if row.REDUCE == "coop" or split_ok:  # folds merged across threads: the runtime header's merges
+        for fold in (p for p in tile.parts if isinstance(p, Fold) and p.twist):
+            state = len([i for i in fold.init if _in_state(i, fold)])
+            if (fold.twist, state) not in MERGED:
+                return f"REDUCE={row.REDUCE}: a {fold.twist} fold with {state} state values merges across threads " \
+                       "only in registers of one thread yet"
     return ""
 
 
-def _supports_contraction(tile: TileKernel) -> str:
+def contraction_parts(tile: TileKernel) -> str:
+    """A contraction lowers as one fold, then its epilogue; statements before the fold (a mask
+    from the output's indices) join the epilogue when the fold does not read them."""
+    folds = [p for p in tile.parts if isinstance(p, Fold)]
+    if len(folds) != 1 or any(isinstance(p, Sweep) for p in tile.parts):
+        return "a contraction with sweeps or several folds is not lowered yet"
+    before = {s.name for p in tile.parts[:tile.parts.index(folds[0])] for s in p.body if isinstance(s, L.Assign)}
+    read = {a for s in folds[0].lift + folds[0].combine for a in getattr(getattr(s, "expr", None), "args", ())}
+    read |= {getattr(s, "value", None) for s in folds[0].lift + folds[0].combine}
+    if before & read:
+        return "a contraction whose fold reads statements computed before it is not lowered yet"
+    return ""
+
+
+def _supports_contraction(tile: TileKernel, types: dict | None) -> str:
     row, g = tile.row, tile.geometry
     if g.mma:
-        return "tensor-core (mma) contraction tiles are not lowered to Kernel IR yet"
+        return supports_mma(tile, types)
     if row.REDUCE.endswith("a") and tile.kernel.type.dtype.value != "f32":
         return f"REDUCE={row.REDUCE}: atomics into a {tile.kernel.type.dtype} output are not lowered yet"
-    if g.vec > 1 and not g.stage_depth:
-        return f"TILE={row.TILE}: vector loads along K without staging are not lowered yet"
-    if row.RASTER:
-        return f"RASTER={row.RASTER} is not lowered yet"
     if g.stage_how == "smem-async" and g.stage_depth < 2:
         return "a cp.async pipeline needs at least 2 stages"
+    why = contraction_parts(tile)
+    if why:
+        return why
     folds = [p for p in tile.parts if isinstance(p, Fold)]
-    if len(folds) != 1 or any(isinstance(p, Sweep) for p in tile.parts) or not isinstance(tile.parts[0], Fold):
-        return "a contraction with statements before its fold, sweeps or several folds is not lowered yet"
     if folds[0].twist:
         return "a twisted contraction fold is not lowered yet"
-    if g.stage_how == "smem-async" and tile.shape.itemsize != 4:
-        return "cp.async staging of operands that are not 4 bytes wide is not lowered yet"
+    if g.vec > 1 and types is not None and not _vector_accesses(folds[0].lift, folds[0].var, g.vec, types)[0]:
+        return f"TILE={row.TILE}: no operand is contiguous along K to load {g.vec} at a time"
     return ""
 
 
 def lower_kernel(tile: TileKernel, types: dict) -> list[KernelIR]:
     """The kernels that run `tile` in order (a split reduction's output is filled with the identity
     first). `types`: buffer name -> TensorType, for every buffer of the program."""
-    why = supports(tile)
+    why = supports(tile, types)
     if why:
         raise Unsupported(f"kernel {tile.kernel.name} ({tile.shape.describe()}, {tile.row}): {why}")
     params = _params(tile.kernel, types)
     if tile.shape.kind == "map":
         return [_lower_map(tile, types, params)]
+    if tile.shape.kind == "attention":
+        return [lower_flash(tile, types, params)]
     if tile.shape.kind == "contraction":
-        main = _lower_contraction(tile, types, params)
+        main = lower_mma(tile, types, params) if tile.geometry.mma else _lower_contraction(tile, types, params)
         (body,) = main.body
         if body.split == 1:
             return [main]
@@ -342,9 +366,12 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
                 rows, cols = ((bm if side == "a" else bn), bk) if k_fast else (bk, bn)
                 panels.append(Panel(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side, rows, cols,
                                     k_fast, width))
-        if g.vec > 1 and not any(p.width > 1 for p in panels):
-            raise Unsupported(f"kernel {tile.kernel.name} ({tile.row}): no operand is contiguous along K, so "
-                              f"TILE={tile.row.TILE}'s vector loads cannot be kept")
+    vectors = ()
+    if g.vec > 1 and not g.stage_depth:  # operands contiguous along K: a vector of K at a time per output
+        vectors, _ = _vector_accesses(fold.lift, fold.var, g.vec, types)
+    if g.vec > 1 and not any(p.width > 1 for p in panels) and not vectors:
+        raise Unsupported(f"kernel {tile.kernel.name} ({tile.row}): no operand is contiguous along K, so "
+                          f"TILE={tile.row.TILE}'s vector loads cannot be kept")
     m_total, n_total = prod(e for _, e in m_vars), prod(e for _, e in n_vars)
     tiles = -(-m_total // bm) * -(-n_total // bn)
     atomics, workspace = (), ""
@@ -359,16 +386,20 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
         params = (*params, Param(workspace, DType.F32, True, len(monoids) * g.split * batch_total * m_total * n_total))
     body = ContractionTile(m_vars, n_vars, batch, fold.var, fold.extent, bm, bn, bk, g.elems, g.stage_depth,
                            g.stage_how, tuple(panels), fold.init, fold.lift, fold.combine, epilogue, g.split, atomics,
-                           workspace)
+                           workspace, g.raster_group, g.vec if vectors else 1, vectors)
     shared = tuple(Smem(p.dtype, f"{p.name}_panel", g.stage_depth * p.rows * p.cols) for p in panels)
     return KernelIR(tile.kernel.name, params, Tile(("m", "n"), bk, m_total * n_total, g.threads),
                     (tiles, prod(e for _, e in batch) or 1, g.split), (g.threads, 1, 1), shared, (body,), str(tile.row),
                     shape.describe())
 
 
-def _finishing_kernel(tile: TileKernel, main: KernelIR, body: ContractionTile, types: dict) -> KernelIR:
-    """A split contraction's second kernel: the partial results reduced, the epilogue, the store."""
-    monoids = tuple((s.acc, MONOID[s.op]) for s in body.combine if isinstance(s, L.Accumulate))
+def _finishing_kernel(tile: TileKernel, main: KernelIR, body, types: dict) -> KernelIR:
+    """A split contraction's second kernel (after a ContractionTile or an MmaTile): the partial
+    results reduced, the epilogue, the store."""
+    if isinstance(body, MmaTile):
+        monoids = ((body.acc, "sum"),)
+    else:
+        monoids = tuple((s.acc, MONOID[s.op]) for s in body.combine if isinstance(s, L.Accumulate))
     workspace = next(p for p in main.params if p.name == body.workspace)
     outputs = [p for p in main.params if p.written and p.name != body.workspace]
     reads = sorted({s.expr.buffer for s in body.epilogue if isinstance(s, L.Assign) and isinstance(s.expr, L.Load)})

@@ -168,6 +168,106 @@ class ContractionTile:
     split: int = 1  # blocks along K (grid z): each adds its partial result atomically, or writes it to
     atomics: tuple[tuple[str, str], ...] = ()  # split: (accumulator, monoid) combined into the output
     workspace: str = ""  # ... this buffer, [accumulator][split][batch][M][N], for a finishing kernel
+    raster: int = 0  # > 0: blocks walk the output tiles in groups of this many tile rows (L2 reuse)
+    k_width: int = 1  # unstaged: K taken this many at a time, `vectors` loaded whole (contiguous along K)
+    vectors: tuple[VecLoad, ...] = ()
+
+
+@dataclass(frozen=True)
+class MmaOperand:
+    """One operand of a tensor-core contraction: the Loop IR load `name` (from `buffer`, at the
+    flat C index `index` over the loop variables). Staged in shared memory as a panel of the
+    block's BM (side "a") or BN (side "b") rows by BK: K along the columns when the source is
+    contiguous along K (`k_fast`: plain ldmatrix), else K along the rows (ldmatrix .trans).
+    `width` elements move at once (8 = 16 bytes) where the source is contiguous along the panel's
+    columns; `tma` > 0: the panel arrives as one TMA box of a 2-D tensor map over the buffer read
+    as rows of that many elements (a batch's matrices stacked)."""
+    name: str
+    buffer: str
+    dtype: DType
+    side: str
+    index: str
+    rows: int  # panel rows (BM or BN when k_fast, else BK)
+    cols: int
+    k_fast: bool
+    width: int = 1
+    tma: int = 0
+    tma_first_row: str = ""  # with `tma`, a batched operand: the C expression of its batch's first row
+
+
+@dataclass(frozen=True)
+class MmaTile:
+    """A block's BM x BN tile of C on tensor cores: WM x WN warps, each FM x FN mma atoms of 16 x 8
+    (`atom`, f32 accumulators in registers, PTX fragment layout), K in steps of BK = 16 * KC. The
+    operands reach the fragments by ldmatrix from shared-memory panels `depth` stages deep (plain
+    loads, cp.async or TMA), or with `depth` 0 straight from global memory. Then each accumulator
+    element's epilogue runs and stores (or a split's partial result goes out as for a
+    ContractionTile). `raster`: blocks walk the output tiles in groups of that many tile rows."""
+    atom: str
+    m_vars: tuple[tuple[int, int], ...]
+    n_vars: tuple[tuple[int, int], ...]
+    batch_vars: tuple[tuple[int, int], ...]
+    k_var: int
+    k_extent: int
+    warps_m: int
+    warps_n: int
+    frag_m: int
+    frag_n: int
+    k_chunks: int
+    depth: int
+    how: str  # "" | "smem" | "smem-async" | "smem-tma"
+    operands: tuple[MmaOperand, MmaOperand]  # (a, b)
+    acc: str
+    epilogue: tuple
+    split: int = 1
+    atomics: tuple[tuple[str, str], ...] = ()
+    workspace: str = ""
+    raster: int = 0
+
+    @property
+    def bm(self) -> int:
+        return 16 * self.frag_m * self.warps_m
+
+    @property
+    def bn(self) -> int:
+        return 8 * self.frag_n * self.warps_n
+
+    @property
+    def bk(self) -> int:
+        return 16 * self.k_chunks
+
+
+@dataclass(frozen=True)
+class FlashRows:
+    """Flash attention on SIMT warps: each warp owns `rows_per_warp` query rows; for each key its
+    lanes split the q.k dot over the head dimension (`inner_var`, a warp sum after), and lane l
+    steps the fold's state for value columns l, l + 32, ... (`cols_per_lane`). The keys advance
+    `keys_step` at a time, the K and V tiles staged in shared memory (`panels`, `depth` deep:
+    plain loads or cp.async) or read from global memory (`depth` 0). Statements stay in Loop IR
+    form: `per_key` (mask, dot, score: one value for the warp), `held` (the dot's statements
+    that do not read the key, kept in registers per row), `dot` (the rest of the dot's body),
+    `per_col` (the V load and the state step), `epilogue` (per output element)."""
+    row_vars: tuple[tuple[int, int], ...]
+    col_vars: tuple[tuple[int, int], ...]
+    batch_vars: tuple[tuple[int, int], ...]
+    key_var: int
+    key_extent: int
+    inner_var: int
+    inner_extent: int
+    rows_per_warp: int
+    warps: int
+    keys_step: int
+    cols_per_lane: int
+    inner_per_lane: int
+    depth: int
+    how: str
+    panels: tuple[Panel, ...]  # side "k" (keys x head dimension) or "v" (keys x value columns)
+    inits: tuple
+    per_key: tuple
+    held: tuple
+    dot: tuple
+    per_col: tuple
+    epilogue: tuple
 
 
 @dataclass(frozen=True)
@@ -217,7 +317,7 @@ class OnlyThread:
 
 
 Stmt = Union[RowIndex, Scalar, VecLoad, VecStore, ElementLoop, MapElements, WarpShuffle, Smem, Sync, TreeHalve,
-             Broadcast, Store, OnlyThread, ContractionTile, Fill, SplitFinish]
+             Broadcast, Store, OnlyThread, ContractionTile, MmaTile, FlashRows, Fill, SplitFinish]
 
 
 @dataclass(frozen=True)
@@ -232,3 +332,5 @@ class KernelIR:
     knobs: str  # the knob row, for the listing and the CUDA comment
     summary: str  # the Tile IR kernel's shape, for the comment
     twists: tuple = ()  # (twist, state accumulators) of the folds that merge by a twist
+    dynamic_smem: int = 0  # bytes of `extern __shared__` memory the launch provides
+    tensor_maps: tuple = ()  # (buffer, row length, box rows, box cols): TMA descriptors passed after the params

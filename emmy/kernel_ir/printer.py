@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from emmy.kernel_ir import nodes as K
+from emmy.loop_ir import nodes as L
 from emmy.loop_ir.printer import statement_text
 
 
@@ -22,6 +23,14 @@ def print_kernel_ir(kernels: list[K.KernelIR]) -> str:
 def _tile(k: K.KernelIR) -> str:
     t = k.tile
     dims = ", ".join(t.dims)
+    if isinstance(k.body[0], K.FlashRows):
+        f = k.body[0]
+        return (f"Tile[row, col] (keys={f.key_extent}) // {t.rows} query rows, {f.warps} warp(s) of "
+                f"{f.rows_per_warp} row(s) a block, lanes over the columns")
+    if t.dims == ("m", "n") and isinstance(k.body[0], K.MmaTile):
+        c = k.body[0]
+        return (f"Tile[m, n] (K={c.k_extent}) // {t.rows} outputs in {c.bm} x {c.bn} tiles, {c.warps_m} x "
+                f"{c.warps_n} warps of {c.frag_m} x {c.frag_n} {c.atom} atoms")
     if t.dims == ("m", "n"):
         (c,) = [n for n in k.body if isinstance(n, K.ContractionTile)]
         return (f"Tile[m, n] (K={c.k_extent}) // {t.rows} outputs in {c.bm} x {c.bn} tiles, {t.workers} workers, "
@@ -78,6 +87,8 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
             out.append(f"{pad}split K {n.split} ways (grid z); each block {how}")
         for p in n.panels:
             wide = f", load.v{p.width} along K" if p.width > 1 else ""
+            if n.how == "smem-async" and p.width * p.dtype.itemsize not in (4, 8, 16):
+                wide += f", plain copies ({p.width * p.dtype.itemsize} B is no cp.async size)"
             out.append(f"{pad}Smem {p.dtype} {p.name}_panel[{n.depth}][{p.rows}][{p.cols}]  ({p.side}: {p.buffer}{wide})")
         out += [pad + statement_text(s) + "  (one per owned output)" for s in n.inits]
         if n.depth:
@@ -85,6 +96,9 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
             out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.bk}:  stage the panels ({how}), Sync")
         else:
             out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.k_extent}:  operands from global memory")
+            for v in n.vectors:
+                out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{v.index}]  "
+                           f"(a{n.k_var} in base..base+{v.width})")
         out.append(f"{pad}  for a{n.k_var} in k0..k0+{n.bk if n.depth else n.k_extent}, each owned output:")
         staged = {p.name: p for p in n.panels}
         for s in (*n.lift, *n.combine):
@@ -95,6 +109,10 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
         else:
             out.append(f"{pad}each owned output:" + (" (atomic combine into the output)" if n.split > 1 else ""))
             out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+    elif isinstance(n, K.MmaTile):
+        _mma(n, pad, out)
+    elif isinstance(n, K.FlashRows):
+        _flash(n, pad, out)
     elif isinstance(n, K.OnlyThread):
         out.append(pad + "thread 0:")
         out += [f"{pad}  {s.buffer}[{s.index}] = {s.value}" for s in n.body]
@@ -103,3 +121,64 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
     if depth == 0 and isinstance(n, K.WarpShuffle):
         smem = next(s for s in k.shared if s.name == n.smem)
         out.append(f"{pad}Smem {smem.dtype} {smem.name}[{smem.size}]")
+
+
+def _mma(n: K.MmaTile, pad: str, out: list[str]) -> None:
+    if n.raster:
+        out.append(f"{pad}tiles in groups of {n.raster} tile rows (grouped raster)")
+    if n.split > 1:
+        how = f"writes its partial results to {n.workspace}" if n.workspace else "adds its partial result atomically"
+        out.append(f"{pad}split K {n.split} ways (grid z); each block {how}")
+    out.append(f"{pad}f32 acc[{n.frag_m}][{n.frag_n}][4] = 0  ({n.acc}: the mma accumulator fragments)")
+    for o in n.operands:
+        layout = "[rows][k]" if o.k_fast else "[k][rows]"
+        if not n.depth:
+            out.append(f"{pad}{o.side}: {o.name} = load {o.buffer}[{o.index}] into fragments (no staging)")
+            continue
+        fill = f"TMA box {o.rows} x {o.cols}" if o.tma else \
+            ("cp.async 16 B" if n.how == "smem-async" and o.width > 1 else f"load.v{o.width}")
+        out.append(f"{pad}Smem {o.dtype} {o.side}_panel[{n.depth}][{o.rows}][{o.cols}]  {layout}, {o.buffer} by {fill}")
+    if n.depth:
+        ahead = {"smem-async": f"cp.async, {n.depth - 1} chunk(s) ahead", "smem-tma": f"TMA + mbarrier, {n.depth - 1} "
+                 "chunk(s) ahead"}.get(n.how, "plain loads")
+        out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.bk}:  stage the panels ({ahead}), Sync")
+        for o in n.operands:
+            x = 4 if o.side == "a" else 2
+            out.append(f"{pad}  ldmatrix.x{x}{'' if o.k_fast else '.trans'} {o.side}_frag <- {o.side}_panel")
+    else:
+        out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.bk}:")
+    out.append(f"{pad}  {n.atom}(acc[fm][fn], a_frag[fm], b_frag[fn])  for fm < {n.frag_m}, fn < {n.frag_n}")
+    out.append(f"{pad}each accumulator element:" + (" (partial result out)" if n.split > 1 else ""))
+    if n.split == 1:
+        out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+
+
+def _flash(n: K.FlashRows, pad: str, out: list[str]) -> None:
+    for i in n.inits:
+        out.append(f"{pad}{statement_text(i)}  (f32 {i.acc}[{n.rows_per_warp}][{n.cols_per_lane}]: per owned row and column)")
+    for s in n.held:
+        out.append(f"{pad}{statement_text(s)}  (held: f32 {s.name}[{n.rows_per_warp}][{n.inner_per_lane}])")
+    for p in n.panels:
+        wide = f", load.v{p.width}" if p.width > 1 else ""
+        out.append(f"{pad}Smem {p.dtype} {p.name}_panel[{n.depth}][{p.rows}][{p.cols}]  ({p.side}: {p.buffer}{wide})")
+    if n.depth:
+        how = f"cp.async, {n.depth - 1} chunk(s) ahead" if n.how == "smem-async" else "plain loads"
+        out.append(f"{pad}for a{n.key_var} in 0..{n.key_extent} step {n.keys_step}:  stage the tiles ({how}), Sync")
+    else:
+        out.append(f"{pad}for a{n.key_var} in 0..{n.key_extent}:  K and V from global memory")
+    out.append(f"{pad}  each owned row:")
+    staged = {p.name for p in n.panels}
+    for s in n.per_key:
+        if isinstance(s, L.Loop):
+            out.append(f"{pad}    for a{s.var} in lane..{s.extent} step 32:")
+            out += [f"{pad}      " + (f"{x.name} = {x.name}_panel[stage][..]" if getattr(x, "name", None) in staged
+                                     else statement_text(x)) for x in n.dot]
+            acc = next(x.acc for x in s.body if isinstance(x, L.Accumulate))
+            out.append(f"{pad}    WarpShuffle(sum, length=32) {acc}")
+        else:
+            out.append(f"{pad}    {statement_text(s)}")
+    out.append(f"{pad}    each owned column:")
+    out += [f"{pad}      " + (f"{x.name} = {x.name}_panel[stage][..]" if getattr(x, "name", None) in staged
+                             else statement_text(x)) for x in n.per_col]
+    out.append(f"{pad}each owned output:")
+    out += [f"{pad}  " + statement_text(s) for s in n.epilogue]

@@ -79,6 +79,10 @@ def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = Non
         target = f"{stored_to[stmt.buffer]}.v[u]" if stmt.buffer in stored_to else \
             f"{buffer_c(stmt.buffer)}[{index_c(stmt.buffer, stmt.index)}]"
         return f"{target} = emmy::from_reg<{storage}>({operand(stmt.value)});"
+    if isinstance(stmt, L.Loop):  # a loop nested in a row's element (a dot product a sweep computes)
+        inner = [statement(s, index_c, types, vector_of, stored_to, load_from) for s in stmt.body]
+        return "\n".join([f"for (int a{stmt.var} = 0; a{stmt.var} < {stmt.extent}; ++a{stmt.var}) {{",
+                          *("  " + line for text in inner for line in text.split("\n")), "}"])
     if not isinstance(stmt, L.Assign):
         raise EmmyError(f"no C form for {type(stmt).__name__}")
     expr = stmt.expr

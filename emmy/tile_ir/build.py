@@ -21,8 +21,9 @@ def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), eg
     space = build_space(shapes, target, pins, egraph, roots)
     full = build_space(shapes, target, KnobRow(), egraph, roots) if pins.pinned() else space
     kernels = []
+    types = buffer_types(loops)
     for kernel, shape in zip(loops.kernels, shapes):
-        rows = space.rows[kernel.name]
+        rows = offered_rows(kernel, shape, space.rows[kernel.name], types)
         if not rows:
             if not pins.pinned():  # every kernel has a legal schedule; none means a rule is wrong
                 raise RuntimeError(f"no legal schedule for kernel {kernel.name} ({shape.describe()}) "
@@ -30,9 +31,30 @@ def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), eg
             raise EmmyError(no_row_message(shape, pins, full.rows[kernel.name], target))
         best = ranked_rows(kernel, shape, rows, target, loops)[0]
         g = geometry(shape, best.row)
+        offered = rows if not pins.pinned() else offered_rows(kernel, shape, full.rows[kernel.name], types)
         kernels.append(TileKernel(kernel, shape, best.row, g, _placement(shape, best.row, g),
-                                  tuple(_parts(kernel, shape)), len(full.rows[kernel.name]), best.total_s, best))
+                                  tuple(_parts(kernel, shape)), len(offered), best.total_s, best))
     return TileProgram(tuple(kernels), loops)
+
+
+def buffer_types(loops: LoopProgram) -> dict:
+    """Every buffer of the program (inputs, weights, kernel outputs) -> TensorType."""
+    return dict(loops.inputs) | dict(loops.weights) | {k.output: k.type for k in loops.kernels}
+
+
+def offered_rows(kernel: Kernel, shape: KernelShape, rows, types: dict) -> tuple[KnobRow, ...]:
+    """The legal rows the Kernel IR lowering takes: the space offers only those. When it takes
+    none (a kind of kernel not lowered yet), all legal rows: the kernel then stops at Tile IR and
+    the lowering says why."""
+    from emmy.kernel_ir.lower import supports
+
+    parts = tuple(_parts(kernel, shape))
+    kept = []
+    for row in rows:
+        g = geometry(shape, row)
+        if not supports(TileKernel(kernel, shape, row, g, _placement(shape, row, g), parts, 0, 0.0), types):
+            kept.append(row)
+    return tuple(kept) or tuple(rows)
 
 
 def predict_programs(programs: list[LoopProgram], target, pins: KnobRow = KnobRow()) -> list[float | None]:
@@ -64,7 +86,7 @@ def predict_programs(programs: list[LoopProgram], target, pins: KnobRow = KnobRo
             shape = kernel_shape(kernel)
             key = (_unnamed(shape), kernel_cost(kernel, sizes))
             if key not in cheapest:
-                rows = space.rows[stand_ins[key[0]].kernel]
+                rows = offered_rows(kernel, shape, space.rows[stand_ins[key[0]].kernel], buffer_types(loops))
                 cheapest[key] = ranked_rows(kernel, shape, rows, target, loops)[0].total_s if rows else None
             if cheapest[key] is None:
                 total = None

@@ -1,0 +1,133 @@
+"""Tile IR contraction kernel with an mma row (TILE=mma_m16n8k16_*) -> Kernel IR MmaTile.
+
+The schedule space offers mma atoms only for a fold that sums the product of two loads (through
+casts to f32) of f16 or bf16 operands (tile_ir.shape), so the lift is exactly: load A, load B,
+casts, multiply; the tensor cores compute it. Each operand's panel layout follows its source:
+K along the panel's columns when the source is contiguous along K, else along its rows (then
+ldmatrix transposes), so that panels fill with 16-byte copies either way.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from emmy.affine import Dim
+from emmy.dtypes import DType
+from emmy.kernel_ir.nodes import KernelIR, MmaOperand, MmaTile, Param, Tile
+from emmy.kernel_ir.scalar_c import affine_c
+from emmy.loop_ir import nodes as L
+from emmy.tile_ir.nodes import Epilogue, Fold, TileKernel
+
+PANEL_VECTOR = 8  # f16/bf16 elements in a 16-byte copy
+
+
+def supports_mma(tile: TileKernel, types: dict | None = None) -> str:
+    """Why an mma row of this contraction cannot be lowered, or "" when it can."""
+    row, g = tile.row, tile.geometry
+    if row.REDUCE.endswith("a") and tile.kernel.type.dtype is not DType.F32:
+        return f"REDUCE={row.REDUCE}: atomics into a {tile.kernel.type.dtype} output are not lowered yet"
+    from emmy.kernel_ir.lower import contraction_parts
+
+    why = contraction_parts(tile)
+    if why:
+        return why
+    if g.stage_how == "smem-async" and g.stage_depth < 2:
+        return "a cp.async pipeline needs at least 2 stages"
+    if g.stage_how == "smem-tma" and types is not None:
+        for operand in _operands(tile, types):
+            if not operand.tma:
+                return (f"STAGE={row.STAGE}: operand {operand.buffer} is not read as row-major matrices a TMA "
+                        "box can copy (strided, offset or rows not a multiple of 16 bytes)")
+    return ""
+
+
+def _loops(tile: TileKernel):
+    from emmy.kernel_ir.lower import _free_loops
+
+    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    shape = tile.shape
+    m_vars = tuple((v, e) for v, e in loops if v in shape.m_vars)
+    n_vars = tuple((v, e) for v, e in loops if v in shape.n_vars)
+    batch = tuple((v, e) for v, e in loops if v not in shape.m_vars and v not in shape.n_vars)
+    return m_vars, n_vars, batch
+
+
+def _operands(tile: TileKernel, types: dict) -> tuple[MmaOperand, MmaOperand]:
+    from emmy.kernel_ir.lower import _vectorizable, flat_index
+
+    g, shape = tile.geometry, tile.shape
+    m_vars, n_vars, batch = _loops(tile)
+    (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
+    bm, bn, bk = g.tile_m, g.tile_n, g.tile_k
+    found = {}
+    for stmt in fold.lift:
+        if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)):
+            continue
+        flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
+        uses = flat.dims()
+        side = "a" if uses & set(shape.m_vars) else "b"
+        outer = m_vars if side == "a" else n_vars
+        last_var, last_extent = outer[-1]
+        if _vectorizable(flat, fold.var, PANEL_VECTOR):
+            k_fast, width = True, PANEL_VECTOR
+        elif last_extent % PANEL_VECTOR == 0 and _vectorizable(flat, last_var, PANEL_VECTOR):
+            k_fast, width = False, PANEL_VECTOR
+        else:
+            k_fast, width = True, 1
+        span = bm if side == "a" else bn
+        rows, cols = (span, bk) if k_fast else (bk, span)
+        tma, first_row = _matrix_rows(flat, fold.var, outer, k_fast, batch, types[stmt.expr.buffer]) \
+            if g.stage_how == "smem-tma" else (0, "")
+        found[side] = MmaOperand(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side,
+                                 affine_c(flat), rows, cols, k_fast, width, tma, first_row)
+    return found["a"], found["b"]
+
+
+def _matrix_rows(flat, k_var: int, outer, k_fast: bool, batch, type_) -> tuple[int, str]:
+    """(elements per row, the C expression of the batch's first row) when the operand reads its
+    buffer as row-major matrices stacked by batch (index = fast + row * slow + whole rows per
+    batch; one outer variable; rows of whole 16 bytes): a 2-D tensor map over the buffer covers
+    it. (0, "") when it does not. Rows a box reads past M or N feed only masked outputs."""
+    if len(outer) != 1 or flat.const or any(not isinstance(a, Dim) for a, _ in flat.terms):
+        return 0, ""
+    coeffs = {a.index: c for a, c in flat.terms}
+    ((outer_var, _),) = outer
+    fast, slow = (k_var, outer_var) if k_fast else (outer_var, k_var)
+    batch_vars = {v for v, _ in batch}
+    if coeffs.get(fast) != 1 or slow not in coeffs or set(coeffs) - {fast, slow} - batch_vars:
+        return 0, ""
+    row = coeffs[slow]
+    offsets = {v: c for v, c in coeffs.items() if v in batch_vars}
+    if prod(type_.shape) % row or (row * type_.dtype.itemsize) % 16 or any(c % row for c in offsets.values()):
+        return 0, ""
+    return row, " + ".join(f"{c // row} * a{v}" for v, c in sorted(offsets.items()))
+
+
+def lower_mma(tile: TileKernel, types: dict, params) -> KernelIR:
+    g, row = tile.geometry, tile.row
+    from emmy.knobs import value_fields
+
+    work, atom_fields = value_fields("WORK", row.WORK), value_fields("TILE", row.TILE)
+    m_vars, n_vars, batch = _loops(tile)
+    (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
+    (init,) = fold.init
+    epilogue = tuple(s for p in tile.parts if isinstance(p, Epilogue) for s in p.body)
+    a, b = _operands(tile, types)
+    m_total, n_total = prod(e for _, e in m_vars), prod(e for _, e in n_vars)
+    atomics, workspace = (), ""
+    if g.split > 1 and row.REDUCE.endswith("a"):
+        atomics = ((init.acc, "sum"),)
+    elif g.split > 1:
+        workspace = f"{tile.kernel.name}_workspace"
+        batch_total = prod(e for _, e in batch) or 1
+        params = (*params, Param(workspace, DType.F32, True, g.split * batch_total * m_total * n_total))
+    body = MmaTile(row.TILE.split("/")[0], m_vars, n_vars, batch, fold.var, fold.extent, work["warps_m"],
+                   work["warps_n"], atom_fields["frag_m"], atom_fields["frag_n"], atom_fields["k_chunks"],
+                   g.stage_depth, g.stage_how, (a, b), init.acc, epilogue, g.split, atomics, workspace,
+                   g.raster_group)
+    panel_bytes = sum(o.rows * o.cols * o.dtype.itemsize for o in (a, b)) * g.stage_depth
+    tensor_maps = tuple((o.buffer, o.tma, o.rows, o.cols) for o in (a, b) if o.tma)
+    tiles = -(-m_total // body.bm) * -(-n_total // body.bn)
+    return KernelIR(tile.kernel.name, params, Tile(("m", "n"), body.bk, m_total * n_total, g.threads),
+                    (tiles, prod(e for _, e in batch) or 1, g.split), (g.threads, 1, 1), (), (body,), str(row),
+                    tile.shape.describe(), dynamic_smem=panel_bytes, tensor_maps=tensor_maps)
