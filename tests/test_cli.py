@@ -25,8 +25,9 @@ BAD_INPUT = [
     ("x=torch.randn(4,dtype=torch.float64); x*2", [], ["unsupported dtype float64 (input x)"]),
     ("x=torch.randn(4)\nx.double() * 2", [], ["unsupported dtype float64", "line 2: `x.double() * 2`"]),
     (MATMUL, ["--target", "sm_70"], ["unknown target 'sm_70'", "sm_80, sm_89, sm_90, sm_120"]),
-    (get("attention").sim_code, ["--ir", "kernel", "--knobs", "WORK=w2x1,TILE=mma_m16n8k16_f16_f32/f2x2/k1"],
-     ["kernel k_sdpa_cast_3", "tensor-core (mma) flash attention is not lowered yet"]),
+    (get("attention").sim_code, ["--ir", "kernel", "--knobs", "REDUCE=g2k"],
+     ["kernel k_sdpa_cast_3 (attention 72 queries x 72 keys, head 64, values 64 (batch 2), f16 operands",
+      "REDUCE=g2k: split-KV attention is not lowered yet"]),
     (MATMUL, ["--ir", "llvm"], ["unknown --ir stage 'llvm'"]),
 ]
 

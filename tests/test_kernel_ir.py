@@ -19,7 +19,7 @@ RMSNORM = get("rmsnorm").code
 LOWERED = ["add3", "rmsnorm", "softmax", "layernorm", "layernorm_bf16",  # map and row kernels
            "matmul_small", "gelu_chain", "mlp",  # SIMT contractions staged through shared memory (mlp: split K)
            "matmul_f16",  # tensor cores: mma atoms fed by ldmatrix from a cp.async pipeline
-           "attention", "attention_causal"]  # flash attention on SIMT warps (causal: an mma QK^T kernel first)
+           "attention", "attention_causal"]  # flash attention: S = QK^T and O += PV on tensor cores, one pass
 assert set(LOWERED) == {w.name for w in WORKLOADS}
 
 
@@ -155,9 +155,9 @@ def test_emmy_run_check_prints_the_errors_and_refuses_what_it_cannot_lower():
     assert "k_rms_norm: grid 32 x block 1024  WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=,RASTER=" in result.stdout
     row = next(line.split() for line in result.stdout.splitlines() if line.strip().startswith("rms_norm"))
     assert row[1] == "f32" and float(row[2]) < 1e-5 and row[-1] == "ok"
-    attention = run_emmy("run", "-c", get("attention").sim_code, "--check", "--knobs",
-                         "WORK=w2x1,TILE=mma_m16n8k16_f16_f32/f2x2/k1")
-    assert attention.returncode == 2 and "tensor-core (mma) flash attention is not lowered yet" in attention.stderr
+    attention = run_emmy("run", "-c", get("attention").sim_code, "--check", "--knobs", "STAGE=d2/smem-tma",
+                         "--target", "sm_90")
+    assert attention.returncode == 2 and "TMA staging of the K and V tiles is not lowered yet" in attention.stderr
     device = run_emmy("run", "-c", RMSNORM, "--device", "gpu")
     assert device.returncode == 2 and "unknown --device 'gpu'" in device.stderr
 

@@ -103,6 +103,8 @@ def _render(n, k: K.KernelIR, types) -> str:
         return _render_mma(n, template, types)
     if isinstance(n, K.FlashRows):
         return _render_flash(n, template, types)
+    if isinstance(n, K.FlashMma):
+        return _render_flash_mma(n, template, types)
     if isinstance(n, K.SplitFinish):
         accs = [(acc, literal(REDUCE_OPS[op], DType.F32), _merge(op, (acc,), "")) for acc, op in n.accs]
         return template.render(n=n, accs=accs, M=prod(e for _, e in n.m_vars), N=prod(e for _, e in n.n_vars),
@@ -204,3 +206,12 @@ def _render_flash(n: K.FlashRows, template, types) -> str:
         ROWS=prod(e for _, e in n.row_vars), COLS=prod(e for _, e in n.col_vars),
         chunks=-(-n.key_extent // n.keys_step), r_dec=_decomposition(n.row_vars), c_dec=_decomposition(n.col_vars),
         b_dec=_decomposition(n.batch_vars))
+
+
+def _render_flash_mma(n: K.FlashMma, template, types) -> str:
+    cols = prod(e for _, e in n.col_vars)
+    return template.render(
+        n=n, T=STORAGE[n.q.dtype], ROWS=prod(e for _, e in n.row_vars), COLS=cols, D=n.inner_extent,
+        NA=-(-cols // 8), chunks=-(-n.key_extent // n.bn), panels=[{"o": n.k}, {"o": n.v}],
+        r_dec=_decomposition(n.row_vars), c_dec=_decomposition(n.col_vars), b_dec=_decomposition(n.batch_vars),
+        score_lines=_lines(n.scores, types), epilogue=_lines(n.epilogue, types))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from math import prod
 
 
-from emmy.kernel_ir.nodes import FlashRows, KernelIR, Panel, Tile
+from emmy.kernel_ir.nodes import FlashMma, FlashRows, KernelIR, MmaOperand, Panel, Tile
 from emmy.loop_ir import nodes as L
 from emmy.tile_ir.nodes import Epilogue, Fold, TileKernel
 
@@ -24,8 +24,6 @@ LANES = 32
 def supports_flash(tile: TileKernel) -> str:
     """Why this attention row cannot be lowered, or "" when it can."""
     row, g = tile.row, tile.geometry
-    if g.mma:
-        return "tensor-core (mma) flash attention is not lowered yet"
     if g.split > 1:
         return f"REDUCE={row.REDUCE}: split-KV attention is not lowered yet"
     if g.stage_how == "smem-tma":
@@ -39,7 +37,78 @@ def supports_flash(tile: TileKernel) -> str:
         return "flash attention needs one softmax-twisted fold first"
     if len([s for s in folds[0].lift if isinstance(s, L.Loop)]) != 1:
         return "flash attention needs one q.k contraction inside its fold"
+    if g.mma:
+        try:
+            _mma_pieces(tile)
+        except ValueError as why:
+            return f"tensor-core flash attention: {why}"
     return ""
+
+
+def _loads(stmts) -> list:
+    return [s for s in stmts if isinstance(s, L.Assign) and isinstance(s.expr, L.Load)]
+
+
+def _source(defs: dict, name: str) -> str:
+    """The load a value comes from through casts ("" when it is computed otherwise)."""
+    while name in defs:
+        e = defs[name].expr
+        if isinstance(e, L.Load):
+            return name
+        if not (isinstance(e, L.Op) and e.op == "cast"):
+            return ""
+        name = e.args[0]
+    return ""
+
+
+def _mma_pieces(tile: TileKernel):
+    """(dot loop, q load, k load, v load, score statements, score name, (m, d, z)) of a
+    softmax-weighted-sum fold whose tensor-core form is S = Q K^T, O += P V; ValueError says what
+    does not fit."""
+    shape = tile.shape
+    (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
+    (dot,) = [s for s in fold.lift if isinstance(s, L.Loop)]
+    state = [i.acc for i in fold.init]
+    if len(state) != 3:
+        raise ValueError(f"a softmax fold with {len(state)} state values (not m, d, z)")
+    per_key, per_col = _split(fold.lift + fold.combine, set(state), set(shape.n_vars))
+    accs = [s for s in dot.body if isinstance(s, L.Accumulate)]
+    defs = {s.name: s for s in dot.body if isinstance(s, L.Assign)}
+    if len(accs) != 1 or accs[0].op not in ("add", "sum") or len(_loads(dot.body)) != 2:
+        raise ValueError("the q.k dot is not a sum of products of two loads")
+    product = defs.get(accs[0].value)
+    if product is None or not isinstance(product.expr, L.Op) or product.expr.op != "multiply":
+        raise ValueError("the q.k dot is not a sum of products of two loads")
+    sources = [_source(defs, a) for a in product.expr.args if isinstance(a, str)]
+    if len(sources) != 2 or not all(sources):
+        raise ValueError("the q.k dot is not a sum of products of two loads")
+    key_side = [n for n in sources if fold.var in set().union(*(a.dims() for a in defs[n].expr.index))]
+    if len(key_side) != 1:
+        raise ValueError("one operand of the q.k dot must read the key")
+    k_load = defs[key_side[0]]
+    q_load = defs[next(n for n in sources if n != key_side[0])]
+    col_defs = {s.name: s for s in per_col if isinstance(s, L.Assign)}
+    v_loads = _loads(per_col)
+    if len(v_loads) != 1:
+        raise ValueError("the weighted sum must read one value tensor")
+    maxima = [s for s in per_col if isinstance(s, L.Assign) and isinstance(s.expr, L.Op)
+              and s.expr.op == "maximum" and set(s.expr.args) & set(state)]
+    if len(maxima) != 1:
+        raise ValueError("no running maximum in the fold's step")
+    m = next(a for a in maxima[0].expr.args if a in state)
+    score = next(a for a in maxima[0].expr.args if a != m)
+    weight_users = {n for n, st in col_defs.items() if _source(col_defs, n) == v_loads[0].name}
+    uses = {}
+    for st in per_col:  # which state accumulator's step reads the weight
+        names, _ = _uses(st)
+        key = getattr(st, "name", None) or getattr(st, "acc", None)
+        uses[key] = set(names) | set().union(*(uses.get(n, set()) for n in names))
+    z = [a for a in state if a != m and (uses.get(a, set()) & weight_users)]
+    if len(z) != 1 or not isinstance(score, str):
+        raise ValueError("the fold's step is not a softmax-weighted sum of the value tensor")
+    d = next(a for a in state if a not in (m, z[0]))
+    scores = tuple(st for st in per_key if not isinstance(st, L.Loop) and getattr(st, "acc", None) != accs[0].acc)
+    return dot, q_load, k_load, v_loads[0], scores, score, accs[0].acc, (m, d, z[0])
 
 
 def _uses(stmt) -> tuple[set[str], set[int]]:
@@ -81,6 +150,8 @@ def _split(stmts, per: set[str], vars_: set[int]) -> tuple[tuple, tuple]:
 
 
 def lower_flash(tile: TileKernel, types: dict, params) -> KernelIR:
+    if tile.geometry.mma:
+        return _lower_flash_mma(tile, types, params)
     from emmy.kernel_ir.lower import _free_loops, _vectorizable, flat_index
 
     g, shape = tile.geometry, tile.shape
@@ -125,3 +196,44 @@ def lower_flash(tile: TileKernel, types: dict, params) -> KernelIR:
 
 
 
+
+
+def _lower_flash_mma(tile: TileKernel, types: dict, params) -> KernelIR:
+    from emmy.kernel_ir.lower import _free_loops, _vectorizable, flat_index
+    from emmy.kernel_ir.scalar_c import affine_c
+    from emmy.knobs import value_fields
+
+    g, shape, row = tile.geometry, tile.shape, tile.row
+    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    row_vars = tuple((v, e) for v, e in loops if v in shape.m_vars)
+    col_vars = tuple((v, e) for v, e in loops if v in shape.n_vars)
+    batch = tuple((v, e) for v, e in loops if v not in shape.m_vars and v not in shape.n_vars)
+    dot, q_load, k_load, v_load, scores, score, dot_acc, state = _mma_pieces(tile)
+    (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
+    epilogue = tuple(s for p in tile.parts if isinstance(p, Epilogue) for s in p.body)
+    work, atom = value_fields("WORK", row.WORK), value_fields("TILE", row.TILE)
+    warps, fm, fn = work["warps_m"], atom["frag_m"], atom["frag_n"]
+    bm, bn, cols = 16 * fm * warps, 8 * fn, prod(e for _, e in col_vars)
+
+    def operand(stmt, side, rows, columns, column_var=None):
+        """A staged tile of `rows` x `columns`, filled 16 bytes at a time where the source runs
+        contiguously along `column_var` (the head dimension for K, the last value column for V)."""
+        flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
+        dtype = types[stmt.expr.buffer].dtype
+        width = 8 if column_var is not None and _vectorizable(flat, column_var[0], 8) and column_var[1] % 8 == 0 \
+            else 1
+        return MmaOperand(stmt.name, stmt.expr.buffer, dtype, side, affine_c(flat), rows, columns, True, width)
+
+    body = FlashMma(row.TILE.split("/")[0], row_vars, col_vars, batch, fold.var, fold.extent, dot.var, dot.extent,
+                    warps, fm, fn, g.stage_depth, g.stage_how, operand(q_load, "q", bm, dot.extent),
+                    operand(k_load, "k", bn, dot.extent, (dot.var, dot.extent)),
+                    operand(v_load, "v", -(-bn // 16) * 16, cols, col_vars[-1]),
+                    scores, dot_acc, score, state, epilogue)
+    panel_bytes = 0
+    if g.stage_depth:
+        q, k, v = body.q, body.k, body.v
+        panel_bytes = (q.rows * q.cols + g.stage_depth * (k.rows * k.cols + v.rows * v.cols)) * q.dtype.itemsize
+    rows = prod(e for _, e in row_vars)
+    return KernelIR(tile.kernel.name, params, Tile(("row", "col"), fold.extent, rows, g.threads),
+                    (-(-rows // bm), prod(e for _, e in batch) or 1, 1), (g.threads, 1, 1), (), (body,), str(row),
+                    tile.shape.describe(), dynamic_smem=panel_bytes)

@@ -271,6 +271,47 @@ class FlashRows:
 
 
 @dataclass(frozen=True)
+class FlashMma:
+    """Flash attention on tensor cores: WM warps side by side over query rows, each FM atoms of 16
+    rows. Per step of BN = 8 * FN keys: S = Q K^T by mma (K = the head dimension), the score
+    statements (`scores`: mask, scale) on each S element, the block's row maxima over the lane
+    quad, P = exp(score - m) (1 where equal, as the fold's step), the rows' (m, d) rescaled, and
+    O += P V by mma with P converted to the atom's dtype in registers (16 keys an atom; a
+    missing half is zeros). The state per output element is (m, d, z) = (`state`): m and d per
+    row, z in the O fragments; then the epilogue. Operands: q (BM x D), k (BN x D), v (BN
+    rounded up to 16 x N), staged `depth` deep (q once) or read from global memory."""
+    atom: str
+    row_vars: tuple[tuple[int, int], ...]
+    col_vars: tuple[tuple[int, int], ...]
+    batch_vars: tuple[tuple[int, int], ...]
+    key_var: int
+    key_extent: int
+    inner_var: int
+    inner_extent: int
+    warps: int
+    frag_m: int
+    frag_n: int
+    depth: int
+    how: str
+    q: MmaOperand
+    k: MmaOperand
+    v: MmaOperand
+    scores: tuple  # Loop IR statements from the dot's sum (`dot_acc`) to the score
+    dot_acc: str
+    score: str
+    state: tuple[str, str, str]  # (m, d, z) accumulators
+    epilogue: tuple
+
+    @property
+    def bm(self) -> int:
+        return 16 * self.frag_m * self.warps
+
+    @property
+    def bn(self) -> int:
+        return 8 * self.frag_n
+
+
+@dataclass(frozen=True)
 class SplitFinish:
     """One thread per output: each accumulator combined over the split's partial results in the
     workspace, then the contraction's epilogue and store."""
@@ -317,7 +358,7 @@ class OnlyThread:
 
 
 Stmt = Union[RowIndex, Scalar, VecLoad, VecStore, ElementLoop, MapElements, WarpShuffle, Smem, Sync, TreeHalve,
-             Broadcast, Store, OnlyThread, ContractionTile, MmaTile, FlashRows, Fill, SplitFinish]
+             Broadcast, Store, OnlyThread, ContractionTile, MmaTile, FlashRows, FlashMma, Fill, SplitFinish]
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@ def print_kernel_ir(kernels: list[K.KernelIR]) -> str:
 def _tile(k: K.KernelIR) -> str:
     t = k.tile
     dims = ", ".join(t.dims)
+    if isinstance(k.body[0], K.FlashMma):
+        f = k.body[0]
+        return (f"Tile[row, col] (keys={f.key_extent}) // {t.rows} query rows, {f.warps} warp(s) of {f.frag_m} x 16 "
+                f"rows a block, {f.bn} keys a step on {f.atom}")
     if isinstance(k.body[0], K.FlashRows):
         f = k.body[0]
         return (f"Tile[row, col] (keys={f.key_extent}) // {t.rows} query rows, {f.warps} warp(s) of "
@@ -113,6 +117,8 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
         _mma(n, pad, out)
     elif isinstance(n, K.FlashRows):
         _flash(n, pad, out)
+    elif isinstance(n, K.FlashMma):
+        _flash_mma(n, pad, out)
     elif isinstance(n, K.OnlyThread):
         out.append(pad + "thread 0:")
         out += [f"{pad}  {s.buffer}[{s.index}] = {s.value}" for s in n.body]
@@ -181,4 +187,25 @@ def _flash(n: K.FlashRows, pad: str, out: list[str]) -> None:
     out += [f"{pad}      " + (f"{x.name} = {x.name}_panel[stage][..]" if getattr(x, "name", None) in staged
                              else statement_text(x)) for x in n.per_col]
     out.append(f"{pad}each owned output:")
+    out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+
+
+def _flash_mma(n: K.FlashMma, pad: str, out: list[str]) -> None:
+    m, d, z = n.state
+    out.append(f"{pad}f32 o[{n.frag_m}][..][4] = 0 ({z}), m[{n.frag_m}][2] = -inf ({m}), d[{n.frag_m}][2] = 0 ({d})")
+    if n.depth:
+        out.append(f"{pad}Smem {n.q.dtype} q_panel[{n.q.rows}][{n.q.cols}]  ({n.q.buffer}, once)")
+        for o in (n.k, n.v):
+            wide = "cp.async 16 B" if n.how == "smem-async" and o.width > 1 else f"load.v{o.width}"
+            out.append(f"{pad}Smem {o.dtype} {o.side}_panel[{n.depth}][{o.rows}][{o.cols}]  ({o.buffer} by {wide})")
+        out.append(f"{pad}for a{n.key_var} in 0..{n.key_extent} step {n.bn}:  stage K and V, Sync")
+    else:
+        out.append(f"{pad}for a{n.key_var} in 0..{n.key_extent} step {n.bn}:  fragments from global memory")
+    out.append(f"{pad}  s = {n.atom}(q_frag, k_frag)  over a{n.inner_var} in 0..{n.inner_extent} step 16")
+    out.append(f"{pad}  each s element ({n.dot_acc}):")
+    out += [f"{pad}    " + statement_text(s) for s in n.scores]
+    out.append(f"{pad}  m' = max(m, quad max of {n.score}); p = exp({n.score} - m'); d = d * exp(m - m') + sum p; "
+               "o *= exp(m - m')")
+    out.append(f"{pad}  o = {n.atom}(p_frag (p as {n.q.dtype}), ldmatrix.x2.trans v_panel)")
+    out.append(f"{pad}d = quad sum of d; each output element:")
     out += [f"{pad}  " + statement_text(s) for s in n.epilogue]

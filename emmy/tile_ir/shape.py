@@ -53,6 +53,10 @@ class KernelShape:
             return f"map of {self.rows} elements"
         if self.kind == "row":
             return f"row reduction {self.rows} x {self.red}" + (" with sweep" if self.sweep else "")
+        if self.kind == "attention":
+            dims = f"{self.rows} queries x {self.red} keys, head {self.inner}, values {self.cols}"
+            return f"attention {dims}" + (f" (batch {self.batch})" if self.batch > 1 else "") + \
+                (f", {self.mma} operands" if self.mma else "")
         dims = f"{self.rows}x{self.cols}x{self.red}" + (f" (batch {self.batch})" if self.batch > 1 else "")
         return f"contraction {dims}" + (f", {self.mma} operands" if self.mma else "")
 
