@@ -11,7 +11,6 @@ Nothing is timed unless it was checked first. Exit status 1 on any mismatch.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_sim_compare  # noqa: E402
+from emmy.gpu import ProgramOnGpu  # noqa: E402
 
 import emmy  # noqa: E402
 from emmy.checking import compare, reference_outputs  # noqa: E402
@@ -36,67 +36,36 @@ def run_workload(workload, arch: str, work: Path) -> dict:
     types = program.buffer_types
     why = next((supports(k, types) for k in program.tile_ir.kernels if supports(k, types)), "")
     try:
-        kernels = [] if why else program.kernel_ir
+        if not why:
+            program.kernel_ir  # noqa: B018 - a lowering may still refuse
     except Unsupported as refused:
         why = str(refused)
     if why:
         return {"name": workload.name, "skipped": why}
-    source = work / f"{workload.name}.cu"
-    source.write_text(program.cuda_source)
-    gpu = gpu_sim_compare.Gpu(source, arch, work, fmad=True)
-    lib, loops = gpu.lib, program.loop_ir
     host = host_buffers(program, program.example_inputs)
-    device = {}
-    for name, array in host.items():
-        ptr = ctypes.c_void_p()
-        gpu._check(lib.emmy_gpu_alloc(ctypes.byref(ptr), ctypes.c_size_t(max(1, array.nbytes))), "cudaMalloc")
-        gpu._check(lib.emmy_gpu_put(ptr, array.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(array.nbytes)), "in")
-        device[name] = ptr
-    dims = lambda v: (ctypes.c_uint * 3)(*v)  # noqa: E731
-    argvs, maps = [], []
-    for k in kernels:
-        addresses = [ctypes.addressof(device[p.name]) for p in k.params]
-        for buffer, row, box_rows, box_cols in k.tensor_maps:  # TMA descriptors follow the buffers
-            itemsize = host[buffer].itemsize
-            owner, view = gpu.tensor_map(device[buffer], (host[buffer].size // row, row), row * itemsize,
-                                         (box_rows, box_cols), itemsize)
-            maps.append(owner)
-            addresses.append(view.ctypes.data)
-        argvs.append((k, (ctypes.c_void_p * len(addresses))(*addresses)))
-    for k, argv in argvs:  # the run that is checked
-        gpu._check(getattr(lib, f"emmy_gpu_launch_{k.name}")(dims(k.grid), dims(k.block),
-                                                               ctypes.c_ulong(k.dynamic_smem), argv), k.name)
+    on_gpu = ProgramOnGpu(program, host, work)
+    on_gpu.run()  # the run that is checked
     longest = max((p.extent for t in program.tile_ir.kernels for p in t.parts if isinstance(p, Fold)), default=1)
     expected = reference_outputs(program.captured)
     worst, ok = 0.0, True
-    for name, want in zip(loops.outputs, expected):
-        out = np.empty_like(host[name])
-        gpu._check(lib.emmy_gpu_get(out.ctypes.data_as(ctypes.c_void_p), device[name], ctypes.c_size_t(out.nbytes)),
-                   "out")
-        c = compare(from_device(out, types[name].dtype).astype(np.float64).reshape(want.shape), want,
-                    types[name].dtype, longest)
+    for name, want in zip(program.loop_ir.outputs, expected):
+        dtype = types[name].dtype
+        c = compare(from_device(on_gpu.fetch(name), dtype).astype(np.float64).reshape(want.shape), want, dtype, longest)
         worst, ok = max(worst, c.max_abs), ok and c.ok
     times = {}
     if ok:  # only what was checked is timed
-        for k, argv in argvs:
-            timer = getattr(lib, f"emmy_gpu_time_{k.name}")
-            ms, total, iters = ctypes.c_float(), 0.0, 16
+        for k, argv in zip(on_gpu.kernels, on_gpu.argvs):
+            total, iters = 0.0, 16
             while total < 10.0:  # warm-up: at least 10 ms of GPU time
-                gpu._check(timer(dims(k.grid), dims(k.block), ctypes.c_ulong(k.dynamic_smem), argv, iters,
-                                 ctypes.byref(ms)), k.name)
-                total += ms.value
+                total += on_gpu.gpu.time(k.name, k.grid, k.block, k.dynamic_smem, argv, iters)
                 iters *= 2
             per_batch = max(16, int(iters * 1.0 / max(total, 1e-3)))  # about 1 ms batches
-            samples = []
-            for _ in range(20):
-                gpu._check(timer(dims(k.grid), dims(k.block), ctypes.c_ulong(k.dynamic_smem), argv, per_batch,
-                                 ctypes.byref(ms)), k.name)
-                samples.append(ms.value * 1e3 / per_batch)
-            times[k.name] = statistics.median(samples)
-    for ptr in device.values():
-        lib.emmy_gpu_free(ptr)
+            times[k.name] = statistics.median(
+                on_gpu.gpu.time(k.name, k.grid, k.block, k.dynamic_smem, argv, per_batch) * 1e3 / per_batch
+                for _ in range(20))
+    on_gpu.close()
     predicted = sum(t.seconds for t in program.tile_ir.kernels) * 1e6
-    return {"name": workload.name, "kernels": len(kernels), "error": worst, "ok": ok, "times": times,
+    return {"name": workload.name, "kernels": len(on_gpu.kernels), "error": worst, "ok": ok, "times": times,
             "predicted": predicted}
 
 

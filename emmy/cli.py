@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--top", type=int, default=3, metavar="K", help="alternatives to show (default 3)")
 
     run = program_command("run", "run the compiled program's kernels on a device (sim: the CPU simulator)")
-    run.add_argument("--device", default="sim", metavar="DEVICE", help="sim (the CPU simulator); default sim")
+    run.add_argument("--device", default="sim", metavar="DEVICE",
+                     help="sim (the CPU simulator) or cuda (the GPU, built for --target); default sim")
     run.add_argument("--sim-mode", default="plain", metavar="MODE",
                      help="simulator build: plain, asan (out-of-bounds checks) or racecheck (default plain)")
     run.add_argument("--check", action="store_true", help="compare every output with torch; exit 1 on a mismatch")
@@ -236,8 +237,7 @@ def _run(args) -> int:
     from emmy.runtime import DEVICES
 
     if args.device not in DEVICES:
-        raise EmmyError(f"unknown --device {args.device!r}; devices here: {', '.join(DEVICES)} "
-                        "(cuda needs a GPU machine and is not built yet)")
+        raise EmmyError(f"unknown --device {args.device!r}; devices: {', '.join(DEVICES)}")
     from emmy.sim import MODES
 
     if args.sim_mode not in MODES:

@@ -1,7 +1,8 @@
 """Run a compiled program's kernels in order on a device, with every intermediate buffer
 allocated, and compare its outputs with torch.
 
-Devices: "sim" (the CPU simulator, emmy.sim, in a build mode: plain, asan or racecheck).
+Devices: "sim" (the CPU simulator, emmy.sim, in a build mode: plain, asan or racecheck) and
+"cuda" (a GPU, through an nvcc-built host library: emmy.gpu).
 Buffers on a device hold the storage type: bf16 as its 16-bit patterns.
 """
 
@@ -14,7 +15,7 @@ import numpy as np
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
 
-DEVICES = ("sim",)
+DEVICES = ("sim", "cuda")
 
 
 def to_device(values: np.ndarray, dtype: DType) -> np.ndarray:
@@ -64,8 +65,7 @@ def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") 
     """Every kernel of `program` (emmy.program.Program) in order; the program's outputs by buffer
     name, in interpreter storage. `inputs`: torch tensors (default: the example inputs)."""
     if device not in DEVICES:
-        raise EmmyError(f"unknown device {device!r}; devices here: {', '.join(DEVICES)} "
-                        "(cuda needs a GPU machine and is not built yet)")
+        raise EmmyError(f"unknown device {device!r}; devices: {', '.join(DEVICES)}")
     import emmy.sim as sim
 
     loops = program.loop_ir
@@ -74,6 +74,15 @@ def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") 
         raise EmmyError(f"the program takes {len(loops.inputs)} inputs, got {0 if given is None else len(given)}")
     types = program.buffer_types
     buffers = host_buffers(program, given)
+    if device == "cuda":
+        from emmy.gpu import ProgramOnGpu
+
+        on_gpu = ProgramOnGpu(program, buffers)
+        try:
+            on_gpu.run()
+            return {name: from_device(on_gpu.fetch(name), types[name].dtype) for name in loops.outputs}
+        finally:
+            on_gpu.close()
     module = sim.load(program.cuda_source, "program.cu", mode=mode)
     for kernel in program.kernel_ir:
         args = [buffers[p.name] for p in kernel.params]

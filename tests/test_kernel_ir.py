@@ -175,3 +175,15 @@ def test_long_rows_split_over_blocks_that_combine_atomically(code):
         assert all(c.ok for c in check_program(pinned)), row
     assert all(c.ok for c in check_program(emmy.optimize(code, target="sm_90", knobs=str(atomic[0])),
                                            mode="racecheck"))
+
+
+def test_device_cuda_builds_a_host_library_and_runs_there_or_names_what_is_missing():
+    # nvcc builds the program with a launcher per kernel; without a GPU the CUDA runtime's own reason
+    # comes back as one line (exit 2); with one, the check must pass
+    result = run_emmy("run", "-c", get("softmax").code, "--device", "cuda", "--check")
+    if result.returncode == 0:
+        assert result.stdout.splitlines()[-1].split()[-1] == "ok"
+    else:
+        assert result.returncode == 2, result.stderr
+        assert re.search(r"emmy: error: (cudaMalloc|finding the GPU): CUDA error \d+ \(.+\)", result.stderr)
+        assert "Traceback" not in result.stderr

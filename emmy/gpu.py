@@ -1,0 +1,204 @@
+"""Kernels on a real GPU from Python: a CUDA source built by nvcc into a shared library with a
+host launcher and a timer per kernel (plus allocation, copies and TMA descriptors), driven
+through ctypes. `emmy run --device cuda` and benchmarks/gpu_check.py use it; on a machine
+without a GPU or driver the first call fails with the CUDA runtime's own reason (GpuError).
+
+The library is cached by content under EMMY_CACHE_DIR/gpu (source, arch, flags, nvcc and the
+runtime headers).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from emmy.errors import EmmyError, KernelBuildError
+
+WRAPPER = r"""
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include "{source}"
+extern "C" int emmy_gpu_alloc(void** p, size_t n) {{ return (int)cudaMalloc(p, n); }}
+extern "C" int emmy_gpu_free(void* p) {{ return (int)cudaFree(p); }}
+extern "C" int emmy_gpu_put(void* d, const void* h, size_t n) {{ return (int)cudaMemcpy(d, h, n, cudaMemcpyHostToDevice); }}
+extern "C" int emmy_gpu_get(void* h, const void* d, size_t n) {{ return (int)cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost); }}
+extern "C" const char* emmy_gpu_error(int rc) {{ return cudaGetErrorString((cudaError_t)rc); }}
+extern "C" int emmy_gpu_arch(int* major, int* minor) {{
+  int device = 0;
+  int rc = (int)cudaGetDevice(&device);
+  if (rc) return rc;
+  rc = (int)cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device);
+  return rc ? rc : (int)cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device);
+}}
+extern "C" int emmy_gpu_tensormap(void* out, void* base, unsigned long rows, unsigned long cols,
+                                  unsigned long row_bytes, unsigned box_rows, unsigned box_cols, unsigned element_bytes) {{
+  cuuint64_t dims[2] = {{cols, rows}}, strides[1] = {{row_bytes}};
+  cuuint32_t box[2] = {{box_cols, box_rows}}, unit[2] = {{1, 1}};
+  // the driver's entry point through the runtime: no link against libcuda (absent where this is built)
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      !fn)
+    return -1;
+  auto encode = reinterpret_cast<decltype(&cuTensorMapEncodeTiled)>(fn);
+  // the copy is bitwise: only the element size matters (bf16 travels as 16-bit integers)
+  const CUtensorMapDataType type = element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  return (int)encode((CUtensorMap*)out, type, 2, base, dims, strides, box,
+                     unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                     CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}}
+{launchers}
+"""
+LAUNCHER = r"""
+extern "C" int emmy_gpu_launch_{name}(const unsigned* g, const unsigned* b, unsigned long smem, void** argv) {{
+  if (smem > 48 * 1024) cudaFuncSetAttribute((const void*){name}, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  cudaError_t e = cudaLaunchKernel((const void*){name}, dim3(g[0], g[1], g[2]), dim3(b[0], b[1], b[2]), argv, smem, 0);
+  return (int)(e == cudaSuccess ? cudaDeviceSynchronize() : e);
+}}
+// `iters` back-to-back launches between two CUDA events; *ms: their total time
+extern "C" int emmy_gpu_time_{name}(const unsigned* g, const unsigned* b, unsigned long smem, void** argv, int iters,
+                                   float* ms) {{
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  for (int i = 0; i < iters; ++i)
+    cudaLaunchKernel((const void*){name}, dim3(g[0], g[1], g[2]), dim3(b[0], b[1], b[2]), argv, smem, 0);
+  cudaEventRecord(stop);
+  cudaError_t e = cudaEventSynchronize(stop);
+  cudaEventElapsedTime(ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return (int)(e == cudaSuccess ? cudaGetLastError() : e);
+}}
+"""
+
+
+class GpuError(EmmyError):
+    """The CUDA runtime refused: no device, no driver, a launch that failed."""
+
+
+class Gpu:
+    """A CUDA source built by nvcc into a library with a host launcher (and timer) per kernel."""
+
+    def __init__(self, source: Path, names: list[str], arch: str, work: Path | None = None, fmad: bool = True):
+        from emmy.config import settings
+        from emmy.sim.build import HEADERS, headers_digest
+
+        nvcc = shutil.which("nvcc")
+        if nvcc is None:
+            raise KernelBuildError("nvcc is not on PATH; it is needed to build for a GPU")
+        text = WRAPPER.format(source=source.resolve(), launchers="".join(LAUNCHER.format(name=n) for n in names))
+        flags = ["-shared", "-Xcompiler", "-fPIC", "-O3", f"-fmad={'true' if fmad else 'false'}", f"-arch=sm_{arch}"]
+        key = hashlib.sha256("\0".join([" ".join(names), source.read_text(), " ".join(flags), headers_digest(),
+                                        WRAPPER, LAUNCHER]).encode())
+        folder = work or settings().cache_dir / "gpu"
+        folder.mkdir(parents=True, exist_ok=True)
+        lib = folder / f"{key.hexdigest()[:24]}-sm_{arch}.so"
+        if not lib.exists():
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                wrapper = Path(tmp) / f"{source.stem}.wrap.cu"
+                wrapper.write_text(text)
+                done = subprocess.run([nvcc, *flags, "-I", str(HEADERS), str(wrapper), "-o", str(Path(tmp) / "lib.so")],
+                                      capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise KernelBuildError(f"nvcc could not build the GPU library for sm_{arch}:\n{done.stderr[:4000]}")
+                os.replace(Path(tmp) / "lib.so", lib)
+        self.lib = ctypes.CDLL(str(lib))
+        self.lib.emmy_gpu_error.restype = ctypes.c_char_p
+
+    def check(self, rc: int, what: str) -> None:
+        if rc:
+            reason = self.lib.emmy_gpu_error(rc).decode() if rc > 0 else "the driver has no cuTensorMapEncodeTiled"
+            raise GpuError(f"{what}: CUDA error {rc} ({reason})")
+
+    def arch(self) -> str:
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self.check(self.lib.emmy_gpu_arch(ctypes.byref(major), ctypes.byref(minor)), "finding the GPU")
+        return f"sm_{major.value}{minor.value}"
+
+    def upload(self, array: np.ndarray) -> ctypes.c_void_p:
+        ptr = ctypes.c_void_p()
+        self.check(self.lib.emmy_gpu_alloc(ctypes.byref(ptr), ctypes.c_size_t(max(1, array.nbytes))), "cudaMalloc")
+        self.check(self.lib.emmy_gpu_put(ptr, array.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(array.nbytes)),
+                   "copy to the GPU")
+        return ptr
+
+    def download(self, ptr: ctypes.c_void_p, into: np.ndarray) -> None:
+        self.check(self.lib.emmy_gpu_get(into.ctypes.data_as(ctypes.c_void_p), ptr, ctypes.c_size_t(into.nbytes)),
+                   "copy from the GPU")
+
+    def free(self, ptr: ctypes.c_void_p) -> None:
+        self.lib.emmy_gpu_free(ptr)
+
+    def tensor_map(self, device_ptr, shape, row_bytes, box, element_bytes):
+        """(owner, 128-byte view at a 64-byte boundary): the driver's CUtensorMap of a 2-D device array."""
+        buffer = np.zeros(192, np.uint8)
+        view = buffer[(-buffer.ctypes.data) % 64:][:128]
+        rows, cols = shape
+        self.check(self.lib.emmy_gpu_tensormap(
+            view.ctypes.data_as(ctypes.c_void_p), device_ptr, ctypes.c_ulong(rows), ctypes.c_ulong(cols),
+            ctypes.c_ulong(row_bytes), ctypes.c_uint(box[0]), ctypes.c_uint(box[1]), ctypes.c_uint(element_bytes)),
+            "cuTensorMapEncodeTiled")
+        return buffer, view
+
+    def launch(self, name: str, grid, block, shared: int, argv) -> None:
+        self.check(getattr(self.lib, f"emmy_gpu_launch_{name}")(_dims(grid), _dims(block), ctypes.c_ulong(shared),
+                                                                 argv), f"launching {name}")
+
+    def time(self, name: str, grid, block, shared: int, argv, iters: int) -> float:
+        """Milliseconds for `iters` back-to-back launches."""
+        ms = ctypes.c_float()
+        self.check(getattr(self.lib, f"emmy_gpu_time_{name}")(_dims(grid), _dims(block), ctypes.c_ulong(shared), argv,
+                                                               iters, ctypes.byref(ms)), f"timing {name}")
+        return ms.value
+
+
+def _dims(v) -> ctypes.Array:
+    values = ((v,) if isinstance(v, int) else tuple(v)) + (1, 1)
+    return (ctypes.c_uint * 3)(*values[:3])
+
+
+class ProgramOnGpu:
+    """A compiled program's kernels on the GPU: its buffers uploaded, an argument vector per kernel
+    (buffers, then TMA descriptors), launched in order."""
+
+    def __init__(self, program, buffers: dict[str, np.ndarray], work: Path | None = None):
+        self.program, self.host = program, buffers
+        self.kernels = program.kernel_ir
+        self._folder = tempfile.TemporaryDirectory()
+        source = Path(self._folder.name) / "program.cu"
+        source.write_text(program.cuda_source)
+        self.gpu = Gpu(source, [k.name for k in self.kernels], program.target.name.removeprefix("sm_"), work)
+        self.device = {name: self.gpu.upload(array) for name, array in buffers.items()}
+        self._keep, self.argvs = [], []
+        for k in self.kernels:
+            addresses = [ctypes.addressof(self.device[p.name]) for p in k.params]
+            for buffer, row, box_rows, box_cols in k.tensor_maps:
+                itemsize = buffers[buffer].itemsize
+                owner, view = self.gpu.tensor_map(self.device[buffer], (buffers[buffer].size // row, row),
+                                                  row * itemsize, (box_rows, box_cols), itemsize)
+                self._keep.append(owner)
+                addresses.append(view.ctypes.data)
+            self.argvs.append((ctypes.c_void_p * max(1, len(addresses)))(*addresses))
+
+    def run(self) -> None:
+        for k, argv in zip(self.kernels, self.argvs):
+            self.gpu.launch(k.name, k.grid, k.block, k.dynamic_smem, argv)
+
+    def fetch(self, name: str) -> np.ndarray:
+        out = np.empty_like(self.host[name])
+        self.gpu.download(self.device[name], out)
+        return out
+
+    def close(self) -> None:
+        for ptr in self.device.values():
+            self.gpu.free(ptr)
+        self._folder.cleanup()
