@@ -87,3 +87,35 @@ def test_emitted_mma_tiles_have_hmma_ldmatrix_and_the_staging_their_row_names(ca
     assert any(op.startswith("LDSM") for op in mix) == bool(stage), mix  # ldmatrix from the staged panels
     assert not copy or copy in mix, mix
     assert not any(op.startswith(("LDL", "STL")) for op in mix)
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layernorm", "gelu_chain", "matmul_f16", "attention",
+                                  "attention_causal"])
+def test_sampled_rows_compile_for_every_target_they_are_legal_on_without_spills(cache, name):
+    """The rows the simulator tests sample (default, model's next 3, 5 at random), each built by nvcc for
+    sm_80, sm_90 and sm_120 where the schedule rules allow it: one translation unit per target."""
+    import dataclasses
+
+    from emmy.errors import EmmyError
+    from emmy.kernel_ir.cuda import program_source
+    from tests.test_kernel_ir import _sample_rows
+
+    code = get(name).sim_code or get(name).code
+    rows = _sample_rows(emmy.optimize(code, target="sm_90"))
+    built = 0
+    for target in ("sm_80", "sm_90", "sm_120"):
+        kernels, types = [], {}
+        for i, row in enumerate(rows):
+            try:
+                program = emmy.optimize(code, target=target, knobs=str(row))
+                lowered = program.kernel_ir
+            except EmmyError:  # not legal on this target (TMA before sm_90, shared memory limits)
+                continue
+            assert [str(k.row) for k in program.tile_ir.kernels] == [str(row)] * len(program.tile_ir.kernels)
+            kernels += [dataclasses.replace(k, name=f"{k.name}_row{i}") for k in lowered]
+            types |= program.buffer_types
+        cubin = build_cubin(program_source(kernels, types, {}), target, cache)
+        assert set(cubin.resources) == {k.name for k in kernels}
+        assert not [k for k, r in cubin.resources.items() if r.spills], cubin.resources
+        built += len(kernels)
+    assert built >= 2 * len(rows)

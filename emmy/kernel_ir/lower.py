@@ -35,12 +35,13 @@ class Unsupported(EmmyError):
     """A schedule the Kernel IR lowering does not handle yet."""
 
 
-def supports(tile: TileKernel, types: dict | None = None) -> str:
+def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = None) -> str:
     """Why the lowering cannot take this kernel's row, or "" when it can (`types`, buffer name ->
-    TensorType, lets it look at the operands' layouts too)."""
+    TensorType, lets it look at the operands' layouts too). `memo`: a dict kept across the rows
+    of one kernel, for what depends on the kernel only (operand layouts)."""
     row = tile.row
     if tile.shape.kind == "contraction":
-        return _supports_contraction(tile, types)
+        return _supports_contraction(tile, types, {} if memo is None else memo)
     if tile.shape.kind == "attention":
         return supports_flash(tile)
     if tile.shape.kind not in ("map", "row"):
@@ -75,10 +76,10 @@ def contraction_parts(tile: TileKernel) -> str:
     return ""
 
 
-def _supports_contraction(tile: TileKernel, types: dict | None) -> str:
+def _supports_contraction(tile: TileKernel, types: dict | None, memo: dict) -> str:
     row, g = tile.row, tile.geometry
     if g.mma:
-        return supports_mma(tile, types)
+        return supports_mma(tile, types, memo)
     if row.REDUCE.endswith("a") and tile.kernel.type.dtype.value != "f32":
         return f"REDUCE={row.REDUCE}: atomics into a {tile.kernel.type.dtype} output are not lowered yet"
     if g.stage_how == "smem-async" and g.stage_depth < 2:
@@ -89,7 +90,8 @@ def _supports_contraction(tile: TileKernel, types: dict | None) -> str:
     folds = [p for p in tile.parts if isinstance(p, Fold)]
     if folds[0].twist:
         return "a twisted contraction fold is not lowered yet"
-    if g.vec > 1 and types is not None and not _vector_accesses(folds[0].lift, folds[0].var, g.vec, types)[0]:
+    if g.vec > 1 and types is not None and not memo.setdefault(
+            ("vectors", g.vec), bool(_vector_accesses(folds[0].lift, folds[0].var, g.vec, types)[0])):
         return f"TILE={row.TILE}: no operand is contiguous along K to load {g.vec} at a time"
     return ""
 

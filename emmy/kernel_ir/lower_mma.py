@@ -21,7 +21,7 @@ from emmy.tile_ir.nodes import Epilogue, Fold, TileKernel
 PANEL_VECTOR = 8  # f16/bf16 elements in a 16-byte copy
 
 
-def supports_mma(tile: TileKernel, types: dict | None = None) -> str:
+def supports_mma(tile: TileKernel, types: dict | None = None, memo: dict | None = None) -> str:
     """Why an mma row of this contraction cannot be lowered, or "" when it can."""
     row, g = tile.row, tile.geometry
     if row.REDUCE.endswith("a") and tile.kernel.type.dtype is not DType.F32:
@@ -34,10 +34,12 @@ def supports_mma(tile: TileKernel, types: dict | None = None) -> str:
     if g.stage_how == "smem-async" and g.stage_depth < 2:
         return "a cp.async pipeline needs at least 2 stages"
     if g.stage_how == "smem-tma" and types is not None:
-        for operand in _operands(tile, types):
-            if not operand.tma:
-                return (f"STAGE={row.STAGE}: operand {operand.buffer} is not read as row-major matrices a TMA "
-                        "box can copy (strided, offset or rows not a multiple of 16 bytes)")
+        memo = {} if memo is None else memo
+        if "tma" not in memo:  # which operands a tensor map covers depends on the kernel, not the row
+            memo["tma"] = next((o.buffer for o in _operands(tile, types) if not o.tma), "")
+        if memo["tma"]:
+            return (f"STAGE={row.STAGE}: operand {memo['tma']} is not read as row-major matrices a TMA "
+                    "box can copy (strided, offset or rows not a multiple of 16 bytes)")
     return ""
 
 

@@ -49,10 +49,10 @@ def offered_rows(kernel: Kernel, shape: KernelShape, rows, types: dict) -> tuple
     from emmy.kernel_ir.lower import supports
 
     parts = tuple(_parts(kernel, shape))
-    kept = []
+    kept, memo = [], {}
     for row in rows:
         g = geometry(shape, row)
-        if not supports(TileKernel(kernel, shape, row, g, _placement(shape, row, g), parts, 0, 0.0), types):
+        if not supports(TileKernel(kernel, shape, row, g, _placement(shape, row, g), parts, 0, 0.0), types, memo):
             kept.append(row)
     return tuple(kept) or tuple(rows)
 
