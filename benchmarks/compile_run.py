@@ -35,7 +35,8 @@ def to_cuda_seconds(code: str) -> tuple[float, str]:
         program = emmy.optimize(code, target="sm_90", stop_after="tensor")
         start = time.perf_counter()
         tiles = program.tile_ir.kernels
-        why = next((supports(k) for k in tiles if supports(k)), "")
+        types = program.buffer_types
+        why = next((supports(k, types) for k in tiles if supports(k, types)), "")
         if why:
             return 0.0, why
         _ = program.cuda_source

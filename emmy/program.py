@@ -20,6 +20,7 @@ class Program:
     rule_groups: tuple = ()  # emmy.rules.RuleGroup, built-in ones and any the user loaded
     budget: object = None  # emmy.egraph.driver.Budget
     knobs: object = None  # emmy.knobs.KnobRow: pins for every kernel
+    rows: tuple = ()  # (kernel name, KnobRow): rows chosen for single kernels instead of the model's
 
     @cached_property
     def tensor_program(self):
@@ -64,7 +65,19 @@ class Program:
         from emmy.tile_ir.build import build_tile_program
 
         result = self.loop_result
-        return build_tile_program(result.program, self.target, self.pins, result.egraph, result.kernel_roots())
+        return build_tile_program(result.program, self.target, self.pins, result.egraph, result.kernel_roots(),
+                                  dict(self.rows))
+
+    def with_rows(self, rows: dict) -> Program:
+        """The same program (its Loop IR reused) with these kernels' rows, kernel name -> KnobRow,
+        instead of the cost model's choice: each must be offered for its kernel (`schedule_space`)."""
+        import dataclasses
+
+        other = dataclasses.replace(self, rows=tuple(sorted({**dict(self.rows), **rows}.items())))
+        for computed in ("tensor_program", "loop_result"):  # cached_property values: shared, not rebuilt
+            if computed in self.__dict__:
+                other.__dict__[computed] = self.__dict__[computed]
+        return other
 
     @property
     def buffer_types(self) -> dict:

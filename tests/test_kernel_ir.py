@@ -74,27 +74,28 @@ def test_the_chosen_kernels_run_in_the_simulator_and_match_torch(name):
     assert checks and all(c.ok for c in checks), checks
 
 
-def _sample_rows(program, seed=0):
-    """The default row, the model's next best three and five more drawn with a fixed seed."""
-    (kernel,) = program.loop_ir.kernels
-    rows = program.schedule_space().rows[kernel.name]
-    ranked = [b.row for b in ranked_rows(kernel, kernel_shape(kernel), rows, program.target, program.loop_ir)]
-    rest = [r for r in ranked[4:]]
-    return ranked[:4] + random.Random(seed).sample(rest, min(5, len(rest)))
+def _sample_rows(program, seed=0) -> dict[str, list]:
+    """Per kernel: the default row, the model's next best three and five more drawn with a fixed seed."""
+    space = program.schedule_space()
+    sample = {}
+    for kernel in program.loop_ir.kernels:
+        rows = space.rows[kernel.name]
+        ranked = [b.row for b in ranked_rows(kernel, kernel_shape(kernel), rows, program.target, program.loop_ir)]
+        sample[kernel.name] = ranked[:4] + random.Random(seed).sample(ranked[4:], min(5, len(ranked[4:])))
+    return sample
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layernorm", "gelu_chain", "matmul_f16", "attention",
-                                  "attention_causal"])
+@pytest.mark.parametrize("name", LOWERED)
 def test_a_sample_of_legal_rows_runs_right_in_the_simulator(name):
-    code = _simulated(name)
-    base = emmy.optimize(code, target="sm_90")
-    sample = _sample_rows(base)
-    assert len(sample) == 9
-    for row in sample:
-        program = emmy.optimize(code, target="sm_90", knobs=str(row))
-        assert not any(supports(k, program.buffer_types) for k in program.tile_ir.kernels), row
-        checks = check_program(program)
-        assert all(c.ok for c in checks), (str(row), checks)
+    base = emmy.optimize(_simulated(name), target="sm_90")
+    for kernel, rows in _sample_rows(base).items():
+        assert len(rows) == min(9, len(base.schedule_space().rows[kernel]))
+        for row in rows:
+            program = base.with_rows({kernel: row})
+            assert [t.row for t in program.tile_ir.kernels if t.kernel.name == kernel] == [row]
+            assert not any(supports(k, program.buffer_types) for k in program.tile_ir.kernels), row
+            checks = check_program(program)
+            assert all(c.ok for c in checks), (kernel, str(row), checks)
 
 
 @pytest.mark.parametrize("code, knobs", [

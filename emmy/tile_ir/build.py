@@ -11,9 +11,10 @@ from emmy.tile_ir.shape import KernelShape, kernel_shape
 
 
 def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), egraph=None,
-                       roots: dict | None = None) -> TileProgram:
+                       roots: dict | None = None, chosen: dict | None = None) -> TileProgram:
     """`egraph`, `roots`: the optimizer's e-graph and each kernel's root Term in it (see
-    emmy.egraph.schedules.build_space); without them the space is built on its own."""
+    emmy.egraph.schedules.build_space); without them the space is built on its own. `chosen`:
+    kernel name -> the row to use instead of the cheapest (it must be offered for that kernel)."""
     from emmy.egraph.schedules import build_space
 
     check_target(pins, target)
@@ -29,7 +30,13 @@ def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), eg
                 raise RuntimeError(f"no legal schedule for kernel {kernel.name} ({shape.describe()}) "
                                    f"on {target.name}, with nothing pinned")
             raise EmmyError(no_row_message(shape, pins, full.rows[kernel.name], target))
-        best = ranked_rows(kernel, shape, rows, target, loops)[0]
+        ranked = ranked_rows(kernel, shape, rows, target, loops)
+        best = ranked[0]
+        if chosen and kernel.name in chosen:
+            best = next((b for b in ranked if b.row == chosen[kernel.name]), None)
+            if best is None:
+                raise EmmyError(f"row {chosen[kernel.name]} is not offered for kernel {kernel.name} "
+                                f"({shape.describe()}) on {target.name}; `emmy schedules` lists the rows")
         g = geometry(shape, best.row)
         offered = rows if not pins.pinned() else offered_rows(kernel, shape, full.rows[kernel.name], types)
         kernels.append(TileKernel(kernel, shape, best.row, g, _placement(shape, best.row, g),
