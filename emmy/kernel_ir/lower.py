@@ -43,7 +43,7 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
     if tile.shape.kind == "contraction":
         return _supports_contraction(tile, types, {} if memo is None else memo)
     if tile.shape.kind == "attention":
-        return supports_flash(tile)
+        return supports_flash(tile, {} if memo is None else memo)
     if tile.shape.kind not in ("map", "row"):
         return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
     split_ok = tile.shape.kind == "row" and row.REDUCE.endswith("a") and tile.kernel.type.dtype.value == "f32"
@@ -84,9 +84,10 @@ def _supports_contraction(tile: TileKernel, types: dict | None, memo: dict) -> s
         return f"REDUCE={row.REDUCE}: atomics into a {tile.kernel.type.dtype} output are not lowered yet"
     if g.stage_how == "smem-async" and g.stage_depth < 2:
         return "a cp.async pipeline needs at least 2 stages"
-    why = contraction_parts(tile)
-    if why:
-        return why
+    if "parts" not in memo:  # the fold structure is the kernel's, not the row's
+        memo["parts"] = contraction_parts(tile)
+    if memo["parts"]:
+        return memo["parts"]
     folds = [p for p in tile.parts if isinstance(p, Fold)]
     if folds[0].twist:
         return "a twisted contraction fold is not lowered yet"

@@ -21,8 +21,9 @@ from emmy.tile_ir.nodes import Epilogue, Fold, TileKernel
 LANES = 32
 
 
-def supports_flash(tile: TileKernel) -> str:
-    """Why this attention row cannot be lowered, or "" when it can."""
+def supports_flash(tile: TileKernel, memo: dict | None = None) -> str:
+    """Why this attention row cannot be lowered, or "" when it can (`memo`: kept across one
+    kernel's rows, for what depends on the kernel only)."""
     row, g = tile.row, tile.geometry
     if g.split > 1:
         return f"REDUCE={row.REDUCE}: split-KV attention is not lowered yet"
@@ -32,16 +33,28 @@ def supports_flash(tile: TileKernel) -> str:
         return f"TILE={row.TILE}: vector loads along the head dimension come with staged K and V tiles"
     if g.stage_how == "smem-async" and g.stage_depth < 2:
         return "a cp.async pipeline needs at least 2 stages"
+    memo = {} if memo is None else memo
+    if "fold" not in memo:  # the fold structure is the kernel's, not the row's
+        memo["fold"] = _fold_shape(tile)
+    if memo["fold"]:
+        return memo["fold"]
+    if g.mma:
+        if "mma" not in memo:
+            try:
+                _mma_pieces(tile)
+                memo["mma"] = ""
+            except ValueError as why:
+                memo["mma"] = f"tensor-core flash attention: {why}"
+        return memo["mma"]
+    return ""
+
+
+def _fold_shape(tile: TileKernel) -> str:
     folds = [p for p in tile.parts if isinstance(p, Fold)]
     if len(folds) != 1 or not isinstance(tile.parts[0], Fold) or folds[0].twist != "softmax":
         return "flash attention needs one softmax-twisted fold first"
     if len([s for s in folds[0].lift if isinstance(s, L.Loop)]) != 1:
         return "flash attention needs one q.k contraction inside its fold"
-    if g.mma:
-        try:
-            _mma_pieces(tile)
-        except ValueError as why:
-            return f"tensor-core flash attention: {why}"
     return ""
 
 

@@ -28,13 +28,14 @@ def supports_mma(tile: TileKernel, types: dict | None = None, memo: dict | None 
         return f"REDUCE={row.REDUCE}: atomics into a {tile.kernel.type.dtype} output are not lowered yet"
     from emmy.kernel_ir.lower import contraction_parts
 
-    why = contraction_parts(tile)
-    if why:
-        return why
+    memo = {} if memo is None else memo
+    if "parts" not in memo:  # the fold structure is the kernel's, not the row's
+        memo["parts"] = contraction_parts(tile)
+    if memo["parts"]:
+        return memo["parts"]
     if g.stage_how == "smem-async" and g.stage_depth < 2:
         return "a cp.async pipeline needs at least 2 stages"
     if g.stage_how == "smem-tma" and types is not None:
-        memo = {} if memo is None else memo
         if "tma" not in memo:  # which operands a tensor map covers depends on the kernel, not the row
             memo["tma"] = next((o.buffer for o in _operands(tile, types) if not o.tma), "")
         if memo["tma"]:
