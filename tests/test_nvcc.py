@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 import emmy
+from emmy.kernel_ir.nodes import FlashMma, MmaTile
 from emmy.nvcc import Resources, build_cubin, parse_ptxas, sass_mix
 from emmy.workloads import WORKLOADS, get
 
@@ -116,5 +117,30 @@ def test_sampled_rows_compile_for_every_target_they_are_legal_on_without_spills(
         cubin = build_cubin(program_source(kernels, types, {}), target, cache)
         assert set(cubin.resources) == {k.name for k in kernels}
         assert not [k for k, r in cubin.resources.items() if r.spills], cubin.resources
+        mix = sass_mix(cubin.path)
+        for k in kernels:  # what each row promises is in its SASS; nothing goes through local memory
+            ops = mix[k.name]
+            local = {op for op in ops if op.startswith(("LDL", "STL"))}
+            if k.tensor_maps and target == "sm_120":
+                # nvcc checks that a TMA descriptor's generic address lies in the parameter window and
+                # calls an error handler otherwise, its arguments stored to an 8-byte stack: never run
+                # for a __grid_constant__ descriptor, so only that store is allowed
+                assert local <= {"STL.64"} and cubin.resources[k.name].stack_bytes <= 8, (k.name, local)
+            else:
+                assert not local, (k.name, k.knobs, local)
+            if isinstance(k.body[0], (MmaTile, FlashMma)):
+                assert any(op.startswith("HMMA.16816") for op in ops), (k.name, k.knobs)
+            if _wide_global_loads(k):
+                assert any(op.startswith("LDG.E.128") for op in ops), (k.name, k.knobs, ops)
         built += len(kernels)
     assert built >= 2 * sum(len(rows) for rows in sample.values())
+
+
+def _wide_global_loads(kernel) -> bool:
+    """The kernel loads 16 bytes at once from global memory straight into registers (vector loads of
+    element loops, maps and unstaged contractions)."""
+    from emmy.kernel_ir.nodes import ContractionTile, ElementLoop, MapElements
+
+    vectors = [v for n in kernel.body if isinstance(n, (ElementLoop, MapElements, ContractionTile))
+               for v in getattr(n, "vectors", ())]
+    return any(v.width * v.dtype.itemsize == 16 for v in vectors)
