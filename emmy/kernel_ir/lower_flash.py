@@ -1,7 +1,11 @@
 """Tile IR attention kernel (a softmax-twisted fold over the keys whose element holds a q.k
-contraction) with a SIMT row -> Kernel IR FlashRows.
+contraction) -> Kernel IR: FlashMma for mma rows, FlashRows for SIMT rows.
 
-A warp owns TILE f<E> query rows; its lanes share each score (the q.k dot split over the head
+Tensor cores (FlashMma): the fold is recognised as a softmax-weighted sum (`_mma_pieces`: the
+q.k dot of two loads, a running maximum, the state that reads the V load) and computed as
+S = Q K^T, then O += P V, a block of keys at a time.
+
+SIMT (FlashRows): a warp owns TILE f<E> query rows; its lanes share each score (the q.k dot split over the head
 dimension, then a warp sum) and own the value columns lane, lane + 32, ... (each keeps its own
 (m, d, z) state, as the Loop IR fold does). Statements of the fold are split by what they depend
 on: per key and row (the mask, the dot, the scaled score) or per value column (the V load and
@@ -12,7 +16,6 @@ whole walk over the keys. K and V tiles of BN keys are staged in shared memory w
 from __future__ import annotations
 
 from math import prod
-
 
 from emmy.kernel_ir.nodes import FlashMma, FlashRows, KernelIR, MmaOperand, Panel, Tile
 from emmy.loop_ir import nodes as L
@@ -55,6 +58,9 @@ def _fold_shape(tile: TileKernel) -> str:
         return "flash attention needs one softmax-twisted fold first"
     if len([s for s in folds[0].lift if isinstance(s, L.Loop)]) != 1:
         return "flash attention needs one q.k contraction inside its fold"
+    per_key, _ = _split(folds[0].lift + folds[0].combine, {i.acc for i in folds[0].init}, set(tile.shape.n_vars))
+    if not any(isinstance(s, L.Loop) for s in per_key):
+        return "flash attention needs a q.k contraction that does not read the value columns or the state"
     return ""
 
 
@@ -145,6 +151,12 @@ def _uses(stmt) -> tuple[set[str], set[int]]:
     elif isinstance(stmt, (L.Accumulate, L.Update)):
         operand(stmt.value)
         names.add(stmt.acc)
+    elif isinstance(stmt, L.Loop):  # what its body reads from outside it
+        for inner in stmt.body:
+            more_names, more_dims = _uses(inner)
+            names |= more_names
+            dims |= more_dims - {stmt.var}
+        names -= {getattr(inner, "name", None) or getattr(inner, "acc", None) for inner in stmt.body}
     return names, dims
 
 
@@ -153,7 +165,7 @@ def _split(stmts, per: set[str], vars_: set[int]) -> tuple[tuple, tuple]:
     shared, dependent = [], []
     per = set(per)
     for s in stmts:
-        names, dims = _uses(s) if not isinstance(s, L.Loop) else (set(), set())
+        names, dims = _uses(s)
         if names & per or dims & vars_:
             dependent.append(s)
             per.add(getattr(s, "name", None) or getattr(s, "acc", None))
