@@ -188,3 +188,13 @@ def test_device_cuda_builds_a_host_library_and_runs_there_or_names_what_is_missi
         assert result.returncode == 2, result.stderr
         assert re.search(r"emmy: error: (cudaMalloc|finding the GPU): CUDA error \d+ \(.+\)", result.stderr)
         assert "Traceback" not in result.stderr
+
+
+def test_a_rounding_cast_before_the_product_keeps_tensor_cores_out():
+    # f16 inputs rounded to bf16 before the product: mma atoms would take the f16 values as loaded
+    program = emmy.optimize("a=torch.randn(48,32,dtype=torch.float16); b=torch.randn(32,40,dtype=torch.float16); "
+                            "a.bfloat16() @ b.bfloat16()", target="sm_90")
+    (kernel,) = program.loop_ir.kernels
+    rows = program.schedule_space().rows[kernel.name]
+    assert rows and not any(r.TILE.startswith("mma") for r in rows)
+    assert all(c.ok for c in check_program(program))

@@ -29,10 +29,10 @@ def supports_mma(tile: TileKernel, types: dict | None = None, memo: dict | None 
     from emmy.kernel_ir.lower import contraction_parts
 
     memo = {} if memo is None else memo
-    if "parts" not in memo:  # the fold structure is the kernel's, not the row's
-        memo["parts"] = contraction_parts(tile)
-    if memo["parts"]:
-        return memo["parts"]
+    if "mma parts" not in memo:  # the fold structure is the kernel's, not the row's
+        memo["mma parts"] = contraction_parts(tile) or _rounding_casts(tile)
+    if memo["mma parts"]:
+        return memo["mma parts"]
     if g.stage_how == "smem-async" and g.stage_depth < 2:
         return "a cp.async pipeline needs at least 2 stages"
     if g.stage_how == "smem-tma" and types is not None:
@@ -41,6 +41,19 @@ def supports_mma(tile: TileKernel, types: dict | None = None, memo: dict | None 
         if memo["tma"]:
             return (f"STAGE={row.STAGE}: operand {memo['tma']} is not read as row-major matrices a TMA "
                     "box can copy (strided, offset or rows not a multiple of 16 bytes)")
+    return ""
+
+
+def _rounding_casts(tile: TileKernel) -> str:
+    """The tensor cores take the loaded values as they are: a cast on the way to the product that
+    rounds (to a narrower type than the load's) would be skipped, so such a fold is refused."""
+    (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
+    defs = {s.name: s for s in fold.lift if isinstance(s, L.Assign)}
+    for stmt in defs.values():
+        if isinstance(stmt.expr, L.Op) and stmt.expr.op == "cast" and stmt.dtype is not DType.F32:
+            source = defs.get(stmt.expr.args[0]) if isinstance(stmt.expr.args[0], str) else None
+            if source is None or source.dtype is not stmt.dtype:
+                return f"a cast to {stmt.dtype} before the product would be skipped by the tensor cores"
     return ""
 
 
