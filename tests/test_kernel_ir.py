@@ -70,6 +70,12 @@ def test_emitted_cuda_compiles_with_nvcc_for_every_target_without_spills(name, t
 @pytest.mark.parametrize("name", LOWERED)
 def test_the_chosen_kernels_run_in_the_simulator_and_match_torch(name):
     program = emmy.optimize(_simulated(name), target="sm_90")
+    if get(name).sim_code:  # the full-size program's chosen row, run at the small shape
+        from emmy.suite import small_twin
+
+        full = emmy.optimize(get(name).code, target="sm_90")
+        program = small_twin(emmy.optimize, get(name).sim_code, "sm_90", full)
+        assert [k.row for k in program.tile_ir.kernels] == [k.row for k in full.tile_ir.kernels]
     checks = check_program(program)
     assert checks and all(c.ok for c in checks), checks
 
