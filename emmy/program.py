@@ -74,7 +74,7 @@ class Program:
         import dataclasses
 
         other = dataclasses.replace(self, rows=tuple(sorted({**dict(self.rows), **rows}.items())))
-        for computed in ("tensor_program", "loop_result"):  # cached_property values: shared, not rebuilt
+        for computed in ("tensor_program", "loop_result", "_offered_space"):  # cached: shared, not rebuilt
             if computed in self.__dict__:
                 other.__dict__[computed] = self.__dict__[computed]
         return other
@@ -110,7 +110,11 @@ class Program:
 
     def schedule_space(self):
         """Every knob row offered for every kernel, within the pins: legal (the schedule rules) and
-        lowered by Kernel IR (tile_ir.build.offered_rows)."""
+        lowered by Kernel IR (tile_ir.build.offered_rows). Built once per program."""
+        return self._offered_space
+
+    @cached_property
+    def _offered_space(self):
         import dataclasses
 
         from emmy.egraph.schedules import build_space
