@@ -377,16 +377,9 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
                           f"TILE={tile.row.TILE}'s vector loads cannot be kept")
     m_total, n_total = prod(e for _, e in m_vars), prod(e for _, e in n_vars)
     tiles = -(-m_total // bm) * -(-n_total // bn)
-    atomics, workspace = (), ""
     monoids = tuple((s.acc, MONOID[s.op]) for s in fold.combine if isinstance(s, L.Accumulate))
-    if g.split > 1 and tile.row.REDUCE.endswith("a"):  # the schedule allows these only for a raw output
-        atomics = monoids
-        if len(atomics) != 1 or not all(isinstance(s, L.Store) and s.value == atomics[0][0] for s in epilogue):
-            raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one accumulator stored raw")
-    elif g.split > 1:
-        workspace = f"{tile.kernel.name}_workspace"
-        batch_total = prod(e for _, e in batch) or 1
-        params = (*params, Param(workspace, DType.F32, True, len(monoids) * g.split * batch_total * m_total * n_total))
+    atomics, workspace, params = split_outputs(tile, monoids, epilogue, params, prod(e for _, e in batch) or 1,
+                                               m_total * n_total)
     body = ContractionTile(m_vars, n_vars, batch, fold.var, fold.extent, bm, bn, bk, g.elems, g.stage_depth,
                            g.stage_how, tuple(panels), fold.init, fold.lift, fold.combine, epilogue, g.split, atomics,
                            workspace, g.raster_group, g.vec if vectors else 1, vectors)
@@ -394,6 +387,21 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
     return KernelIR(tile.kernel.name, params, Tile(("m", "n"), bk, m_total * n_total, g.threads),
                     (tiles, prod(e for _, e in batch) or 1, g.split), (g.threads, 1, 1), shared, (body,), str(tile.row),
                     shape.describe())
+
+
+def split_outputs(tile: TileKernel, monoids, epilogue, params, batch_total: int, outputs: int):
+    """How a contraction split along K (REDUCE=g<N>a or g<N>k) hands on its partial results:
+    (accumulators combined atomically into the output, workspace buffer name, params with the
+    workspace added). The schedule allows atomics only for one accumulator stored raw."""
+    split = tile.geometry.split
+    if split > 1 and tile.row.REDUCE.endswith("a"):
+        if len(monoids) != 1 or not all(isinstance(s, L.Store) and s.value == monoids[0][0] for s in epilogue):
+            raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one accumulator stored raw")
+        return monoids, "", params
+    if split > 1:  # [accumulator][split][batch][M][N]
+        workspace = f"{tile.kernel.name}_workspace"
+        return (), workspace, (*params, Param(workspace, DType.F32, True, len(monoids) * split * batch_total * outputs))
+    return (), "", params
 
 
 def _finishing_kernel(tile: TileKernel, main: KernelIR, body, types: dict) -> KernelIR:

@@ -13,7 +13,7 @@ from math import prod
 
 from emmy.affine import Dim
 from emmy.dtypes import DType
-from emmy.kernel_ir.nodes import KernelIR, MmaOperand, MmaTile, Param, Tile
+from emmy.kernel_ir.nodes import KernelIR, MmaOperand, MmaTile, Tile
 from emmy.kernel_ir.scalar_c import affine_c
 from emmy.loop_ir import nodes as L
 from emmy.tile_ir.nodes import Epilogue, Fold, TileKernel
@@ -120,9 +120,10 @@ def _matrix_rows(flat, k_var: int, outer, k_fast: bool, batch, type_) -> tuple[i
 
 
 def lower_mma(tile: TileKernel, types: dict, params) -> KernelIR:
-    g, row = tile.geometry, tile.row
+    from emmy.kernel_ir.lower import split_outputs
     from emmy.knobs import value_fields
 
+    g, row = tile.geometry, tile.row
     work, atom_fields = value_fields("WORK", row.WORK), value_fields("TILE", row.TILE)
     m_vars, n_vars, batch = _loops(tile)
     (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
@@ -130,13 +131,8 @@ def lower_mma(tile: TileKernel, types: dict, params) -> KernelIR:
     epilogue = tuple(s for p in tile.parts if isinstance(p, Epilogue) for s in p.body)
     a, b = _operands(tile, types)
     m_total, n_total = prod(e for _, e in m_vars), prod(e for _, e in n_vars)
-    atomics, workspace = (), ""
-    if g.split > 1 and row.REDUCE.endswith("a"):
-        atomics = ((init.acc, "sum"),)
-    elif g.split > 1:
-        workspace = f"{tile.kernel.name}_workspace"
-        batch_total = prod(e for _, e in batch) or 1
-        params = (*params, Param(workspace, DType.F32, True, g.split * batch_total * m_total * n_total))
+    atomics, workspace, params = split_outputs(tile, ((init.acc, "sum"),), epilogue, params,
+                                               prod(e for _, e in batch) or 1, m_total * n_total)
     body = MmaTile(row.TILE.split("/")[0], m_vars, n_vars, batch, fold.var, fold.extent, work["warps_m"],
                    work["warps_n"], atom_fields["frag_m"], atom_fields["frag_n"], atom_fields["k_chunks"],
                    g.stage_depth, g.stage_how, (a, b), init.acc, epilogue, g.split, atomics, workspace,
