@@ -17,17 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_sim_compare  # noqa: E402
 from emmy.gpu import ProgramOnGpu  # noqa: E402
 
 import emmy  # noqa: E402
-from emmy.checking import compare, reference_outputs  # noqa: E402
 from emmy.kernel_ir.lower import Unsupported, supports  # noqa: E402
-from emmy.runtime import from_device, host_buffers  # noqa: E402
-from emmy.tile_ir.nodes import Fold  # noqa: E402
+from emmy.runtime import compare_outputs, host_buffers  # noqa: E402
 from emmy.workloads import WORKLOADS  # noqa: E402
 
 
@@ -45,13 +42,8 @@ def run_workload(workload, arch: str, work: Path) -> dict:
     host = host_buffers(program, program.example_inputs)
     on_gpu = ProgramOnGpu(program, host, work)
     on_gpu.run()  # the run that is checked
-    longest = max((p.extent for t in program.tile_ir.kernels for p in t.parts if isinstance(p, Fold)), default=1)
-    expected = reference_outputs(program.captured)
-    worst, ok = 0.0, True
-    for name, want in zip(program.loop_ir.outputs, expected):
-        dtype = types[name].dtype
-        c = compare(from_device(on_gpu.fetch(name), dtype).astype(np.float64).reshape(want.shape), want, dtype, longest)
-        worst, ok = max(worst, c.max_abs), ok and c.ok
+    checks = compare_outputs(program, on_gpu.outputs())
+    worst, ok = max(c.max_abs for c in checks), all(c.ok for c in checks)
     times = {}
     if ok:  # only what was checked is timed
         for k, argv in zip(on_gpu.kernels, on_gpu.argvs):

@@ -198,6 +198,13 @@ class ProgramOnGpu:
         self.gpu.download(self.device[name], out)
         return out
 
+    def outputs(self) -> dict[str, np.ndarray]:
+        """The program's outputs by buffer name, in interpreter storage (bf16 as float32)."""
+        from emmy.runtime import from_device
+
+        types = self.program.buffer_types
+        return {name: from_device(self.fetch(name), types[name].dtype) for name in self.program.loop_ir.outputs}
+
     def close(self) -> None:
         for ptr in self.device.values():
             self.gpu.free(ptr)
