@@ -121,6 +121,20 @@ def _render(n, k: K.KernelIR, types) -> str:
     return template.render(n=n)
 
 
+def panel_copy(panel, how: str) -> dict:
+    """How a staged panel's (K.Panel or K.MmaOperand) `width` elements move: cp.async takes 4, 8 or 16 bytes; anything
+    narrower (a 2-byte element) is a plain copy even in a cp.async pipeline."""
+    size = panel.width * panel.dtype.itemsize
+    return {"bytes": size, "async": how == "smem-async" and size in (4, 8, 16)}
+
+
+def _atomic_stores(n, types) -> list[tuple]:
+    """(buffer, index, value, monoid) of a split's epilogue stores, each combined atomically."""
+    monoids = dict(n.atomics)
+    return [(s.buffer, affine_c(flat_index(s.buffer, s.index, types)), s.value, monoids[s.value])
+            for s in n.epilogue if n.atomics]
+
+
 def _render_contraction(n: K.ContractionTile, template, types) -> str:
     total = lambda vars_: prod(e for _, e in vars_)  # noqa: E731
     load_from, panels = {}, []
@@ -131,19 +145,14 @@ def _render_contraction(n: K.ContractionTile, template, types) -> str:
         load_from[p.name] = element
         stmt = next(s for s in n.lift if getattr(s, "name", None) == p.name)
         index = affine_c(flat_index(stmt.expr.buffer, stmt.expr.index, types))
-        copy_bytes = p.width * p.dtype.itemsize  # cp.async moves 4, 8 or 16 bytes; narrower copies are plain
-        panels.append({"p": p, "index": index, "storage": STORAGE[p.dtype], "bytes": copy_bytes,
-                       "async": n.how == "smem-async" and copy_bytes in (4, 8, 16),
+        panels.append({"p": p, "index": index, "storage": STORAGE[p.dtype], **panel_copy(p, n.how),
                        "outer_dec": _decomposition(n.m_vars if p.side == "a" else n.n_vars),
                        "outer_total": total(n.m_vars if p.side == "a" else n.n_vars),
                        "outer_start": "m0" if p.side == "a" else "n0"})
     accs = [i.acc for i in n.inits]
     inits = {i.acc: literal(REDUCE_OPS[i.op], DType.F32) for i in n.inits}
-    atomic_ops = dict(n.atomics)
-    atomic_stores = [(s.buffer, affine_c(flat_index(s.buffer, s.index, types)), s.value, atomic_ops[s.value])
-                     for s in n.epilogue if n.atomics]
     return template.render(
-        atomic_stores=atomic_stores, n=n, M=total(n.m_vars), N=total(n.n_vars), tiles_n=-(-total(n.n_vars) // n.bn),
+        atomic_stores=_atomic_stores(n, types), n=n, M=total(n.m_vars), N=total(n.n_vars), tiles_n=-(-total(n.n_vars) // n.bn),
         tiles_m=-(-total(n.m_vars) // n.bm), m_dec=_decomposition(n.m_vars), n_dec=_decomposition(n.n_vars),
         b_dec=_decomposition(n.batch_vars), panels=panels, accs=accs, inits=inits,
         lift=_lines(n.lift, types, {v.dst[:-2]: v.dst for v in n.vectors}, load_from=load_from),
@@ -161,16 +170,15 @@ def _render_mma(n: K.MmaTile, template, types) -> str:
         c1 = start if o.k_fast else k0
         if o.tma_first_row:
             c1 = f"{c1} + {o.tma_first_row}"
-        ops.append({"o": o, "outer_dec": _decomposition(outer), "outer_total": total(outer), "start": start,
+        ops.append({"o": o, **panel_copy(o, n.how), "outer_dec": _decomposition(outer), "outer_total": total(outer),
+                    "start": start,
                     "c0": k0 if o.k_fast else start, "c1": c1})
     tma_bytes = sum(o.rows * o.cols * o.dtype.itemsize for o in n.operands)
-    atomic_stores = [(s.buffer, affine_c(flat_index(s.buffer, s.index, types)), s.value, dict(n.atomics)[s.value])
-                     for s in n.epilogue if n.atomics]
     return template.render(
         n=n, ops=ops, storage=STORAGE[n.operands[0].dtype], M=total(n.m_vars), N=total(n.n_vars),
         tiles_n=-(-total(n.n_vars) // n.bn), tiles_m=-(-total(n.m_vars) // n.bm), chunks_total=n.k_extent // n.bk,
         m_dec=_decomposition(n.m_vars), n_dec=_decomposition(n.n_vars), b_dec=_decomposition(n.batch_vars),
-        tma_bytes=tma_bytes, atomic_stores=atomic_stores, epilogue=_lines(n.epilogue, types))
+        tma_bytes=tma_bytes, atomic_stores=_atomic_stores(n, types), epilogue=_lines(n.epilogue, types))
 
 
 _WARP_MONOID = {"sum": "Sum", "max": "Max", "min": "Min"}
@@ -185,9 +193,7 @@ def _render_flash(n: K.FlashRows, template, types) -> str:
         column = f"a{n.inner_var}" if p.side == "k" else "c"
         load_from[p.name] = f"{p.name}_panel[(stage * {p.rows} + j) * {p.cols} + {column}]"
         stmt = next(s for s in (*n.dot, *n.per_col) if getattr(s, "name", None) == p.name)
-        copy_bytes = p.width * p.dtype.itemsize
-        panels.append({"p": p, "storage": STORAGE[p.dtype], "offset": offset, "bytes": copy_bytes,
-                       "async": n.how == "smem-async" and copy_bytes in (4, 8, 16),
+        panels.append({"p": p, "storage": STORAGE[p.dtype], "offset": offset, **panel_copy(p, n.how),
                        "index": affine_c(flat_index(stmt.expr.buffer, stmt.expr.index, types))})
         offset += n.depth * p.rows * p.cols * p.dtype.itemsize
     per_key = []
@@ -212,6 +218,6 @@ def _render_flash_mma(n: K.FlashMma, template, types) -> str:
     cols = prod(e for _, e in n.col_vars)
     return template.render(
         n=n, T=STORAGE[n.q.dtype], ROWS=prod(e for _, e in n.row_vars), COLS=cols, D=n.inner_extent,
-        NA=-(-cols // 8), chunks=-(-n.key_extent // n.bn), panels=[{"o": n.k}, {"o": n.v}],
+        NA=-(-cols // 8), chunks=-(-n.key_extent // n.bn), panels=[{"o": o, **panel_copy(o, n.how)} for o in (n.k, n.v)],
         r_dec=_decomposition(n.row_vars), c_dec=_decomposition(n.col_vars), b_dec=_decomposition(n.batch_vars),
         score_lines=_lines(n.scores, types), epilogue=_lines(n.epilogue, types))

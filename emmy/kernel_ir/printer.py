@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from emmy.kernel_ir import nodes as K
+from emmy.kernel_ir.cuda import panel_copy
 from emmy.loop_ir import nodes as L
 from emmy.loop_ir.printer import statement_text
 
@@ -91,8 +92,9 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
             out.append(f"{pad}split K {n.split} ways (grid z); each block {how}")
         for p in n.panels:
             wide = f", load.v{p.width} along K" if p.width > 1 else ""
-            if n.how == "smem-async" and p.width * p.dtype.itemsize not in (4, 8, 16):
-                wide += f", plain copies ({p.width * p.dtype.itemsize} B is no cp.async size)"
+            copy = panel_copy(p, n.how)
+            if n.how == "smem-async" and not copy["async"]:
+                wide += f", plain copies ({copy['bytes']} B is no cp.async size)"
             out.append(f"{pad}Smem {p.dtype} {p.name}_panel[{n.depth}][{p.rows}][{p.cols}]  ({p.side}: {p.buffer}{wide})")
         out += [pad + statement_text(s) + "  (one per owned output)" for s in n.inits]
         if n.depth:
