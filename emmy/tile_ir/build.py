@@ -87,13 +87,13 @@ def predict_programs(programs: list[LoopProgram], target, pins: KnobRow = KnobRo
     cheapest: dict[tuple, float | None] = {}  # (shape, loop cost) -> seconds: what a row's price depends on
     totals = []
     for loops in programs:
-        sizes = buffer_sizes(loops)
+        sizes, types = buffer_sizes(loops), buffer_types(loops)
         total = 0.0
         for kernel in loops.kernels:
             shape = kernel_shape(kernel)
             key = (_unnamed(shape), kernel_cost(kernel, sizes))
             if key not in cheapest:
-                rows = offered_rows(kernel, shape, space.rows[stand_ins[key[0]].kernel], buffer_types(loops))
+                rows = offered_rows(kernel, shape, space.rows[stand_ins[key[0]].kernel], types)
                 cheapest[key] = ranked_rows(kernel, shape, rows, target, loops)[0].total_s if rows else None
             if cheapest[key] is None:
                 total = None
