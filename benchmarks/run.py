@@ -53,7 +53,7 @@ def measure(workload) -> dict:
             "to_tile": tiled - looped,
             "extract": tiled - decomposed,
             "total": tiled - start,
-            "forms": len(result.alternatives),
+            "moves": result.search.moves_priced,
             "kernels": len(result.program.kernels),
             "phases": result.reports,
             "spaces": spaces,
@@ -110,16 +110,16 @@ def main() -> int:
         f"Machine: {platform.processor() or platform.machine()}, {len(__import__('os').sched_getaffinity(0))} cores, "
         f"Python {platform.python_version()}, torch {torch.__version__}.",
         "",
-        "Extraction is everything from Tensor IR to Tile IR on sm_90: saturation, then every program form "
-        "(one-pass / multi-pass folds, each boundary one step away) priced by the cost model over its kernels' "
-        "best rows, then the chosen program's rows found on its e-classes.",
+        "Extraction is everything from Tensor IR to Tile IR on sm_90: saturation, then the boundary search "
+        "(docs/extraction.md: kernel boundaries and fold forms chosen by the sum of the kernels' best rows, each "
+        "move priced by the cost model), then the chosen program's rows found on its e-classes.",
         "",
-        "| workload | capture s | decompose s | to Loop IR s | to Tile IR s | extraction s | forms weighed | kernels |",
+        "| workload | capture s | decompose s | to Loop IR s | to Tile IR s | extraction s | moves priced | kernels |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['name']} | {r['capture']:.3f} | {r['decompose']:.3f} | {r['to_loop']:.3f} | "
-                     f"{r['to_tile']:.3f} | {r['extract']:.3f} | {r['forms']} | {r['kernels']} |")
+                     f"{r['to_tile']:.3f} | {r['extract']:.3f} | {r['moves']} | {r['kernels']} |")
     lines += [
         "",
         f"Slowest extraction: {worst:.3f} s (target: under 1 s each). "
@@ -151,7 +151,7 @@ def main() -> int:
         "flight to keep HBM busy (bandwidth times DRAM latency, a few hundred nanoseconds: megabytes), so "
         "latency, the block-wide reduction and too few blocks for 132 SMs set its time, not bandwidth; peers' "
         "best measured time for this kernel on an RTX 5090 is 2.91 us a launch (median in CUDA-graph batches, "
-        "../shared/ANCHORS.md), about ten times its bound there. Where the bound can be approached, the model's prediction approaches it.",
+        "as the design brief's anchors record it), about ten times its bound there. Where the bound can be approached, the model's prediction approaches it.",
         "",
         "| rows | MB | chosen row | device us | bound us | x bound |",
         "|---|---|---|---|---|---|",

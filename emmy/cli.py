@@ -25,8 +25,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--rules", dest="rule_files", action="append", default=[], metavar="FILE",
                        help="load a module of extra rulesets (repeatable)")
         p.add_argument("--max-iterations", type=int, metavar="N", help="iterations per saturation phase")
-        p.add_argument("--max-enodes", type=int, metavar="N", help="e-nodes after which a phase stops")
-        p.add_argument("--max-seconds", type=float, metavar="S", help="seconds per saturation phase")
+        p.add_argument("--max-enodes", type=int, metavar="N",
+                       help="e-nodes a saturation phase may add (per 10,000 e-nodes of the program)")
+        p.add_argument("--max-seconds", type=float, metavar="S",
+                       help="seconds per saturation phase (per 10,000 e-nodes of the program)")
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--target", help="GPU architecture: sm_80, sm_89, sm_90, sm_120 (default: EMMY_TARGET or sm_90)")
@@ -50,9 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     schedules.add_argument("--limit", type=int, default=20, metavar="N",
                            help="rows to print per kernel, cheapest first (0: all; default 20)")
 
-    explain = program_command("explain", "per kernel, the chosen knob row and the best alternatives, "
-                                         "with every term of their predicted time")
-    explain.add_argument("--top", type=int, default=3, metavar="K", help="alternatives to show (default 3)")
+    explain = program_command("explain", "why the program came out as it did: budgets that ran out, what "
+                                         "each kernel boundary and fold form's alternative would cost, and "
+                                         "per kernel the chosen knob row and the next cheapest, term by term")
+    explain.add_argument("--top", type=int, default=3, metavar="K", help="alternative rows to show per kernel "
+                                                                         "(default 3)")
+    explain.add_argument("--decisions", type=int, default=20, metavar="N",
+                         help="extraction decisions to show, closest alternatives first (0: all; default 20)")
 
     run = program_command("run", "run the compiled program's kernels on a device (sim: the CPU simulator)")
     run.add_argument("--device", default="sim", metavar="DEVICE",
@@ -115,8 +121,11 @@ def _compile(args) -> int:
                        knobs=args.knobs, capture_cache=True)
     text = program.ir(args.ir)
     if args.verbose and args.ir not in ("torch", "tensor"):
-        for report in program.loop_result.reports:
+        result = program.loop_result
+        for report in result.reports:
             print(report.render(), file=sys.stderr)
+        if result.search is not None:
+            print(result.search.render(), file=sys.stderr)
     if args.output:
         with open(args.output, "w") as fh:
             fh.write(text)
@@ -160,10 +169,9 @@ def _compiled(args, stop_after: str, capture_cache: bool = True):
 
 
 def _print_table(header: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> None:
-    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
-    for r in [header, *rows]:
-        print("  " + "  ".join(cell.rjust(w) if c in right else cell.ljust(w)
-                               for c, (cell, w) in enumerate(zip(r, widths))).rstrip())
+    from emmy.explain import table
+
+    print("\n".join(table(header, rows, right)))
 
 
 def _schedules(args) -> int:
@@ -180,7 +188,7 @@ def _schedules(args) -> int:
     for index, kernel in enumerate(program.loop_ir.kernels):
         shape = kernel_shape(kernel)
         rows = space.rows[kernel.name]
-        costed = ranked_rows(kernel, shape, rows, target, program.loop_ir)
+        costed = ranked_rows(kernel, shape, rows, target, program.buffer_types)
         print(f"=== {index}: {kernel.name} ({shape.describe()}) ===")
         print(f"{len(rows)} legal rows on {target.name}")
         shown = costed if args.limit == 0 else costed[:args.limit]
@@ -192,44 +200,13 @@ def _schedules(args) -> int:
     return 0
 
 
-_EXPLAIN_COLUMNS = (
-    ("total us", lambda b: f"{b.total_s * 1e6:.2f}"),
-    ("launch", lambda b: f"{b.launch_s * 1e6:.2f}"),
-    ("body", lambda b: f"{b.body_s * 1e6:.2f}"),
-    ("sync", lambda b: f"{b.sync_s * 1e6:.2f}"),
-    ("extra", lambda b: f"{b.extra_s * 1e6:.2f}"),
-    ("MB", lambda b: f"{b.bytes / 1e6:.3f}"),
-    ("mem us", lambda b: f"{b.memory_s * 1e6:.2f}"),
-    ("fma us", lambda b: f"{b.arith_s * 1e6:.2f}"),
-    ("mma us", lambda b: f"{b.tensor_s * 1e6:.2f}"),
-    ("sfu us", lambda b: f"{b.special_s * 1e6:.2f}"),
-    ("occ", lambda b: f"{b.occupancy:.2f}"),
-    ("waves", lambda b: str(b.waves)),
-    ("tail", lambda b: f"{b.tail:.2f}"),
-    ("spread", lambda b: f"{b.spread:.2f}"),
-    ("hide", lambda b: f"{b.hiding:.2f}"),
-    ("regs", lambda b: str(b.registers)),
-    ("measured", lambda b: "yes" if b.measured else "no"),
-)
-
-
 def _explain(args) -> int:
     if args.top < 0:
         raise EmmyError(f"--top must be 0 or more, got {args.top}")
+    if args.decisions < 0:
+        raise EmmyError(f"--decisions must be 0 (all) or more, got {args.decisions}")
     program = _compiled(args, "tile")
-    print("total = launch + body + sync + extra; body = max(mem / (hide * spread), compute / (spread * issue)) "
-          "/ tail; compute = max(fma, mma, sfu)")
-    forms = program.loop_result.alternatives
-    print(f"=== program forms: the chosen one and the {min(args.top, len(forms) - 1)} next cheapest "
-          f"of {len(forms)} weighed ===")
-    _print_table(["", "form", "kernels", "total us"],
-                 [["chosen" if i == 0 else f"alt {i}", f.label, str(len(f.program.kernels)), f"{f.seconds * 1e6:.2f}"]
-                  for i, f in enumerate(forms[:args.top + 1])])
-    for index, (name, ranked) in enumerate(program.explain(args.top)):
-        print(f"=== {index}: {name} on {program.target.name} ===")
-        table = [["chosen" if i == 0 else f"alt {i}", str(b.row), *(f(b) for _, f in _EXPLAIN_COLUMNS)]
-                 for i, b in enumerate(ranked)]
-        _print_table(["", "row", *(c for c, _ in _EXPLAIN_COLUMNS)], table)
+    sys.stdout.write(program.explain(args.top).render(args.decisions))
     return 0
 
 

@@ -18,8 +18,8 @@ class Settings:
     target: str  # EMMY_TARGET: the GPU to compile for when none is given
     cache_dir: Path  # EMMY_CACHE_DIR: on-disk caches (capture, cubins)
     egraph_iterations: int  # EMMY_EGRAPH_ITERATIONS: iterations per saturation phase
-    egraph_enodes: int  # EMMY_EGRAPH_ENODES: e-nodes after which a phase stops
-    egraph_seconds: float  # EMMY_EGRAPH_SECONDS: seconds per phase
+    egraph_enodes: int  # EMMY_EGRAPH_ENODES: e-nodes a phase may add (per 10,000 e-nodes of the program)
+    egraph_seconds: float  # EMMY_EGRAPH_SECONDS: seconds per phase (per 10,000 e-nodes of the program)
     knobs: str  # EMMY_KNOBS: schedule pins, "K=V,..." (see emmy/knobs.py)
     measurements: Path | None = None  # EMMY_MEASUREMENTS: a JSON file of measured kernel times
 

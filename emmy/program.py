@@ -38,15 +38,13 @@ class Program:
 
     @cached_property
     def loop_result(self):
-        """The e-graph's phases run on the Tensor IR, and the extracted Loop IR: of the program forms
-        extraction finds, the one whose kernels' best schedules the cost model prices lowest."""
+        """The e-graph's phases run on the Tensor IR, and the extracted Loop IR: kernel boundaries and
+        fold forms chosen so that the sum of the kernels' best rows, as the cost model prices them,
+        is lowest (emmy.egraph.search)."""
         from emmy.egraph import optimize_loops
-        from emmy.tile_ir.build import predict_programs
+        from emmy.tile_ir.pricing import KernelPricer
 
-        def predicted(programs) -> list:
-            return predict_programs(programs, self.target, self.pins)
-
-        return optimize_loops(self.tensor_ir, list(self.rule_groups), self.budget, score=predicted)
+        return optimize_loops(self.tensor_ir, list(self.rule_groups), self.budget, KernelPricer(self.target, self.pins))
 
     @property
     def pins(self):
@@ -127,15 +125,29 @@ class Program:
         rows = {k.name: offered_rows(k, shape, space.rows[k.name], types) for k, shape in zip(self.loop_ir.kernels, shapes)}
         return dataclasses.replace(space, rows=rows)
 
-    def explain(self, top: int = 3) -> list[tuple[str, list]]:
-        """Per kernel: its legal rows' cost breakdowns (emmy.extract.cost_model.Breakdown), the
-        chosen (cheapest) first, then the next `top` alternatives."""
+    def explain(self, top: int = 3):
+        """Why the program came out as it did (emmy.explain.Explanation): budgets that ran out; per
+        kernel boundary and fold form, what the program would cost with the other choice; per
+        kernel, its chosen row and the next `top` rows with their cost breakdowns."""
+        from emmy.explain import Explanation, KernelRows, closest_first
         from emmy.tile_ir.build import ranked_rows
         from emmy.tile_ir.shape import kernel_shape
 
         space = self.schedule_space()
-        return [(k.name, ranked_rows(k, kernel_shape(k), space.rows[k.name], self.target, self.loop_ir)[:top + 1])
-                for k in self.loop_ir.kernels]
+        tiles = {tk.kernel.name: tk for tk in self.tile_ir.kernels}
+        kernels = tuple(KernelRows(k.name, tiles[k.name].signature,
+                                   tuple(ranked_rows(k, kernel_shape(k), space.rows[k.name], self.target,
+                                                     self.buffer_types)[:top + 1]))
+                        for k in self.loop_ir.kernels)
+        result = self.loop_result
+        return Explanation(self.target.name, sum(tk.seconds for tk in self.tile_ir.kernels), kernels,
+                           closest_first(result.decisions), tuple(self.warnings), result.search)
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per budget that ran out while optimizing (saturation phases, the boundary search);
+        the program is then the best found within them."""
+        return self.loop_result.warnings()
 
     @property
     def weights(self) -> dict[str, np.ndarray]:

@@ -68,7 +68,8 @@ def check_ruleset(group, corpus=DEFAULT_CORPUS, variants: int = 4, seed: int = 0
     import emmy
     from emmy.egraph import saturate
     from emmy.egraph.driver import Budget, run_phase
-    from emmy.egraph.extract import BoundarySearch, choose_representatives, random_weights
+    from emmy.egraph.extract import program_with
+    from emmy.egraph.representatives import choose_representatives, random_weights
     from emmy.egraph.view import EGraphView
     from emmy.loop_ir.interpreter import run_program
     from emmy.rules import builtin_groups
@@ -87,15 +88,15 @@ def check_ruleset(group, corpus=DEFAULT_CORPUS, variants: int = 4, seed: int = 0
         egraph, _, _ = saturate(graph, list(context), budget)
         for rule in group.rules:
             egraph.push()
-            report = run_phase(egraph, "check", rule.ruleset, budget, {})
+            label = f"{group.name}.{rule.name}"
+            report = run_phase(egraph, "check", [u for u in group.units if u[0] == label], budget)
             result.fired[rule.name] += sum(report.matches.values())
             view = EGraphView.of(egraph)
             egraph.pop()
             for k in range(variants):
                 weight = random_weights(seed * 1000 + index * 10 + k) if k else None
                 choice = choose_representatives(view, weight) if weight else choose_representatives(view)
-                search = BoundarySearch(view, choice, graph)
-                actual = run_program(search.lower(search.required()).program, inputs, program.weights)
+                actual = run_program(program_with(view, graph, choice), inputs, program.weights)
                 result.checked += 1
                 for name, a, e in zip(graph.outputs, actual, expected):
                     cmp = compare(a, e, graph[name].type.dtype)

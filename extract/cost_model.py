@@ -8,6 +8,9 @@ time with every term that made it (DESIGN.md section 4).
   per block column, B once per block row, less with grouped rasterisation;
   K and V once per block of query rows), over the bandwidth the access
   pattern achieves (narrow loads coalesce less well than 16-byte vectors);
+  for maps and rows, every re-read the loop nest makes (a sweep reading its
+  row again, a weight every row reads) at the bandwidth of the level its
+  footprint fits in (L1, L2, DRAM);
 - compute: the slowest of the FMA pipes (operations of the Loop IR kernel,
   counted per loop they depend on), the tensor cores (the products an mma
   tile takes over) and the special-function units (exp, rsqrt, ...);
@@ -74,7 +77,10 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     coalescing = 0.85 + 0.15 * min(1.0, g.vec * isz / 16)
     registers = _registers(shape, row, g)
     spills = registers > target.regs_per_thread
-    memory_s = moved / (target.dram_bandwidth * coalescing) * (2.0 if spills else 1.0)
+    memory_s = moved / (target.dram_bandwidth * coalescing)
+    if shape.kind in ("map", "row"):  # contractions and attention price their re-reads by their tiles
+        memory_s += reread_seconds(loop_cost.rereads, target)
+    memory_s *= 2.0 if spills else 1.0
 
     tensor_flops = _tensor_flops(shape) if g.mma else 0.0
     rate = target.bf16_tensor_flops if shape.mma == "bf16" else target.tensor_flops
@@ -116,6 +122,20 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
                      spread, hiding, registers, spills, body_s, sync_s, target.launch_seconds, extra_s, total)
 
 
+def reread_seconds(rereads, target) -> float:
+    """Reads beyond an element's first touch, each served by the smallest level its footprint
+    fits: an SM's L1, the L2, else DRAM again (extract/loop_cost.py counts them)."""
+    total = 0.0
+    for moved, footprint in rereads:
+        if footprint <= target.l1_reuse_bytes:
+            total += moved / target.l1_bandwidth
+        elif footprint <= target.l2_bytes:
+            total += moved / target.l2_bandwidth
+        else:
+            total += moved / target.dram_bandwidth
+    return total
+
+
 def _tensor_flops(shape: KernelShape) -> float:
     if shape.kind == "contraction":
         return 2.0 * shape.rows * shape.cols * shape.red * shape.batch
@@ -127,8 +147,6 @@ def _tensor_flops(shape: KernelShape) -> float:
 def _bytes(shape: KernelShape, g, loop_cost) -> float:
     isz = shape.itemsize
     base = loop_cost.bytes_read + loop_cost.bytes_written
-    if shape.kind == "row" and shape.sweep:
-        return base + 0.25 * shape.rows * shape.red * isz  # the sweep's second read, mostly from L2
     if shape.kind == "contraction":
         a = shape.rows * shape.red * shape.batch * isz * ceil(shape.cols / g.tile_n)
         b = shape.red * shape.cols * shape.batch * isz * ceil(shape.rows / g.tile_m)

@@ -1,18 +1,19 @@
 """The provisional cost of Loop IR: bytes moved plus operations, per kernel.
 
-This is the simple model the fusion choice needs before the analytic,
-per-target model exists: time = bytes / bandwidth + operations / rate +
-launch overhead per kernel. Bytes are what each kernel reads (an element
-read many times is counted once, as a cache would) and writes; operations
-are counted with the number of times their loop nest runs them, so a value
-recomputed inside a loop it does not depend on costs what it should.
+Without a target: time = bytes / bandwidth + operations / rate + launch
+overhead per kernel. Every statement, loads included, is counted with the
+number of times its loop nest runs it, so a value recomputed inside a loop
+it does not depend on costs what it should; a load's first touch of each
+element is DRAM traffic (`bytes_read`) and the rest are re-reads with the
+footprint that decides, per target, which cache serves them (`rereads`,
+priced by extract/cost_model.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Load, Loop, Masked, Op, Update
+from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Load, Loop, Masked, Op, Update, parallel_loops
 
 BANDWIDTH = 2.0e12  # bytes/s: an HBM-class GPU (order of magnitude; replaced per target later)
 OP_RATE = 2.0e13  # scalar ops/s
@@ -23,22 +24,34 @@ SPECIAL_FUNCTIONS = {"exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "d
 
 @dataclass(frozen=True)
 class KernelCost:
-    bytes_read: float
+    bytes_read: float  # distinct bytes each buffer gives the kernel (its first touch, from DRAM)
     bytes_written: float
     ops: float  # weighted: a special function counts EXPENSIVE[op]
     arith_ops: float = 0.0  # unweighted, on the FMA pipes (adds, multiplies, compares, selects, folds)
     special_ops: float = 0.0  # unweighted, on the special-function units
+    # Every read beyond the first touch, as (bytes, footprint bytes): a row reading its elements
+    # again (a sweep after a fold: footprint one row), or rows reading the same elements (a
+    # weight every row reads: footprint the elements read). Where they are served from (L1, L2
+    # or DRAM) depends on whether the footprint fits, which the cost model knows per target.
+    rereads: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def reread_bytes(self) -> float:
+        return sum(b for b, _ in self.rereads)
 
     @property
     def time(self) -> float:
-        return (self.bytes_read + self.bytes_written) / BANDWIDTH + self.ops / OP_RATE + LAUNCH
+        return (self.bytes_read + self.bytes_written + self.reread_bytes) / BANDWIDTH + self.ops / OP_RATE + LAUNCH
 
 
 def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> KernelCost:
-    """buffer_sizes: name -> (elements, bytes per element)."""
+    """buffer_sizes: name -> (elements, bytes per element). Every statement is counted as many times
+    as its loops run it; so is every load: the first read of each element is DRAM traffic, the rest
+    are re-reads with the footprint that decides which cache serves them."""
     deps = _dependencies(kernel.body)
-    reads: dict[str, float] = {}
     ops = arith = special = 0.0
+    rows_vars = {var for var, _ in parallel_loops(kernel.body)}
+    loads: dict[str, list[tuple[float, float, float, float]]] = {}  # buffer -> (reads, distinct, per row, rows)
 
     def trips(stmt_deps: set, loops: list[Loop], shared: bool) -> float:
         # Inside a twisted fold (flash attention's), a value need not be recomputed across a
@@ -59,8 +72,12 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
             elif isinstance(stmt, Assign):
                 n = trips(deps.get(stmt.name, set()), loops, shared)
                 if isinstance(stmt.expr, Load):
-                    numel, size = buffer_sizes[stmt.expr.buffer]
-                    reads[stmt.expr.buffer] = reads.get(stmt.expr.buffer, 0.0) + min(n, numel) * size
+                    index = set().union(*(e.dims() for e in stmt.expr.index)) if stmt.expr.index else set()
+                    numel = buffer_sizes[stmt.expr.buffer][0]
+                    rows = _product(l.extent for l in loops if l.var in rows_vars)
+                    per_row = _product(l.extent for l in loops if l.var in index and l.var not in rows_vars)
+                    distinct = min(numel, _product(l.extent for l in loops if l.var in index))
+                    loads.setdefault(stmt.expr.buffer, []).append((n, distinct, min(per_row, numel), rows))
                 elif isinstance(stmt.expr, Op):
                     ops += n * EXPENSIVE.get(stmt.expr.op, 1)
                     if stmt.expr.op in SPECIAL_FUNCTIONS:
@@ -76,10 +93,30 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                 arith += n if isinstance(stmt, Accumulate) else 0
 
     walk(kernel.body, [])
-    # A buffer's elements are fetched at most once each, however many loads read them.
-    read = sum(min(v, buffer_sizes[b][0] * buffer_sizes[b][1]) for b, v in reads.items())
+    read, rereads = 0.0, []
+    for buffer, reads in loads.items():
+        size = buffer_sizes[buffer][1]
+        first = max(range(len(reads)), key=lambda i: reads[i][1])
+        read += reads[first][1] * size
+        for i, (n, distinct, per_row, rows) in enumerate(reads):
+            # a row's own reads beyond its distinct elements; then other rows' reads of the same
+            # elements; a load other than the buffer's first reads what the first one brought
+            inner = max(0.0, n - rows * per_row)
+            across = max(0.0, rows * per_row - distinct)
+            again = distinct if i != first else 0.0
+            if inner + again > 0:
+                rereads.append(((inner + again) * size, per_row * size))
+            if across > 0:
+                rereads.append((across * size, distinct * size))
     written = kernel.type.numel * kernel.type.dtype.itemsize
-    return KernelCost(read, written, ops, arith, special)
+    return KernelCost(read, written, ops, arith, special, tuple(rereads))
+
+
+def _product(values) -> float:
+    total = 1.0
+    for v in values:
+        total *= v
+    return total
 
 
 VECTOR_STATE = 256  # accumulators a thread block can keep per row (registers, shared memory)

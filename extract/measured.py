@@ -1,8 +1,10 @@
 """Measured kernel times that replace predictions (DESIGN.md section 4: measurements win).
 
 For now a JSON file (EMMY_MEASUREMENTS): a list of rows
-`{"target": "sm_90", "kernel": <KernelShape.signature()>, "knobs": "WORK=...,RASTER=", "seconds": 1.2e-5}`.
-A row applies to the exact kernel signature, knob row and target. Rows that
+`{"target": "sm_90", "kernel": <signature>, "knobs": "WORK=...,RASTER=", "seconds": 1.2e-5}`, where the
+signature is the kernel's canonical signature (emmy.loop_ir.signature: its operations, dtypes, index
+maps, extents and buffer types; `emmy explain` and `TileKernel.signature` show it). A row applies to
+the exact kernel signature, knob row and target. Rows that
 are malformed are skipped with a warning naming the file and the row; they
 never stop a compile. The measurement database of a later issue fills the
 same lookup.
@@ -25,6 +27,12 @@ class Measurements:
 
     def lookup(self, target: str, signature: str, knobs: str) -> float | None:
         return self.rows.get((target, signature, knobs))
+
+    def has_signature(self, target: str, signature: str) -> bool:
+        """Whether any row is measured for this kernel signature on this target."""
+        if not hasattr(self, "_signatures"):
+            self._signatures = {(t, s) for t, s, _ in self.rows}
+        return (target, signature) in self._signatures
 
     @classmethod
     def load(cls, path: Path) -> "Measurements":

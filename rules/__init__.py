@@ -41,14 +41,20 @@ class RuleGroup:
             raise EmmyError(f"ruleset {self.name!r}: unknown phase {self.phase!r}; phases are {', '.join(PHASES)}")
         self.ruleset = ruleset(name=f"emmy.{self.name}")
         self.labels: dict = {}  # egglog rule declaration -> "group.rule", for reports
+        # One entry per egglog rewrite: ("group.rule", the rewrite, its declarations). The
+        # saturation driver's back-off bans rewrites one by one, as egg's does.
+        self.units: list[tuple[str, object, tuple]] = []
 
     def rule(self, name: str, description: str, *rewrites) -> None:
         """Add one named rule (one or more egglog rewrites that state the same fact)."""
+        label = f"{self.name}.{name}"
         alone = ruleset(*rewrites, name=f"emmy.{self.name}.{name}")
-        for rewrite in rewrites:
+        for index, rewrite in enumerate(rewrites):
             self.ruleset.append(rewrite)
+            decls = ruleset(rewrite, name=f"emmy.{self.name}.{name}.{index}").__egg_ruleset__.rules
+            self.units.append((label, rewrite, tuple(decls)))
         for decl in alone.__egg_ruleset__.rules:
-            self.labels[decl] = f"{self.name}.{name}"
+            self.labels[decl] = label
         self.rules.append(Rule(name, description, alone, self.name))
 
 

@@ -21,8 +21,10 @@ def _chosen(code, target="sm_90"):
 
 
 def _program_seconds(code, groups, target="sm_90"):
+    from emmy.tile_ir.pricing import KernelPricer
+
     graph = emmy.optimize(code).tensor_ir
-    loops = optimize_loops(graph, groups, Budget()).program
+    loops = optimize_loops(graph, groups, Budget(), KernelPricer(get_target(target))).program
     return sum(k.seconds for k in build_tile_program(loops, get_target(target)).kernels), len(loops.kernels)
 
 
@@ -37,8 +39,8 @@ def test_predicted_time_grows_with_problem_size():
 def test_memory_bound_rows_take_at_least_bytes_over_bandwidth(name):
     program = emmy.optimize(next(w.code for w in WORKLOADS if w.name == name), target="sm_90")
     bandwidth = program.target.dram_bandwidth
-    for _, ranked in program.explain(top=1000):
-        for b in ranked:
+    for kernel in program.explain(top=1000).kernels:
+        for b in kernel.ranked:
             assert b.total_s >= b.bytes / bandwidth
             assert b.total_s == pytest.approx(b.launch_s + b.body_s + b.sync_s + b.extra_s)
 
@@ -80,17 +82,23 @@ def test_explain_prints_a_breakdown_whose_terms_sum_to_the_total():
     result = run_emmy("explain", "-c", RMSNORM.format(rows=32), "--target", "sm_90", "--top", "2")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    # the program forms extraction weighed come first, the chosen one (one kernel) at the top
-    assert lines[1].startswith("=== program forms: the chosen one and the 2 next cheapest of ")
-    assert lines[3].split()[:4] == ["chosen", "one-pass", "folds", "1"]
-    assert lines[4].split()[0] == "alt" and "materialized" in lines[4]
-    forms_total = [float(line.split()[-1]) for line in lines[3:6]]
-    assert forms_total == sorted(forms_total)
-    lines = lines[6:]
-    assert lines[0] == "=== 0: k_rms_norm on sm_90 ==="
+    # the extraction's decisions come first: each alternative's whole-program price, closest first
+    assert lines[1].startswith("=== extraction: 1 kernels, predicted ")
+    assert lines[2].startswith("decisions: what the program would cost with the other choice")
+    decisions = [line.split() for line in lines[4:] if line.startswith("  boundary")]
+    assert decisions and all(d[-1].startswith("+") for d in decisions)
+    deltas = [float(d[-1]) for d in decisions]
+    assert deltas == sorted(deltas)
+    assert any(d[1] == "rms_norm_sum" and d[2:4] == ["fused", "materialized"] for d in decisions)
+    predicted = float(lines[1].split("predicted ")[1].split()[0])
+    for d in decisions:  # the alternative's program price is the chosen one plus its delta
+        assert float(d[-2]) == pytest.approx(predicted + float(d[-1]), abs=0.011)
+    start = next(i for i, line in enumerate(lines) if line.startswith("=== 0: "))
+    lines = lines[start:]
+    assert lines[0].startswith("=== 0: k_rms_norm on sm_90 (signature ")
     header = lines[1].split()
     rows = [line.split() for line in lines[2:5]]
-    assert float(rows[0][2]) == forms_total[0]
+    assert float(rows[0][2]) == pytest.approx(predicted, abs=0.011)
     assert [r[0] for r in rows] == ["chosen", "alt", "alt"]
     for r in rows:
         cells = r[2:] if r[0] == "chosen" else r[3:]
@@ -102,14 +110,12 @@ def test_explain_prints_a_breakdown_whose_terms_sum_to_the_total():
 def test_a_measured_row_overrides_the_prediction_and_changes_the_choice(tmp_path):
     import json
 
-    from emmy.tile_ir.shape import kernel_shape
-
     code = RMSNORM.format(rows=32)
     program = emmy.optimize(code, target="sm_90")
-    (kernel,) = program.loop_ir.kernels
-    [(_, ranked)] = program.explain(top=5)
-    chosen, other = ranked[0], ranked[5]
-    signature = kernel_shape(kernel).signature()
+    (kernel,) = program.explain(top=5).kernels
+    chosen, other = kernel.ranked[0], kernel.ranked[5]
+    signature = kernel.signature
+    assert signature == program.tile_ir.kernels[0].signature
     measured = tmp_path / "measured.json"
     measured.write_text(json.dumps([
         {"target": "sm_90", "kernel": signature, "knobs": str(other.row), "seconds": chosen.total_s / 10},
@@ -137,39 +143,45 @@ def test_a_measured_row_overrides_the_prediction_and_changes_the_choice(tmp_path
 
 def test_extraction_weighs_the_one_pass_and_multi_pass_forms_with_the_model():
     result = emmy.optimize(ATTENTION, target="sm_90").loop_result
-    seconds = {form.label: form.seconds for form in result.alternatives}
-    assert result.alternatives[0].label == "one-pass folds"
-    assert seconds["one-pass folds"] < seconds["multi-pass folds"]
-    assert [f.seconds for f in result.alternatives] == sorted(f.seconds for f in result.alternatives)
+    forms = [d for d in result.decisions if d.kind == "form"]
+    assert forms and all(d.chosen == "one-pass fold" and d.alternative.startswith("the multi-pass fold")
+                         for d in forms)
+    assert all(d.delta_seconds > 0 for d in forms)
     assert len(result.program.kernels) == 1
+    multi = result.alternative(forms[0])
+    assert len(multi.kernels) >= 1 and multi != result.program
 
 
 def test_extraction_weighs_each_reduction_boundary_with_the_model(tmp_path, monkeypatch):
-    """The programs one boundary away are priced too: measured rows that make RMSNorm's two-kernel
-    form (the sum of squares materialized) fastest make extraction choose those boundaries."""
+    """Every boundary's alternative is priced: measured rows that make RMSNorm's two-kernel form
+    (the sum of squares materialized) fastest make extraction choose that boundary."""
     import json
 
     program = emmy.optimize(RMSNORM.format(rows=32), target="sm_90")
-    forms = {form.label: form for form in program.loop_result.alternatives}
-    split = forms["one-pass folds, rms_norm_sum materialized"]
-    assert len(split.program.kernels) == 2 and split.seconds > forms["one-pass folds"].seconds
-    tiles = build_tile_program(split.program, get_target("sm_90")).kernels
+    decision = next(d for d in program.loop_result.decisions if d.subject == "rms_norm_sum")
+    assert (decision.chosen, decision.alternative) == ("fused", "materialized") and decision.delta_seconds > 0
+    split = program.loop_result.alternative(decision)
+    assert len(split.kernels) == 2
+    tiles = build_tile_program(split, get_target("sm_90")).kernels
     measured = tmp_path / "measured.json"
-    measured.write_text(json.dumps([{"target": "sm_90", "kernel": k.shape.signature(), "knobs": str(k.row),
+    measured.write_text(json.dumps([{"target": "sm_90", "kernel": k.signature, "knobs": str(k.row),
                                      "seconds": 1e-9} for k in tiles]))
     monkeypatch.setenv("EMMY_MEASUREMENTS", str(measured))
     again = emmy.optimize(RMSNORM.format(rows=32), target="sm_90")
-    assert again.loop_ir == split.program
-    assert again.loop_result.alternatives[0].seconds == pytest.approx(2e-9)
+    assert again.loop_ir == split
+    assert again.loop_result.predicted_seconds == pytest.approx(2e-9)
     assert [k.row for k in again.tile_ir.kernels] == [k.row for k in tiles]
+    flipped = next(d for d in again.loop_result.decisions if d.subject == "rms_norm_sum")
+    assert (flipped.chosen, flipped.alternative) == ("materialized", "fused") and flipped.delta_seconds > 0
 
 
 @pytest.mark.parametrize("workload", WORKLOADS, ids=[w.name for w in WORKLOADS])
 def test_explain_covers_every_workload_and_its_terms_add_up(workload):
     program = emmy.optimize(workload.code, target="sm_90")
     explained = program.explain(top=2)
-    assert [name for name, _ in explained] == [k.name for k in program.loop_ir.kernels]
-    for (_, ranked), chosen in zip(explained, program.tile_ir.kernels):
+    assert [k.name for k in explained.kernels] == [k.name for k in program.loop_ir.kernels]
+    for kernel, chosen in zip(explained.kernels, program.tile_ir.kernels):
+        ranked = kernel.ranked
         assert ranked[0].row == chosen.row and ranked[0].total_s == chosen.seconds
         assert [b.total_s for b in ranked] == sorted(b.total_s for b in ranked)
         for b in ranked:

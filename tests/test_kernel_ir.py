@@ -86,7 +86,7 @@ def _sample_rows(program, seed=0) -> dict[str, list]:
     sample = {}
     for kernel in program.loop_ir.kernels:
         rows = space.rows[kernel.name]
-        ranked = [b.row for b in ranked_rows(kernel, kernel_shape(kernel), rows, program.target, program.loop_ir)]
+        ranked = [b.row for b in ranked_rows(kernel, kernel_shape(kernel), rows, program.target, program.buffer_types)]
         sample[kernel.name] = ranked[:4] + random.Random(seed).sample(ranked[4:], min(5, len(ranked[4:])))
     return sample
 

@@ -126,7 +126,8 @@ def programs(draw):
 @given(code=programs(), seed=st.integers(0, 1000))
 def test_random_programs_every_extracted_variant_is_correct(code, seed):
     from emmy.egraph import saturate
-    from emmy.egraph.extract import BoundarySearch, choose_representatives, random_weights
+    from emmy.egraph.extract import optional_classes, program_with
+    from emmy.egraph.representatives import choose_representatives, random_weights
     from emmy.egraph.view import EGraphView
     from emmy.loop_ir.interpreter import run_program
     from emmy.tensor_ir.interpreter import evaluate
@@ -142,9 +143,8 @@ def test_random_programs_every_extracted_variant_is_correct(code, seed):
     view = EGraphView.of(egraph)
     for k in range(4):
         choice = choose_representatives(view, random_weights(seed + k)) if k else choose_representatives(view)
-        search = BoundarySearch(view, choice, graph)
-        optional = sorted(search.optional())
-        boundaries = search.required() | {c for i, c in enumerate(optional) if (seed + i + k) % 3 == 0}
-        actual = run_program(search.lower(frozenset(boundaries)).program, inputs)
+        optional = optional_classes(view, graph, choice)
+        boundaries = {c for i, c in enumerate(optional) if (seed + i + k) % 3 == 0}
+        actual = run_program(program_with(view, graph, choice, boundaries), inputs)
         for a, e in zip(actual, expected):
             assert compare(a, e, graph[graph.outputs[0]].type.dtype).ok, (code, k)

@@ -13,7 +13,10 @@ no name is another plus digits, and no expression we send shares a subterm.
 
 from __future__ import annotations
 
-from egglog import EGraph
+from egglog import EGraph, let
+from egglog.declarations import LetRefDecl, TypedExprDecl
+from egglog.egraph import to_runtime_expr
+from egglog.runtime import RuntimeExpr
 
 from emmy.egraph.layout import Layout, encode_layout
 from emmy.egraph.terms import Named, Term
@@ -28,8 +31,10 @@ def literal_value(value) -> float:
 
 
 def encode(egraph: EGraph, graph: TensorGraph) -> dict[str, Term]:
-    """Add `graph` to `egraph`; returns the term of every Tensor IR value by name."""
+    """Add `graph` to `egraph`; returns the term of every Tensor IR value by name. The lets are
+    sent in batches (one egglog command per node costs more than the rules that follow)."""
     terms: dict[str, Term] = {}
+    pending: list = []
     for index, node in enumerate(graph.nodes):
         dtype = str(node.type.dtype)
         if isinstance(node, (Input, Weight)):
@@ -53,10 +58,28 @@ def encode(egraph: EGraph, graph: TensorGraph) -> dict[str, Term]:
             raise TypeError(node)
         if not isinstance(node, (Input, Weight, Constant)):
             term = Term.mat(term)
-        term = egraph.let(let_name("t", index), term)
-        egraph.let(let_name("n", index), Named(node.name, term))
+        name = let_name("t", index)
+        pending.append(let(name, term))
+        term = _let_ref(name, term)
+        pending.append(let(let_name("n", index), Named(node.name, term)))
         terms[node.name] = term
+        if len(pending) >= BATCH:
+            egraph.register(*pending)
+            pending = []
+    if pending:
+        egraph.register(*pending)
     return terms
+
+
+BATCH = 512  # lets per egglog command batch
+
+
+def _let_ref(name: str, term: Term) -> Term:
+    """A reference to the global `name` bound to `term` (what EGraph.let returns, without sending
+    the let now), carrying only the declarations `term` needs."""
+    runtime = to_runtime_expr(term)
+    return RuntimeExpr.__from_values__(runtime.__egg_decls__,
+                                       TypedExprDecl(runtime.__egg_typed_expr__.tp, LetRefDecl(name)))
 
 
 def let_name(kind: str, index: int) -> str:

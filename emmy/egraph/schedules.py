@@ -52,6 +52,14 @@ def candidate_values(pins: KnobRow) -> dict[str, list[str]]:
     return values
 
 
+@functools.lru_cache(maxsize=16)
+def _cached_candidate_facts(pins_text: str) -> tuple:
+    """The candidate facts for a set of pins (the same for every space built under them)."""
+    from emmy.knobs import parse_pins
+
+    return tuple(_candidate_facts(candidate_values(parse_pins(pins_text))))
+
+
 def _candidate_facts(values: dict[str, list[str]]) -> list:
     import emmy.rules.schedules as R
 
@@ -124,15 +132,22 @@ def attach_rows(egraph, shapes: list[KernelShape], target, pins: KnobRow, roots:
     import emmy.rules.schedules as R
     from emmy.egraph.terms import Term
 
-    facts = _candidate_facts(candidate_values(pins))
+    facts = list(_cached_candidate_facts(str(pins)))
     facts.append(R.target(target.smem_per_block, target.sms, int(target.has_cp_async), int(target.has_tma)))
     for shape in shapes:
         facts += _kernel_facts(shape, roots.get(shape.kernel, Term.buffer(shape.kernel, "", "kernel")))
     egraph.register(*facts)
+    egraph.run(_schedule_rules().saturate())
+
+
+@functools.lru_cache(maxsize=None)
+def _schedule_rules():
+    import emmy.rules.schedules as R
+
     combined = R.SCHEDULE_RULESETS[0]
     for ruleset in R.SCHEDULE_RULESETS[1:]:
         combined = combined | ruleset
-    egraph.run(combined.saturate())
+    return combined
 
 
 def _legal_rows(egraph):

@@ -9,7 +9,7 @@ in Python.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from emmy.dtypes import DType
 from emmy.egraph.layout import decode_layout
@@ -20,10 +20,10 @@ class ENode:
     kind: str  # one of terms.CONSTRUCTORS
     args: tuple  # e-class ids (str) for Term children, Python values for literals
     id: str
+    children: tuple[str, ...] = field(init=False, compare=False, repr=False)  # the ClassRef args, in order
 
-    @property
-    def children(self) -> tuple[str, ...]:
-        return tuple(a for a in self.args if isinstance(a, ClassRef))
+    def __post_init__(self):
+        object.__setattr__(self, "children", tuple(a for a in self.args if isinstance(a, ClassRef)))
 
 
 class ClassRef(str):
@@ -80,24 +80,38 @@ class EGraphView:
 
     def type(self, cid: str) -> TensorType:
         """Shape and dtype of an e-class (all its nodes agree)."""
+        if not self._types:
+            self._infer_all()
         found = self._types.get(cid)
         if found is None:
-            found = self._infer(cid, set())
+            raise ValueError(f"e-class {cid} has no node whose type can be inferred")
         return found
 
-    def _infer(self, cid: str, visiting: set) -> TensorType:
-        if cid in self._types:
-            return self._types[cid]
-        visiting = visiting | {cid}
-        for node in sorted(self.classes[cid], key=lambda n: n.kind == "mat"):
-            if any(c in visiting for c in node.children):
+    def _infer_all(self) -> None:
+        """Every class's type, leaves first, without recursion: a node is typed once all its
+        children are, and the first typed node of a class types the class."""
+        waiting: dict[str, list[ENode]] = {}  # child class -> nodes still waiting on it
+        missing: dict[str, int] = {}  # node id -> distinct children not typed yet
+        ready: list[tuple[str, ENode]] = []
+        for cid, nodes in self.classes.items():
+            for node in nodes:
+                children = set(node.children)
+                missing[node.id] = len(children)
+                for child in children:
+                    waiting.setdefault(child, []).append((cid, node))
+                if not children:
+                    ready.append((cid, node))
+        while ready:
+            cid, node = ready.pop()
+            if cid in self._types:
                 continue
-            t = self._node_type(node, visiting)
-            self._types[cid] = t
-            return t
-        raise ValueError(f"e-class {cid} has no node whose type can be inferred")
+            self._types[cid] = self._node_type(node)
+            for parent_cid, parent in waiting.get(cid, ()):
+                missing[parent.id] -= 1
+                if missing[parent.id] == 0:
+                    ready.append((parent_cid, parent))
 
-    def _node_type(self, node: ENode, visiting: set) -> TensorType:
+    def _node_type(self, node: ENode) -> TensorType:
         a = node.args
         if node.kind == "buffer":
             shape = tuple(int(s) for s in a[1].split(",") if s) if a[1] else ()
@@ -107,19 +121,19 @@ class EGraphView:
         if node.kind in ("unary", "binary", "select"):
             # Literal operands are rank 0; the tensor operands share the result's shape.
             dtype = a[0] if node.kind == "select" else a[1]
-            shapes = [self._infer(c, visiting).shape for c in node.children]
+            shapes = [self._types[c].shape for c in node.children]
             return TensorType(max(shapes, key=len), DType(dtype))
         if node.kind == "reduce":
-            inner = self._infer(a[2], visiting)
+            inner = self._types[a[2]]
             shape = list(inner.shape)
             shape[a[1]] = 1
             return TensorType(tuple(shape), inner.dtype)
         if node.kind == "reindex":
-            return TensorType(decode_layout(a[1]).shape, self._infer(a[0], visiting).dtype)
+            return TensorType(decode_layout(a[1]).shape, self._types[a[0]].dtype)
         if node.kind == "mat":
-            return self._infer(a[0], visiting)
+            return self._types[a[0]]
         if node.kind in ("online_sum", "welford_m2", "softmax_wsum"):
-            inner = self._infer(a[-1], visiting)
+            inner = self._types[a[-1]]
             shape = list(inner.shape)
             shape[a[0]] = 1
             return TensorType(tuple(shape), inner.dtype)

@@ -91,9 +91,24 @@ def _supports_contraction(tile: TileKernel, types: dict | None, memo: dict) -> s
     folds = [p for p in tile.parts if isinstance(p, Fold)]
     if folds[0].twist:
         return "a twisted contraction fold is not lowered yet"
-    if g.vec > 1 and types is not None and not memo.setdefault(
-            ("vectors", g.vec), bool(_vector_accesses(folds[0].lift, folds[0].var, g.vec, types)[0])):
-        return f"TILE={row.TILE}: no operand is contiguous along K to load {g.vec} at a time"
+    if g.stage_depth and types is not None:
+        key = ("panels", g.tile_m, g.tile_n, g.tile_k, g.vec)  # what the panels depend on besides the kernel
+        if key not in memo:
+            loops, _ = _free_loops(tile.kernel, tile.placement.free)
+            m_vars = tuple((v, e) for v, e in loops if v in tile.shape.m_vars)
+            n_vars = tuple((v, e) for v, e in loops if v in tile.shape.n_vars)
+            batch = tuple((v, e) for v, e in loops if v not in tile.shape.m_vars and v not in tile.shape.n_vars)
+            panels = _simt_panels(tile, folds[0], m_vars, n_vars, batch, types)
+            memo[key] = (len(panels), sum(p.rows * p.cols * p.dtype.itemsize for p in panels))
+        count, per_stage = memo[key]
+        if g.stage_depth * per_stage > STATIC_SMEM:
+            return (f"STAGE={row.STAGE}: its {count} panels need {g.stage_depth * per_stage} bytes of static "
+                    f"shared memory ({STATIC_SMEM} at most)")
+    if g.vec > 1 and types is not None:
+        if ("vectors", g.vec) not in memo:  # which operands are contiguous along K is the kernel's
+            memo[("vectors", g.vec)] = bool(_vector_accesses(folds[0].lift, folds[0].var, g.vec, types)[0])
+        if not memo[("vectors", g.vec)]:
+            return f"TILE={row.TILE}: no operand is contiguous along K to load {g.vec} at a time"
     return ""
 
 
@@ -351,24 +366,7 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
     (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
     epilogue = tuple(s for p in tile.parts if isinstance(p, Epilogue) for s in p.body)
     bm, bn, bk = g.tile_m, g.tile_n, g.tile_k
-    panels = []
-    if g.stage_depth:
-        m_set, n_set = {v for v, _ in m_vars}, {v for v, _ in n_vars}
-        for stmt in fold.lift:
-            if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)):
-                continue
-            deps = flat_index(stmt.expr.buffer, stmt.expr.index, types).dims() - {v for v, _ in batch}
-            if fold.var not in deps:
-                continue
-            side = "a" if deps - {fold.var} and deps - {fold.var} <= m_set else \
-                "b" if deps - {fold.var} and deps - {fold.var} <= n_set else ""
-            if side:
-                flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
-                width = g.vec if g.vec > 1 and _vectorizable(flat, fold.var, g.vec) else 1
-                k_fast = side == "a" or width > 1
-                rows, cols = ((bm if side == "a" else bn), bk) if k_fast else (bk, bn)
-                panels.append(Panel(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side, rows, cols,
-                                    k_fast, width))
+    panels = _simt_panels(tile, fold, m_vars, n_vars, batch, types)
     vectors = ()
     if g.vec > 1 and not g.stage_depth:  # operands contiguous along K: a vector of K at a time per output
         vectors, _ = _vector_accesses(fold.lift, fold.var, g.vec, types)
@@ -387,6 +385,35 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
     return KernelIR(tile.kernel.name, params, Tile(("m", "n"), bk, m_total * n_total, g.threads),
                     (tiles, prod(e for _, e in batch) or 1, g.split), (g.threads, 1, 1), shared, (body,), str(tile.row),
                     shape.describe())
+
+
+def _simt_panels(tile: TileKernel, fold: Fold, m_vars, n_vars, batch, types: dict) -> list[Panel]:
+    """The shared-memory panels of a staged SIMT contraction: one per load of the fold that walks
+    K and one side's outputs (an operand prologue with several loads on a side stages each)."""
+    g = tile.geometry
+    panels = []
+    if not g.stage_depth:
+        return panels
+    m_set, n_set = {v for v, _ in m_vars}, {v for v, _ in n_vars}
+    for stmt in fold.lift:
+        if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)):
+            continue
+        flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
+        deps = flat.dims() - {v for v, _ in batch}
+        if fold.var not in deps:
+            continue
+        side = "a" if deps - {fold.var} and deps - {fold.var} <= m_set else \
+            "b" if deps - {fold.var} and deps - {fold.var} <= n_set else ""
+        if side:
+            width = g.vec if g.vec > 1 and _vectorizable(flat, fold.var, g.vec) else 1
+            k_fast = side == "a" or width > 1
+            rows, cols = ((g.tile_m if side == "a" else g.tile_n), g.tile_k) if k_fast else (g.tile_k, g.tile_n)
+            panels.append(Panel(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side, rows, cols,
+                                k_fast, width))
+    return panels
+
+
+STATIC_SMEM = 48 * 1024  # bytes of static __shared__ arrays a kernel may declare (CUDA guide)
 
 
 def split_outputs(tile: TileKernel, monoids, epilogue, params, batch_total: int, outputs: int):

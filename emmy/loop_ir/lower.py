@@ -11,6 +11,7 @@ dependencies.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from emmy.affine import Affine, Guard
@@ -49,7 +50,6 @@ class KernelLowering:
         self.memo: dict = {}
         self.reduction_deps: dict[int, frozenset] = {}
         self.siblings: dict[tuple, list] = {}
-        self.reach_memo: dict[str, frozenset] = {}
         self.counters = {"in": 0, "v": 0, "acc": 0}
         while self.choice[root].kind == "mat":  # a forced boundary at the root is the root itself
             root = self.root = self.choice[root].args[0]
@@ -77,16 +77,33 @@ class KernelLowering:
         placed = _Deferred(frozenset(deps)) if home == "auto" else home
         self.items.append(_Item(len(self.items), stmt, placed, set(defs), set(uses)))
 
-    def _value(self, cid: str, coords: tuple) -> tuple:
-        if cid != self.root and cid in self.buffer_of:
-            return self._load(self.buffer_of[cid], coords, self.view.type(cid).dtype)
-        return self._node_value(cid, coords)
-
     def _node_value(self, cid: str, coords: tuple) -> tuple:
+        """The value of `cid` at `coords`, computed once per coordinate tuple. Terms are walked
+        with an explicit stack of generators (each `_steps` generator yields the (class,
+        coordinates) it needs and is sent the value), so a term thousands of ops deep lowers
+        without recursion."""
         key = (cid, coords)
-        if key not in self.memo:
-            self.memo[key] = self._compute(cid, self.choice[cid], coords)
-        return self.memo[key]
+        if key in self.memo:
+            return self.memo[key]
+        stack = [(key, self._steps(cid, self.choice[cid], coords))]
+        sent = None
+        while stack:
+            key, steps = stack[-1]
+            try:
+                child, child_coords = steps.send(sent)
+            except StopIteration as done:
+                self.memo[key] = done.value
+                stack.pop()
+                sent = done.value
+                continue
+            if child != self.root and child in self.buffer_of:
+                sent = self._load(self.buffer_of[child], child_coords, self.view.type(child).dtype)
+            elif (child, child_coords) in self.memo:
+                sent = self.memo[(child, child_coords)]
+            else:
+                stack.append(((child, child_coords), self._steps(child, self.choice[child], child_coords)))
+                sent = None
+        return self.memo[(cid, coords)]
 
     def _load(self, buffer: str, coords: tuple, dtype: DType) -> tuple:
         key = ("load", buffer, coords)
@@ -104,7 +121,9 @@ class KernelLowering:
         self._emit(Assign(name, dtype, Op(op, operands)), deps, defs=[name], uses=_names(*operands))
         return name, deps
 
-    def _compute(self, cid: str, node: ENode, coords: tuple) -> tuple:
+    def _steps(self, cid: str, node: ENode, coords: tuple):
+        """A generator computing `node` at `coords`: it yields (class, coordinates) for each
+        operand value it needs and returns the node's (value, loop variables it depends on)."""
         a = node.args
         kind = node.kind
         if kind == "buffer":
@@ -114,25 +133,24 @@ class KernelLowering:
             value = bool(a[0]) if dtype is DType.BOOL else a[0]
             return Lit(value, dtype), frozenset()
         if kind == "mat":  # a boundary that cannot be fused away: read the child's buffer
-            return self._value(a[0], coords)
-        if kind in ("unary", "binary"):
-            args = [self._value(c, coords) for c in a[2:]]
-            return self._op(a[0], DType(a[1]), args)
-        if kind == "select":
-            args = [self._value(c, coords) for c in a[1:]]
-            return self._op("where", DType(a[0]), args)
+            return (yield a[0], coords)
+        if kind in ("unary", "binary", "select"):
+            args = []
+            for child in node.children:
+                args.append((yield child, coords))
+            return self._op("where", DType(a[0]), args) if kind == "select" else self._op(a[0], DType(a[1]), args)
         if kind == "reduce":
-            return self._reduce(cid, a[0], a[1], a[2], coords)
+            return (yield from self._reduce(cid, a[0], a[1], a[2], coords))
         if kind == "online_sum":
-            return self._online_sum(cid, a[0], a[1], coords)
+            return (yield from self._online_sum(cid, a[0], a[1], coords))
         if kind == "welford_m2":
-            return self._welford_m2(cid, a[0], a[1], coords)
+            return (yield from self._welford_m2(cid, a[0], a[1], coords))
         if kind == "softmax_wsum":
-            return self._softmax_wsum(cid, a[0], a[1], a[2], coords)
+            return (yield from self._softmax_wsum(cid, a[0], a[1], a[2], coords))
         if kind == "reindex":
             layout = decode_layout(a[1])
             sub = tuple(e.substitute(coords, self.extents) for e in layout.index)
-            inner, deps = self._value(a[0], sub)
+            inner, deps = yield a[0], sub
             guards = tuple(Guard(g.expr.substitute(coords, self.extents), g.lo, g.hi) for g in layout.guards)
             guards = tuple(g for g in guards if not g.always(self.extents))
             if not guards:
@@ -147,8 +165,8 @@ class KernelLowering:
     def _reduce(self, cid: str, op: str, axis: int, body_cid: str, coords: tuple) -> tuple:
         extent = self.view.type(body_cid).shape[axis]
         if extent == 1:
-            return self._value(body_cid, coords)
-        var, (acc,), inits, value, deps = self._open_fold(cid, axis, body_cid, coords, (op,))
+            return (yield body_cid, coords)
+        var, (acc,), inits, value, deps = yield from self._open_fold(cid, axis, body_cid, coords, (op,))
         self._emit(Accumulate(acc, op, value), deps | {var}, defs=[acc], uses=_names(value) | {acc + "@0"}, home=var)
         return acc, self._close_fold(var, inits, deps, [])
 
@@ -172,13 +190,13 @@ class KernelLowering:
             self.items.append(inits[-1])
         sub = list(coords)
         sub[axis] = Affine.dim(var)
-        x, deps = self._value(x_cid, tuple(sub))
+        x, deps = yield x_cid, tuple(sub)
         return var, accs, inits, x, deps
 
     def _fold_loop(self, cid: str, axis: int, x_cid: str, coords: tuple, state: tuple[str, ...]):
         """`_open_fold` for a fold stepped by Update statements; adds an `op` helper that emits
         a step statement inside the loop, reading the state as it was before the element."""
-        var, accs, inits, x, deps = self._open_fold(cid, axis, x_cid, coords, state)
+        var, accs, inits, x, deps = yield from self._open_fold(cid, axis, x_cid, coords, state)
         dtype = self.view.type(x_cid).dtype
         here = deps | {var}
 
@@ -205,7 +223,7 @@ class KernelLowering:
     def _welford_m2(self, cid: str, axis: int, x_cid: str, coords: tuple) -> tuple:
         """sum((x - mean)^2) in one pass: n += 1; delta = x - mean; mean += delta / n;
         m2 += delta * (x - mean), with the new mean in the last step (Welford, 1962)."""
-        var, (n, mean, m2), inits, x_, dtype, here, deps, op = self._fold_loop(
+        var, (n, mean, m2), inits, x_, dtype, here, deps, op = yield from self._fold_loop(
             cid, axis, x_cid, coords, ("sum", "sum", "sum"))
         n_new = op("add", dtype, (n, here), (Lit(1.0, dtype), frozenset()))
         delta = op("subtract", dtype, x_, (mean, here))
@@ -222,7 +240,8 @@ class KernelLowering:
         exp(nan); a fully masked row then ends as d = count and m = -inf, and
         the consumer's exp(x - m) gives NaN, as PyTorch's softmax does.
         """
-        var, (m, d), inits, x_, dtype, here, deps, op = self._fold_loop(cid, axis, s_cid, coords, ("max", "sum"))
+        var, (m, d), inits, x_, dtype, here, deps, op = yield from self._fold_loop(cid, axis, s_cid, coords,
+                                                                                   ("max", "sum"))
         m_new, scale, term = _max_step(op, dtype, (m, here), x_)
         d_new = op("add", dtype, op("multiply", dtype, (d, here), scale), term)
         result_deps = self._close_fold(var, inits, deps, [(d, d_new[0], here), (m, m_new[0], here)])
@@ -236,11 +255,11 @@ class KernelLowering:
         a fully masked row ends with m = -inf, and the output adds m - m (NaN
         there, 0 elsewhere) so it is NaN as PyTorch's softmax makes it.
         """
-        var, (m, d, z), inits, s_, dtype, here, deps, op = self._fold_loop(
+        var, (m, d, z), inits, s_, dtype, here, deps, op = yield from self._fold_loop(
             cid, axis, s_cid, coords, ("max", "sum", "sum"))
         sub = list(coords)
         sub[axis] = Affine.dim(var)
-        w, w_deps = self._value(w_cid, tuple(sub))
+        w, w_deps = yield w_cid, tuple(sub)
         at = here | w_deps
         m_new, scale, term = _max_step(op, dtype, (m, here), s_)
         d_new = op("add", dtype, op("multiply", dtype, (d, here), scale), term)
@@ -259,20 +278,23 @@ class KernelLowering:
         unless one needs the other's result (softmax's sum needs its max).
         """
         for var, other in self.siblings.get((extent, outer), []):
-            if other not in self._reaches(body_cid) and cid not in self._reaches(other):
+            if not self._reaches(body_cid, other) and not self._reaches(other, cid):
                 return var
         return None
 
-    def _reaches(self, cid: str) -> frozenset:
-        """E-classes this kernel computes to produce `cid` (stopping at buffers)."""
-        if cid not in self.reach_memo:
-            self.reach_memo[cid] = frozenset()  # cycles cannot occur; this only guards recursion
-            found = {cid}
-            if not (cid != self.root and cid in self.buffer_of):
-                for child in self.choice[cid].children:
-                    found |= self._reaches(child)
-            self.reach_memo[cid] = frozenset(found)
-        return self.reach_memo[cid]
+    def _reaches(self, start: str, goal: str) -> bool:
+        """Whether this kernel computes `goal` on the way to `start` (a search that stops at buffers)."""
+        seen, stack = set(), [start]
+        while stack:
+            cid = stack.pop()
+            if cid == goal:
+                return True
+            if cid in seen:
+                continue
+            seen.add(cid)
+            if cid == self.root or cid not in self.buffer_of:
+                stack.extend(self.choice[cid].children)
+        return False
 
     # -- nesting ----------------------------------------------------------------
     def _nest(self, free: list[int]) -> tuple:
@@ -284,17 +306,24 @@ class KernelLowering:
         depth: dict[int, int] = {v: i + 1 for i, v in enumerate(chain)}
 
         def deepest(deps) -> int | None:
-            return max(deps, key=lambda v: depth_of(v)) if deps else None
+            return max(deps, key=depth.__getitem__) if deps else None
 
-        def depth_of(v: int) -> int:
-            if v not in depth:
-                p = deepest(self.reduction_deps[v])
-                parent[v] = p
-                depth[v] = (depth_of(p) if p is not None else 0) + 1
-            return depth[v]
-
+        # A reduction loop nests inside the deepest loop its result depends on (resolved with a
+        # stack: dependent folds can chain as deep as the kernel's fused reductions).
         for var in self.reduction_deps:
-            depth_of(var)
+            pending = [var]
+            while pending:
+                v = pending[-1]
+                if v in depth:
+                    pending.pop()
+                    continue
+                unresolved = [d for d in self.reduction_deps[v] if d not in depth]
+                if unresolved:
+                    pending.extend(unresolved)
+                    continue
+                parent[v] = deepest(self.reduction_deps[v])
+                depth[v] = (depth[parent[v]] if parent[v] is not None else 0) + 1
+                pending.pop()
         for item in self.items:
             if isinstance(item.home, _Deferred):
                 item.home = deepest(item.home.deps)
@@ -304,12 +333,20 @@ class KernelLowering:
         for var in list(depth):
             children.setdefault(parent[var], []).append(("loop", var))
 
-        def build(home) -> tuple[tuple, set, set, int]:
+        # Each level's statements and loops in dependency order, innermost levels first.
+        built: dict = {}
+        pending = [(None, False)]
+        while pending:
+            home, ready = pending.pop()
+            if not ready:
+                pending.append((home, True))
+                pending.extend((e[1], False) for e in children.get(home, []) if isinstance(e, tuple))
+                continue
             entries = []
             for entry in children.get(home, []):
                 if isinstance(entry, tuple):
                     var = entry[1]
-                    body, defs, uses, seq = build(var)
+                    body, defs, uses, seq = built.pop(var)
                     loop = Loop(var, self.extents[var], body, reduction=var not in free)
                     entries.append((seq, loop, defs, uses - defs))
                 else:
@@ -318,9 +355,8 @@ class KernelLowering:
             defs = set().union(*(e[2] for e in entries)) if entries else set()
             uses = set().union(*(e[3] for e in entries)) if entries else set()
             seq = min((e[0] for e in entries), default=1 << 30)
-            return tuple(e[1] for e in ordered), defs, uses, seq
-
-        return build(None)[0]
+            built[home] = (tuple(e[1] for e in ordered), defs, uses, seq)
+        return built[None][0]
 
 
 def _max_step(op, dtype: DType, m, x) -> tuple:
@@ -394,21 +430,35 @@ def _renumber(body: tuple, extents: list[int]) -> tuple:
 
 
 def _topological(entries: list) -> list:
-    """Order by data dependency among siblings, emission order breaking ties."""
-    remaining = sorted(entries, key=lambda e: e[0])
-    done: list = []
+    """Order by data dependency among siblings, emission order breaking ties: Kahn's algorithm
+    taking the earliest-emitted ready entry each step. An entry is ready once every name it
+    uses that a sibling defines is defined (by any sibling that defines it)."""
     defined_here = set().union(*(e[2] for e in entries)) if entries else set()
+    users: dict[str, list[int]] = {}
+    missing = []
+    for i, e in enumerate(entries):
+        needed = e[3] & defined_here
+        missing.append(len(needed))
+        for name in needed:
+            users.setdefault(name, []).append(i)
+    ready = [(e[0], i) for i, e in enumerate(entries) if not missing[i]]
+    heapq.heapify(ready)
     available: set = set()
-    while remaining:
-        for k, e in enumerate(remaining):
-            if (e[3] & defined_here) <= available:
-                done.append(e)
-                available |= e[2]
-                del remaining[k]
-                break
-        else:  # a cycle cannot happen for terms; keep emission order rather than loop forever
-            done.extend(remaining)
+    done: list = []
+    taken = [False] * len(entries)
+    while len(done) < len(entries):
+        if not ready:  # a cycle cannot happen for terms; keep emission order rather than stop
+            done.extend(e for _, i, e in sorted((e[0], i, e) for i, e in enumerate(entries) if not taken[i]))
             break
+        _, i = heapq.heappop(ready)
+        taken[i] = True
+        done.append(entries[i])
+        for name in entries[i][2] - available:
+            available.add(name)
+            for user in users.get(name, ()):
+                missing[user] -= 1
+                if missing[user] == 0:
+                    heapq.heappush(ready, (entries[user][0], user))
     return done
 
 

@@ -107,3 +107,19 @@ class LoopProgram:
     inputs: tuple[tuple[str, TensorType], ...]
     weights: tuple[tuple[str, TensorType], ...]
     outputs: tuple[str, ...]  # buffer names, in the program's output order
+
+
+def parallel_loops(body: tuple) -> list[tuple[int, int]]:
+    """(var, extent) of the free loops that own output elements (or rows): those not inside a
+    reduction loop and not beside one. A free loop beside a fold (a sweep over the row the fold
+    read) runs inside its row, whatever it holds."""
+    found: list[tuple[int, int]] = []
+    stack = [body]
+    while stack:
+        stmts = stack.pop()
+        beside_fold = any(isinstance(s, Loop) and s.reduction for s in stmts)
+        for stmt in stmts:
+            if isinstance(stmt, Loop) and not stmt.reduction and not beside_fold:
+                found.append((stmt.var, stmt.extent))
+                stack.append(stmt.body)
+    return found

@@ -5,6 +5,7 @@ from __future__ import annotations
 from emmy.errors import EmmyError
 from emmy.knobs import KnobRow, check_target
 from emmy.loop_ir.nodes import Accumulate, Init, Kernel, Loop, LoopProgram, Update
+from emmy.loop_ir.signature import signature
 from emmy.tile_ir.geometry import Geometry, geometry
 from emmy.tile_ir.nodes import Epilogue, Fold, Placement, Sweep, TileKernel, TileProgram
 from emmy.tile_ir.shape import KernelShape, kernel_shape
@@ -30,7 +31,7 @@ def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), eg
                 raise RuntimeError(f"no legal schedule for kernel {kernel.name} ({shape.describe()}) "
                                    f"on {target.name}, with nothing pinned")
             raise EmmyError(no_row_message(shape, pins, full.rows[kernel.name], target))
-        ranked = ranked_rows(kernel, shape, rows, target, loops)
+        ranked = ranked_rows(kernel, shape, rows, target, types)
         best = ranked[0]
         if chosen and kernel.name in chosen:
             best = next((b for b in ranked if b.row == chosen[kernel.name]), None)
@@ -40,7 +41,8 @@ def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), eg
         g = geometry(shape, best.row)
         offered = rows if not pins.pinned() else offered_rows(kernel, shape, full.rows[kernel.name], types)
         kernels.append(TileKernel(kernel, shape, best.row, g, _placement(shape, best.row, g),
-                                  tuple(_parts(kernel, shape)), len(offered), best.total_s, best))
+                                  tuple(_parts(kernel, shape)), len(offered), best.total_s, best,
+                                  signature(kernel, types)))
     return TileProgram(tuple(kernels), loops)
 
 
@@ -49,10 +51,11 @@ def buffer_types(loops: LoopProgram) -> dict:
     return dict(loops.inputs) | dict(loops.weights) | {k.output: k.type for k in loops.kernels}
 
 
-def offered_rows(kernel: Kernel, shape: KernelShape, rows, types: dict) -> tuple[KnobRow, ...]:
+def offered_rows(kernel: Kernel, shape: KernelShape, rows, types: dict, strict: bool = False) -> tuple[KnobRow, ...]:
     """The legal rows the Kernel IR lowering takes: the space offers only those. When it takes
-    none (a kind of kernel not lowered yet), all legal rows: the kernel then stops at Tile IR and
-    the lowering says why."""
+    none (a kind of kernel not lowered yet), all legal rows (the kernel then stops at Tile IR and
+    the lowering says why), or none when `strict` (extraction prices such a kernel as unavailable,
+    so it never chooses a form that does not lower when one that does exists)."""
     from emmy.kernel_ir.lower import supports
 
     parts = tuple(_parts(kernel, shape))
@@ -61,71 +64,45 @@ def offered_rows(kernel: Kernel, shape: KernelShape, rows, types: dict) -> tuple
         g = geometry(shape, row)
         if not supports(TileKernel(kernel, shape, row, g, _placement(shape, row, g), parts, 0, 0.0), types, memo):
             kept.append(row)
-    return tuple(kept) or tuple(rows)
+    return tuple(kept) if kept or strict else tuple(rows)
 
 
-def predict_programs(programs: list[LoopProgram], target, pins: KnobRow = KnobRow()) -> list[float | None]:
-    """Each program's predicted seconds: over its kernels, the sum of the cheapest legal row's time
-    (within the pins); None for a program one of whose kernels no row within the pins fits.
+def supported(kernel: Kernel, shape: KernelShape, row: KnobRow, types: dict, memo: dict) -> bool:
+    """Whether the Kernel IR lowering takes this row of this kernel (`memo` kept across its rows)."""
+    from emmy.kernel_ir.lower import supports
 
-    This is how extraction weighs whole programs (kernel boundaries, one-pass or multi-pass folds)
-    against each other. The legal rows depend only on a kernel's shape, so one space is built for
-    the distinct shapes of all the programs together, in an e-graph of its own; each distinct
-    kernel is priced once."""
-    import dataclasses
-
-    from emmy.egraph.schedules import build_space
-    from emmy.extract.loop_cost import buffer_sizes, kernel_cost
-
-    check_target(pins, target)
-    stand_ins: dict[KernelShape, KernelShape] = {}  # shape without names -> the one the space builds rows for
-    for loops in programs:
-        for kernel in loops.kernels:
-            key = _unnamed(kernel_shape(kernel))
-            stand_ins.setdefault(key, dataclasses.replace(key, kernel=f"shape{len(stand_ins)}"))
-    space = build_space(list(stand_ins.values()), target, pins)
-    cheapest: dict[tuple, float | None] = {}  # (shape, loop cost) -> seconds: what a row's price depends on
-    totals = []
-    for loops in programs:
-        sizes, types = buffer_sizes(loops), buffer_types(loops)
-        total = 0.0
-        for kernel in loops.kernels:
-            shape = kernel_shape(kernel)
-            key = (_unnamed(shape), kernel_cost(kernel, sizes))
-            if key not in cheapest:
-                rows = offered_rows(kernel, shape, space.rows[stand_ins[key[0]].kernel], types)
-                cheapest[key] = ranked_rows(kernel, shape, rows, target, loops)[0].total_s if rows else None
-            if cheapest[key] is None:
-                total = None
-                break
-            total += cheapest[key]
-        totals.append(total)
-    return totals
+    parts = memo.get("_parts")
+    if parts is None:
+        parts = memo["_parts"] = tuple(_parts(kernel, shape))
+    g = geometry(shape, row)
+    return not supports(TileKernel(kernel, shape, row, g, _placement(shape, row, g), parts, 0, 0.0), types, memo)
 
 
 def _unnamed(shape: KernelShape) -> KernelShape:
-    """The shape with the kernel's own names dropped: what its legal rows and their prices depend on."""
+    """The shape with the kernel's own names dropped: what its legal rows depend on."""
     import dataclasses
 
     return dataclasses.replace(shape, kernel="", free_vars=(), m_vars=(), n_vars=())
 
 
-def ranked_rows(kernel: Kernel, shape: KernelShape, rows, target, loops: LoopProgram) -> list:
+def ranked_rows(kernel: Kernel, shape: KernelShape, rows, target, types: dict) -> list:
     """Every row's cost breakdown (emmy.extract.cost_model), cheapest first; ties keep the space's order.
-    A measured time for the exact kernel, row and target (extract/measured.py) replaces the prediction."""
+    `types`: buffer name -> TensorType for the kernel's buffers (the program's `buffer_types`). A
+    measured time for the kernel's signature (emmy.loop_ir.signature), the row and the target
+    (extract/measured.py) replaces the prediction."""
     import dataclasses
 
     from emmy.extract.cost_model import predict
-    from emmy.extract.loop_cost import buffer_sizes, kernel_cost
+    from emmy.extract.loop_cost import kernel_cost
     from emmy.extract.measured import current
 
-    cost = kernel_cost(kernel, buffer_sizes(loops))
+    cost = kernel_cost(kernel, {name: (t.numel, t.dtype.itemsize) for name, t in types.items()})
     measurements = current()
-    signature = shape.signature()
+    key = signature(kernel, types) if measurements.rows else ""
     predicted = []
     for row in rows:
         breakdown = predict(shape, row, target, cost)
-        seconds = measurements.lookup(target.name, signature, str(row))
+        seconds = measurements.lookup(target.name, key, str(row)) if key else None
         if seconds is not None:
             breakdown = dataclasses.replace(breakdown, total_s=seconds, measured=True)
         predicted.append(breakdown)

@@ -7,6 +7,7 @@ implies, for the Tile IR's placement line and for the schedule cost.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import ceil, isqrt
 
 from emmy.knobs import KnobRow, value_fields
@@ -33,6 +34,7 @@ class Geometry:
     raster_group: int = 0
 
 
+@lru_cache(maxsize=65536)  # the schedule search asks for the same (shape, row) many times
 def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
     work = value_fields("WORK", row.WORK or "t32")
     tile = value_fields("TILE", row.TILE or "f1")

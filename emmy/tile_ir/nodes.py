@@ -67,6 +67,7 @@ class TileKernel:
     legal_rows: int  # size of the space the row was chosen from
     seconds: float  # the row's predicted time
     breakdown: object = None  # emmy.extract.cost_model.Breakdown of the chosen row
+    signature: str = ""  # the kernel's canonical signature (emmy.loop_ir.signature): keys measured times
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from math import prod
 
 from emmy.dtypes import DType
-from emmy.loop_ir.nodes import Accumulate, Assign, Kernel, Load, Loop, Op, Update
+from emmy.loop_ir.nodes import Accumulate, Assign, Kernel, Load, Loop, Op, Update, parallel_loops
 
 _MMA_DTYPES = {DType.F16: "f16", DType.BF16: "bf16"}
 
@@ -38,13 +38,15 @@ class KernelShape:
     epilogue: bool = False  # the output is not the raw accumulator
     atomic_ok: bool = False  # every fold is a sum/max/min monoid (blocks may combine with atomics)
     mma: str = ""  # "f16" | "bf16" when tensor-core atoms apply
+    prologue: bool = False  # contraction: an operand is elementwise work on loads, not a load
     free_vars: tuple[int, ...] = ()  # loop variables outside the folds (one output element or row each)
     m_vars: tuple[int, ...] = ()  # contraction: free variables only the first operand reads
     n_vars: tuple[int, ...] = ()  # ... only the second operand reads
 
     def signature(self) -> str:
         """What a measurement of this kernel is keyed by, besides knobs and GPU: kind, extents, types."""
-        flags = "".join(f" {name}" for name, on in (("sweep", self.sweep), ("epilogue", self.epilogue)) if on)
+        flags = "".join(f" {name}" for name, on in (("sweep", self.sweep), ("epilogue", self.epilogue),
+                                                   ("prologue", self.prologue)) if on)
         return (f"{self.kind} rows={self.rows} cols={self.cols} red={self.red} inner={self.inner} "
                 f"batch={self.batch} itemsize={self.itemsize}" + (f" mma={self.mma}" if self.mma else "") + flags)
 
@@ -58,7 +60,8 @@ class KernelShape:
             return f"attention {dims}" + (f" (batch {self.batch})" if self.batch > 1 else "") + \
                 (f", {self.mma} operands" if self.mma else "")
         dims = f"{self.rows}x{self.cols}x{self.red}" + (f" (batch {self.batch})" if self.batch > 1 else "")
-        return f"contraction {dims}" + (f", {self.mma} operands" if self.mma else "")
+        return f"contraction {dims}" + (f", {self.mma} operands" if self.mma else "") + \
+            (", elementwise operand prologue" if self.prologue else "")
 
 
 def kernel_shape(kernel: Kernel) -> KernelShape:
@@ -87,30 +90,27 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
                            n_vars=n_vars)
     contraction = _contraction(kernel, stmts, outer, reductions)
     if contraction is not None:
-        rows, cols, batch, mma, m_vars, n_vars = contraction
+        rows, cols, batch, mma, m_vars, n_vars, prologue = contraction
         return KernelShape(kernel.name, "contraction", rows, cols, red, red, itemsize, batch=batch,
                            epilogue=not output_is_acc, atomic_ok=atomic_ok, mma=mma,
-                           free_vars=tuple(l[0] for l in outer), m_vars=m_vars, n_vars=n_vars)
+                           free_vars=tuple(l[0] for l in outer), m_vars=m_vars, n_vars=n_vars, prologue=prologue)
     rows = prod(l[1] for l in outer) if outer else 1
     return KernelShape(kernel.name, "row", rows, 1, red, red, itemsize, sweep=sweep,
                        epilogue=not output_is_acc, atomic_ok=atomic_ok, free_vars=tuple(l[0] for l in outer))
 
 
-def _walk(body, free: list, reductions: list, inside: bool = False) -> None:
-    """free: (var, extent, inside-a-row) for every non-reduction loop; reductions: the reduction loops."""
-    for stmt in body:
+def _walk(body, free: list, reductions: list) -> None:
+    """free: (var, extent, inside-a-row) for every non-reduction loop (emmy.loop_ir.nodes.parallel_loops
+    says which own outputs; the rest are sweeps); reductions: the reduction loops."""
+    outer = parallel_loops(body)
+    free.extend((var, extent, False) for var, extent in outer)
+    outer_vars = {var for var, _ in outer}
+    for stmt in _statements(body):
         if isinstance(stmt, Loop):
             if stmt.reduction:
                 reductions.append(stmt)
-                _walk(stmt.body, free, reductions, True)
-            else:
-                has_fold = any(isinstance(s, Loop) and s.reduction for s in _statements(stmt.body))
-                free.append((stmt.var, stmt.extent, inside or (not has_fold and _sibling_of_fold(body))))
-                _walk(stmt.body, free, reductions, inside)
-
-
-def _sibling_of_fold(body) -> bool:
-    return any(isinstance(s, Loop) and s.reduction for s in body)
+            elif stmt.var not in outer_vars:
+                free.append((stmt.var, stmt.extent, True))
 
 
 def _statements(body):
@@ -121,7 +121,9 @@ def _statements(body):
 
 
 def _contraction(kernel, stmts, outer, reductions):
-    """(M, N, batch, mma dtype, M variables, N variables) when the kernel's one fold is a sum of a product of two loads."""
+    """(M, N, batch, mma dtype, M variables, N variables, prologue) when the kernel's one fold is a
+    sum of a product of two operands, each a load (through casts), or elementwise work on loads
+    of one side (a prologue: relu(x) @ w)."""
     if len(reductions) != 1:
         return None
     accs = [s for s in stmts if isinstance(s, Accumulate)]
@@ -131,12 +133,18 @@ def _contraction(kernel, stmts, outer, reductions):
     product = defs.get(accs[0].value)
     if product is None or not isinstance(product.expr, Op) or product.expr.op != "multiply":
         return None
-    operands = [_source_load(defs, a) for a in product.expr.args]
-    if any(o is None for o in operands):
-        return None
-    (a, a_dtype), (b, b_dtype) = operands
     k = reductions[0].var
-    uses_a, uses_b = _vars(a.index), _vars(b.index)
+    direct = [_source_load(defs, a) for a in product.expr.args]
+    if all(o is not None for o in direct):
+        (a, a_dtype), (b, b_dtype) = direct
+        uses_a, uses_b, prologue = _vars(a.index), _vars(b.index), False
+    else:
+        sides = [_operand_vars(defs, a) for a in product.expr.args]
+        if any(v is None for v in sides):
+            return None
+        uses_a, uses_b = sides
+        a_dtype = b_dtype = None
+        prologue = True
     if k not in uses_a or k not in uses_b:
         return None
     extents = {var: extent for var, extent, _ in outer}
@@ -146,8 +154,32 @@ def _contraction(kernel, stmts, outer, reductions):
         return None
     rows, cols = prod(extents[v] for v in m_vars), prod(extents[v] for v in n_vars)
     batch = prod(extents[v] for v in extents if v not in m_vars and v not in n_vars)
-    mma = _MMA_DTYPES.get(a_dtype, "") if a_dtype == b_dtype else ""
-    return rows, cols, batch, mma, tuple(m_vars), tuple(n_vars)
+    mma = _MMA_DTYPES.get(a_dtype, "") if a_dtype is not None and a_dtype == b_dtype else ""
+    return rows, cols, batch, mma, tuple(m_vars), tuple(n_vars), prologue
+
+
+def _operand_vars(defs, name):
+    """The loop variables an operand's loads index, when it is elementwise work (ops, masks) on
+    loads and literals; None when it reads anything else (an accumulator, a value of the row)."""
+    found: set[int] = set()
+    stack, seen = [name], set()
+    while stack:
+        value = stack.pop()
+        if not isinstance(value, str) or value in seen:
+            continue
+        seen.add(value)
+        stmt = defs.get(value)
+        if stmt is None:
+            return None
+        if isinstance(stmt.expr, Load):
+            found |= _vars(stmt.expr.index)
+        elif isinstance(stmt.expr, Op):
+            stack.extend(stmt.expr.args)
+        else:  # Masked: its guards' variables index the operand too
+            stack.append(stmt.expr.value)
+            for guard in stmt.expr.guards:
+                found |= guard.expr.dims()
+    return found
 
 
 def _attention(outer, reductions):

@@ -1,0 +1,383 @@
+"""The extracted program as kernels: a representative per e-class, and a set of materialized classes.
+
+`ChosenGraph` is the program the representatives spell: every class live from the outputs,
+with its consumers, kept up to date as a representative changes (a fold's one-pass or
+multi-pass form). `Kernels` cuts it at a set of materialized classes (the boundaries): a
+kernel per live boundary, computing its region (the classes reachable from it without
+crossing another boundary), lowered to Loop IR and priced. Every walk here is a loop over an
+explicit stack: programs are thousands of ops deep.
+
+Buffers of materialized classes have provisional names while boundaries are searched
+(`%<class>`: never an input's name); `Kernels.program` names them after the Tensor IR values
+they came from, as the printed program shows them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emmy.egraph.representatives import HEAVY
+from emmy.egraph.view import EGraphView, ENode
+from emmy.loop_ir.lower import KernelLowering
+from emmy.loop_ir.nodes import Kernel, LoopProgram
+from emmy.tensor_ir.nodes import Input, TensorType, Weight
+
+LIGHT = ("unary", "binary", "select", "reindex")  # computed per element where they are used
+
+
+@dataclass(frozen=True)
+class KernelPrice:
+    """What a kernel costs: its predicted (or measured) seconds under its best row, the bytes it
+    moves, and the kernels it launches. `seconds` None: no row fits (the pins leave none)."""
+    seconds: float | None
+    bytes: float
+    launches: int = 1
+    signature: str = ""
+    detail: str = ""  # the row, or the model that priced it
+
+    def key(self) -> tuple:
+        """Lower is better: unpriceable kernels first, then time, bytes, launches."""
+        return (0 if self.seconds is not None else 1, self.seconds or 0.0, self.bytes, self.launches)
+
+
+class ChosenGraph:
+    """The live part of the e-graph under a choice of representatives."""
+
+    def __init__(self, view: EGraphView, choice: dict[str, ENode], graph):
+        self.view = view
+        self.choice = dict(choice)
+        self.outputs = [(unwrap(self.choice, view.class_of_name(name)), name) for name in graph.outputs]
+        self.buffer_kinds = {n.name: "input" if isinstance(n, Input) else "weight"
+                             for n in graph.nodes if isinstance(n, (Input, Weight))}
+        self.refs: dict[str, int] = {}  # live uses of a class: by live parents' nodes and as an output
+        self.consumers: dict[str, dict[str, int]] = {}  # class -> live parent class -> uses
+        for cid, _ in self.outputs:
+            self._acquire(cid)
+
+    # -- liveness ---------------------------------------------------------------
+    def live(self, cid: str) -> bool:
+        return self.refs.get(cid, 0) > 0
+
+    def _acquire(self, root: str) -> None:
+        stack = [root]
+        while stack:
+            cid = stack.pop()
+            self.refs[cid] = self.refs.get(cid, 0) + 1
+            if self.refs[cid] == 1:  # born: its representative's operands are used now
+                for child in self.choice[cid].children:
+                    self.consumers.setdefault(child, {})
+                    self.consumers[child][cid] = self.consumers[child].get(cid, 0) + 1
+                    stack.append(child)
+
+    def _release(self, root: str) -> None:
+        stack = [root]
+        while stack:
+            cid = stack.pop()
+            self.refs[cid] -= 1
+            if self.refs[cid] == 0:  # dead: its operands lose this use
+                for child in self.choice[cid].children:
+                    self._forget_consumer(child, cid)
+                    stack.append(child)
+
+    def _forget_consumer(self, child: str, parent: str) -> None:
+        uses = self.consumers[child]
+        uses[parent] -= 1
+        if uses[parent] == 0:
+            del uses[parent]
+
+    def set_choice(self, cid: str, node: ENode) -> None:
+        """Make `node` the representative of live class `cid`, keeping liveness and consumers
+        (the new operands are taken before the old ones are let go, so shared ones stay alive)."""
+        old = self.choice[cid]
+        self.choice[cid] = node
+        for child in node.children:
+            self.consumers.setdefault(child, {})
+            self.consumers[child][cid] = self.consumers[child].get(cid, 0) + 1
+            self._acquire(child)
+        for child in old.children:
+            self._forget_consumer(child, cid)
+            self._release(child)
+
+    def reaches(self, start: str, goal: str) -> bool:
+        """Whether the representatives lead from `start` to `goal` (a cycle check for a new choice)."""
+        seen, stack = set(), [start]
+        while stack:
+            cid = stack.pop()
+            if cid == goal:
+                return True
+            if cid not in seen:
+                seen.add(cid)
+                stack.extend(self.choice[cid].children)
+        return False
+
+    # -- structure --------------------------------------------------------------
+    def order(self) -> list[str]:
+        """Live classes, operands before the classes that read them (a post-order from the outputs,
+        in output order and operand order: a canonical order)."""
+        done: set[str] = set()
+        order: list[str] = []
+        for root, _ in self.outputs:
+            stack = [(root, False)]
+            while stack:
+                cid, expanded = stack.pop()
+                if cid in done:
+                    continue
+                if expanded:
+                    done.add(cid)
+                    order.append(cid)
+                    continue
+                stack.append((cid, True))
+                stack.extend((c, False) for c in reversed(self.choice[cid].children) if c not in done)
+        return order
+
+    def roots(self) -> frozenset:
+        return frozenset(c for c, _ in self.outputs)
+
+    def required(self) -> frozenset:
+        """Boundaries every program has: the outputs, and classes whose only form is a kernel."""
+        forced = {self.choice[c].args[0] for c in self.refs if self.refs[c] > 0 and self.choice[c].kind == "mat"}
+        return self.roots() | forced
+
+    def optional(self, cid: str) -> bool:
+        """A class whose fused and materialized forms are equal (the fusion rules said so)."""
+        return any(n.kind == "mat" and n.args[0] == cid for n in self.view.classes[cid])
+
+    def is_heavy(self, cid: str) -> bool:
+        return self.choice[cid].kind in HEAVY
+
+    def numel(self, cid: str) -> int:
+        return self.view.type(cid).numel
+
+    def parents(self, cid: str) -> list[str]:
+        return sorted(self.consumers.get(cid, {}))
+
+    def buffer_type(self, name: str) -> TensorType:
+        for cid in self.refs:
+            node = self.choice[cid]
+            if self.refs[cid] > 0 and node.kind == "buffer" and node.args[0] == name:
+                return self.view.type(cid)
+        raise KeyError(name)
+
+
+class Kernels:
+    """A cut of a ChosenGraph: the materialized classes, each live one a kernel, lowered and priced.
+
+    `price(items)` prices [(Kernel, buffer types)] in one batch -> [KernelPrice]."""
+
+    def __init__(self, chosen: ChosenGraph, boundaries, price):
+        self.chosen = chosen
+        self.boundaries: set[str] = set(boundaries)
+        self.price_batch = price
+        self.regions: dict[str, frozenset] = {}  # kernel root -> its region
+        self.members: dict[str, set[str]] = {}  # class -> roots of the kernels whose region holds it
+        self.prices: dict[str, KernelPrice] = {}
+        self._lowered: dict[tuple, list] = {}  # region key -> [Kernel, KernelPrice or None]
+        self.deferred: list | None = None  # while not None, new kernels are collected, not priced
+        self._leaf_types: dict[str, TensorType] = {}
+        self.lowered_count = 0  # kernels lowered (the search's work, for tests and reports)
+        self.rebuild()
+
+    # -- kernels ----------------------------------------------------------------
+    def live_roots(self) -> set[str]:
+        return {c for c in self.boundaries if self.chosen.live(c)}
+
+    def region(self, root: str) -> frozenset:
+        seen, stack = set(), [root]
+        while stack:
+            cid = stack.pop()
+            if cid in seen:
+                continue
+            seen.add(cid)
+            if cid != root and cid in self.boundaries:
+                continue
+            stack.extend(self.chosen.choice[cid].children)
+        return frozenset(seen)
+
+    def rebuild(self) -> None:
+        """Every kernel from scratch (the initial cut)."""
+        for root in list(self.regions):
+            self._drop(root)
+        roots = sorted(self.live_roots())
+        self._add(roots)
+
+    def _drop(self, root: str) -> None:
+        for cid in self.regions.pop(root):
+            self.members[cid].discard(root)
+        self.prices.pop(root, None)
+
+    def _add(self, roots) -> None:
+        todo = []
+        for root in roots:
+            region = self.region(root)
+            self.regions[root] = region
+            for cid in region:
+                self.members.setdefault(cid, set()).add(root)
+            entry = self._entry(root, region)
+            if entry[1] is None:
+                todo.append((root, entry))
+            else:
+                self.prices[root] = entry[1]
+        if not todo:
+            return
+        if self.deferred is not None:  # a speculative pass: price later, all at once
+            for root, entry in todo:
+                self.deferred.append(entry)
+                self.prices[root] = PENDING
+            return
+        prices = self.price_batch([(entry[0], self.types_of(entry[0])) for _, entry in todo])
+        for (root, entry), price in zip(todo, prices):
+            entry[1] = price
+            self.prices[root] = price
+
+    def price_deferred(self) -> None:
+        """Price every kernel a speculative pass lowered, in one batch (one schedule-space build for
+        all their new shapes), then stop deferring."""
+        entries, self.deferred = [e for e in (self.deferred or []) if e[1] is None], None
+        unique = list({id(e): e for e in entries}.values())
+        if unique:
+            for entry, price in zip(unique, self.price_batch([(e[0], self.types_of(e[0])) for e in unique])):
+                entry[1] = price
+
+    def _entry(self, root: str, region: frozenset) -> list:
+        """[the Loop IR kernel of `root` under the current cut (provisional buffer names), its price
+        or None], memoized by the region's classes, representatives and leaves."""
+        choice = self.chosen.choice
+        key = (root, frozenset((c, choice[c].id, c in self.boundaries and c != root) for c in region))
+        found = self._lowered.get(key)
+        if found is None:
+            leaves = {c: provisional(c) for c in region if c in self.boundaries}
+            lowering = KernelLowering(self.chosen.view, choice, leaves)
+            found = [lowering.lower(root, f"k_{provisional(root)}", provisional(root)), None]
+            self._lowered[key] = found
+            self.lowered_count += 1
+        return found
+
+    def lower(self, root: str) -> Kernel:
+        """The Loop IR kernel of `root` under the current cut (provisional buffer names)."""
+        return self._entry(root, self.region(root))[0]
+
+    def types_of(self, kernel: Kernel) -> dict[str, TensorType]:
+        """Buffer name -> type for the buffers a kernel reads and writes."""
+        from emmy.loop_ir.signature import buffers_of
+
+        types = {}
+        for name in buffers_of(kernel):
+            if name.startswith("%"):
+                types[name] = self.chosen.view.type(name[1:])
+            else:
+                if name not in self._leaf_types:
+                    self._leaf_types[name] = self.chosen.buffer_type(name)
+                types[name] = self._leaf_types[name]
+        return types
+
+    def total(self) -> tuple:
+        """The program's price: (unpriceable kernels, seconds, bytes, launches)."""
+        unpriced = sum(1 for p in self.prices.values() if p.seconds is None)
+        return (unpriced, sum(p.seconds or 0.0 for p in self.prices.values()),
+                sum(p.bytes for p in self.prices.values()), sum(p.launches for p in self.prices.values()))
+
+    # -- changes ----------------------------------------------------------------
+    def affected(self, touched) -> set[str]:
+        """Kernels whose region holds a touched class, and touched classes that are kernels."""
+        found: set[str] = set()
+        for cid in touched:
+            found |= self.members.get(cid, set())
+            if cid in self.regions:
+                found.add(cid)
+        return found
+
+    def refresh(self, old_roots) -> None:
+        """After the cut or the representatives changed: the kernels in `old_roots` (those whose
+        region held a changed class) are rebuilt, kernels of boundaries that came alive are
+        built, and kernels of boundaries no longer live are dropped."""
+        for root in old_roots:
+            if root in self.regions:
+                self._drop(root)
+        live = self.live_roots()
+        for root in [r for r in self.regions if r not in live]:
+            self._drop(root)
+        self._add(sorted(live - set(self.regions)))
+
+    # -- the final program ---------------------------------------------------------
+    def program(self) -> LoopProgram:
+        """The cut as a LoopProgram: buffers named after Tensor IR values, kernels in dependency order."""
+        chosen = self.chosen
+        roots = self.live_roots()
+        names = self.buffer_names(roots)
+        kernels = []
+        for root in self.kernel_order(roots):
+            lowering = KernelLowering(chosen.view, chosen.choice, {c: names[c] for c in roots})
+            kernels.append(lowering.lower(root, f"k_{names[root]}", names[root]))
+        return LoopProgram(
+            tuple(kernels),
+            tuple((n, chosen.buffer_type(n)) for n in self._leaves("input")),
+            tuple((n, chosen.buffer_type(n)) for n in self._leaves("weight")),
+            tuple(names[cid] for cid, _ in chosen.outputs),
+        )
+
+    def buffer_names(self, roots) -> dict[str, str]:
+        chosen = self.chosen
+        names: dict[str, str] = {}
+        taken = set(chosen.buffer_kinds)
+        for cid, name in chosen.outputs:
+            if cid in names:
+                continue  # two outputs with one value share its buffer
+            # An output that is an input (or weight) as it stands still gets a buffer of its own.
+            while name in taken:
+                name += "_out"
+            names[cid] = name
+            taken.add(name)
+        for cid in sorted(roots):
+            if cid in names:
+                continue
+            base = chosen.view.names.get(cid, "t")
+            name, k = base, 1
+            while name in taken:
+                name, k = f"{base}_{k}", k + 1
+            names[cid] = name
+            taken.add(name)
+        return names
+
+    def kernel_order(self, roots) -> list[str]:
+        """Kernels after the kernels they read: a post-order from the outputs (reads by class id)."""
+        order: list[str] = []
+        state: dict[str, int] = {}
+        for output, _ in self.chosen.outputs:
+            stack = [(output, False)]
+            while stack:
+                root, expanded = stack.pop()
+                if expanded:
+                    if state.get(root) != 2:
+                        state[root] = 2
+                        order.append(root)
+                    continue
+                if state.get(root):
+                    continue
+                state[root] = 1
+                stack.append((root, True))
+                deps = sorted(self.region(root) & roots - {root})
+                stack.extend((d, False) for d in reversed(deps) if not state.get(d))
+        return order
+
+    def _leaves(self, kind: str) -> list[str]:
+        chosen = self.chosen
+        found = set()
+        for cid, count in chosen.refs.items():
+            node = chosen.choice[cid]
+            if count > 0 and node.kind == "buffer" and chosen.buffer_kinds.get(node.args[0]) == kind:
+                found.add(node.args[0])
+        return sorted(found)
+
+
+PENDING = KernelPrice(0.0, 0.0, 0, "", "not priced yet")
+
+
+def provisional(cid: str) -> str:
+    return f"%{cid}"
+
+
+def unwrap(choice: dict[str, ENode], cid: str) -> str:
+    """An output whose only form is mat(child) is computed by the child's kernel."""
+    while choice[cid].kind == "mat":
+        cid = choice[cid].args[0]
+    return cid

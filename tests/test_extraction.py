@@ -1,0 +1,221 @@
+"""Extraction by the kernel cost: boundaries and fold forms chosen by price, at the scale of whole
+models, with every choice explained."""
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import emmy
+from emmy.capture.cache import CachedCapture
+from emmy.decompose.from_aten import TensorProgram
+from emmy.dtypes import DType
+from emmy.egraph import optimize_loops
+from emmy.egraph.driver import Budget
+from emmy.extract.targets import get_target
+from emmy.loop_ir.nodes import Assign, Load, Loop
+from emmy.program import Program
+from emmy.rules import builtin_groups
+from emmy.tensor_ir.builder import GraphBuilder
+from emmy.tensor_ir.nodes import TensorType
+from emmy.tile_ir.build import build_tile_program
+from emmy.tile_ir.pricing import KernelPricer
+from emmy.tile_ir.shape import kernel_shape
+from tests.conftest import run_emmy
+
+
+class Block(nn.Module):
+    """x + fc2(gelu(fc1(layer_norm(x)))): the stack of the scaling benchmark."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+def _stack(blocks: int, dim: int = 64, tokens: int = 16, target: str = "sm_90"):
+    torch.manual_seed(0)
+    return emmy.optimize(nn.Sequential(*[Block(dim) for _ in range(blocks)]), torch.randn(tokens, dim),
+                         target=target, stop_after="tensor")
+
+
+def _chain(ops: int, shape=(64, 64)) -> Program:
+    """x * 1.0001 + 0.001, `ops` operations deep, built as Tensor IR (no capture)."""
+    b = GraphBuilder()
+    x = b.input("x", TensorType(shape, DType.F32))
+    for i in range(ops // 2):
+        x = b.elementwise("add", b.elementwise("multiply", x, 1.0001), 0.001)
+    graph = b.finish([x])
+    capture = CachedCapture("", TensorProgram(graph, {}), (), "")
+    return Program(capture, get_target("sm_90"), tuple(builtin_groups()), Budget())
+
+
+def _walk(body):
+    stack = list(body)
+    while stack:
+        stmt = stack.pop()
+        yield stmt
+        if isinstance(stmt, Loop):
+            stack.extend(stmt.body)
+
+
+def test_search_work_grows_linearly_with_depth_and_repeated_layers_share_prices():
+    work = {}
+    for blocks in (2, 4, 8):
+        program = _stack(blocks)
+        pricer = KernelPricer(program.target)
+        result = optimize_loops(program.tensor_ir, list(program.rule_groups), program.budget, pricer)
+        work[blocks] = (result.search.kernels_lowered, result.search.moves_priced, pricer.priced,
+                        len(result.program.kernels))
+    (low2, moves2, priced2, kernels2), (low4, moves4, priced4, _), (low8, moves8, priced8, kernels8) = \
+        work[2], work[4], work[8]
+    assert kernels8 >= 3 * kernels2  # a few kernels a block, not one fused monolith
+    # doubling the depth about doubles the work (not four times it)
+    assert low8 <= 2.8 * low4 and low4 <= 2.8 * low2, work
+    assert moves8 <= 2.8 * moves4 and moves4 <= 2.8 * moves2, work
+    assert priced8 <= 2.8 * priced4, work
+    # the kernels of the middle blocks are the same kernels: one signature for each of them
+    tiles = build_tile_program(optimize_loops(_stack(8).tensor_ir, builtin_groups(), Budget(),
+                                              KernelPricer(get_target("sm_90"))).program, get_target("sm_90"))
+    signatures = [k.signature for k in tiles.kernels]
+    assert len(set(signatures)) <= len(signatures) // 2
+
+
+def test_a_softmax_and_a_layernorm_of_the_same_extents_have_different_signatures():
+    softmax = emmy.optimize("x=torch.randn(32,256); torch.softmax(x, -1)", target="sm_90")
+    layernorm = emmy.optimize("x=torch.randn(32,256); F.layer_norm(x, (256,))", target="sm_90")
+    (a,), (b,) = softmax.tile_ir.kernels, layernorm.tile_ir.kernels
+    assert a.shape.describe() == b.shape.describe() == "row reduction 32 x 256 with sweep"
+    assert a.signature != b.signature
+    # the signature is what the search priced: the same as the chosen kernel's
+    assert softmax.loop_result.kernel_prices[0].signature == a.signature
+
+
+def test_relu_before_a_matmul_keeps_tensor_cores_and_costs_no_more_than_unfused():
+    code = ("x=torch.randn(512,512,dtype=torch.float16); w=torch.randn(512,512,dtype=torch.float16); "
+            "torch.relu(x) @ w")
+    program = emmy.optimize(code, target="sm_90")
+    contraction = next(k for k in program.tile_ir.kernels if k.shape.kind == "contraction")
+    assert contraction.row.TILE.startswith("mma_") and contraction.shape.mma == "f16"
+    total = sum(k.seconds for k in program.tile_ir.kernels)
+    relu = next(d for d in program.loop_result.decisions if d.subject == "relu")
+    # the other choice (relu fused into a SIMT contraction's operand prologue) is priced, and dearer
+    assert (relu.chosen, relu.alternative) == ("materialized", "fused") and relu.delta_seconds > 0
+    fused = program.loop_result.alternative(relu)
+    fused_kernels = build_tile_program(fused, program.target).kernels
+    assert len(fused_kernels) == 1 and fused_kernels[0].shape.prologue
+    assert total <= sum(k.seconds for k in fused_kernels)
+    outputs = program.interpret(stage="loop")[0].float()
+    torch.testing.assert_close(outputs, program.interpret()[0].float(), rtol=2e-2, atol=2e-1)
+
+
+def test_a_bias_and_gelu_epilogue_after_a_matmul_stays_in_its_tensor_core_kernel():
+    code = ("x=torch.randn(256,256,dtype=torch.float16); w=torch.randn(256,512,dtype=torch.float16); "
+            "b=torch.randn(512,dtype=torch.float16); F.gelu(x @ w + b)")
+    program = emmy.optimize(code, target="sm_90")
+    (kernel,) = program.tile_ir.kernels
+    assert kernel.shape.kind == "contraction" and kernel.shape.epilogue
+    assert kernel.row.TILE.startswith("mma_")
+
+
+def test_the_four_block_stack_recomputes_no_contraction_inside_another_kernel():
+    """With re-reads counted, recomputing a matmul inside a norm's row kernel (its weight re-read per
+    row) costs more than materializing it: every kernel that reads a Linear's weight is a contraction."""
+    program = _stack(4, dim=256, tokens=64)
+    result = program.loop_result
+    weights = {name for name, t in result.program.weights if name.endswith("_weight") and len(t.shape) == 2}
+    assert weights
+    for kernel in result.program.kernels:
+        read = {s.expr.buffer for s in _walk(kernel.body) if isinstance(s, Assign) and isinstance(s.expr, Load)}
+        if read & weights:
+            assert kernel_shape(kernel).kind == "contraction", kernel.name
+            assert len(read & weights) == 1, kernel.name  # one matmul per kernel
+    # fusing a matmul's result into its readers was priced, and dearer
+    assert any(d.kind == "boundary" and d.chosen == "materialized" and d.delta_seconds > 0
+               for d in result.decisions)
+
+
+def test_a_5000_op_chain_is_one_kernel_and_a_20000_op_chain_lowers():
+    five = _chain(5000)
+    assert len(five.loop_ir.kernels) == 1
+    assert "k_" in five.cuda_source
+    twenty = _chain(20000)
+    (kernel,) = twenty.loop_ir.kernels
+    assert sum(1 for _ in _walk(kernel.body)) > 20000
+    assert not twenty.warnings, twenty.warnings
+
+
+def test_a_rule_with_more_matches_than_its_limit_still_fires_after_its_bans():
+    program = _chain(90)
+    result = optimize_loops(program.tensor_ir, builtin_groups(), Budget(match_limit=40))
+    assert len(result.program.kernels) == 1
+    fusion = next(r for r in result.reports if r.phase == "fusion")
+    assert fusion.saturated and fusion.bans.get("fusion.inline_elementwise", 0) >= 1
+    assert fusion.matches["fusion.inline_elementwise"] >= 88
+
+
+def test_a_budget_that_runs_out_is_reported_in_the_program_and_by_explain():
+    code = "x=torch.randn(1,32,2048); w=torch.randn(2048); F.rms_norm(x,(2048,),w,eps=1e-6)"
+    program = emmy.optimize(code, target="sm_90", budget=Budget(iterations=1))
+    assert program.warnings and all("stopped by its iterations budget" in w for w in program.warnings)
+    assert program.explain().warnings == tuple(program.warnings)
+    result = run_emmy("explain", "-c", code, "--max-iterations", "1")
+    assert result.returncode == 0, result.stderr
+    assert "warning: saturation phase algebra stopped by its iterations budget" in result.stdout
+    verbose = run_emmy("compile", "-c", code, "--ir", "loop", "--max-iterations", "1", "-v")
+    assert "stopped by its iterations budget" in verbose.stderr and "boundary search:" in verbose.stderr
+
+
+def test_a_tie_in_time_goes_to_the_program_that_moves_fewer_bytes(tmp_path, monkeypatch):
+    """Measured times make RMSNorm's one-kernel and two-kernel forms cost the same: the one-kernel
+    form moves fewer bytes and is kept, and the explanation says it was a tie."""
+    code = "x=torch.randn(1,32,2048); w=torch.randn(2048); F.rms_norm(x,(2048,),w,eps=1e-6)"
+    program = emmy.optimize(code, target="sm_90")
+    decision = next(d for d in program.loop_result.decisions if d.subject == "rms_norm_sum")
+    split = build_tile_program(program.loop_result.alternative(decision), program.target).kernels
+    (fused,) = program.tile_ir.kernels
+    # measured below any prediction (each includes a launch), so these rows are the kernels' best
+    rows = [{"target": "sm_90", "kernel": fused.signature, "knobs": str(fused.row), "seconds": 2e-6}]
+    rows += [{"target": "sm_90", "kernel": k.signature, "knobs": str(k.row), "seconds": 1e-6} for k in split]
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps(rows))
+    monkeypatch.setenv("EMMY_MEASUREMENTS", str(measured))
+    again = emmy.optimize(code, target="sm_90")
+    assert again.loop_ir == program.loop_ir
+    tie = next(d for d in again.loop_result.decisions if d.subject == "rms_norm_sum")
+    assert tie.delta_seconds == pytest.approx(0.0, abs=1e-12) and tie.delta_bytes > 0
+    assert "a tie" in tie.render()
+
+
+def test_a_twelve_layer_decoder_compiles_to_cuda():
+    """GPT-2-like blocks (LayerNorm, causal attention over 12 heads, GELU MLP, residuals), deep enough
+    that any walk recursing per op would overflow."""
+    dim, heads, tokens = 96, 12, 16
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+            self.ln2, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(dim, dim=-1)
+            q, k, v = (z.view(b, t, heads, dim // heads).transpose(1, 2) for z in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, dim)
+            x = x + self.proj(a)
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Layer() for _ in range(12)])
+    x = torch.randn(1, tokens, dim)
+    program = emmy.optimize(model, x, target="sm_90", stop_after="tensor")
+    assert len(program.tensor_ir.nodes) > 1500
+    assert program.cuda_source.count("__global__") >= 12 * 4
+    assert not program.warnings
+    ours, = program.interpret(stage="loop")
+    torch.testing.assert_close(ours, model(x), rtol=1e-3, atol=1e-3)
