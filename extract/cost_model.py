@@ -19,7 +19,8 @@ time with every term that made it (DESIGN.md section 4).
   of memory latency that resident warps or a cp.async/TMA pipeline hide;
   `spread` the share of SMs with work; `tail` the last wave's fill;
 - sync: barrier and shuffle steps of cooperative reductions; extra: the
-  finishing kernel of a split reduction.
+  kernel a split reduction adds (the finishing kernel of a workspace split,
+  the fill that sets the output before atomic adds).
 
 A row whose register estimate exceeds the per-thread limit would spill: it
 is marked and its memory term doubled, so it is never the cheapest.
@@ -117,6 +118,8 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     if row.REDUCE and row.REDUCE.endswith("k"):  # workspace out and back, and a finishing launch
         workspace = shape.rows * shape.cols * shape.batch * g.split * 4 * 2
         extra_s = target.launch_seconds + workspace / target.dram_bandwidth
+    elif row.REDUCE and row.REDUCE.endswith("a"):  # the fill kernel that sets the output first
+        extra_s = target.launch_seconds + loop_cost.bytes_written / target.dram_bandwidth
     total = target.launch_seconds + body_s + sync_s + extra_s
     return Breakdown(shape.kernel, row, moved, memory_s, arith_s, tensor_s, special_s, occupancy, waves, tail,
                      spread, hiding, registers, spills, body_s, sync_s, target.launch_seconds, extra_s, total)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emmy.egraph.representatives import HEAVY
-from emmy.egraph.view import EGraphView, ENode
+from emmy.egraph.view import ClassRef, EGraphView, ENode
 from emmy.loop_ir.lower import KernelLowering
 from emmy.loop_ir.nodes import Kernel, LoopProgram
 from emmy.tensor_ir.nodes import Input, TensorType, Weight
@@ -240,17 +240,45 @@ class Kernels:
 
     def _entry(self, root: str, region: frozenset) -> list:
         """[the Loop IR kernel of `root` under the current cut (provisional buffer names), its price
-        or None], memoized by the region's classes, representatives and leaves."""
-        choice = self.chosen.choice
-        key = (root, frozenset((c, choice[c].id, c in self.boundaries and c != root) for c in region))
+        or None], memoized by the region's structure: a kernel of another layer that computes the
+        same thing from buffers of the same types is not lowered again (its price, by signature,
+        is the same; only the final program's kernels are lowered with their own names)."""
+        key = self._structure(root)
         found = self._lowered.get(key)
         if found is None:
+            choice = self.chosen.choice
             leaves = {c: provisional(c) for c in region if c in self.boundaries}
             lowering = KernelLowering(self.chosen.view, choice, leaves)
             found = [lowering.lower(root, f"k_{provisional(root)}", provisional(root)), None]
             self._lowered[key] = found
             self.lowered_count += 1
         return found
+
+    def _structure(self, root: str) -> tuple:
+        """The region of `root` as a canonical tuple: its classes in a depth-first order from the root,
+        each as its representative's kind and arguments (operands by position in that order), the
+        materialized leaves by their types, input and weight buffers without their names."""
+        choice, boundaries, view = self.chosen.choice, self.boundaries, self.chosen.view
+        position: dict[str, int] = {}
+        order: list[str] = []
+        stack = [root]
+        while stack:
+            cid = stack.pop()
+            if cid in position:
+                continue
+            position[cid] = len(order)
+            order.append(cid)
+            if cid == root or cid not in boundaries:
+                stack.extend(reversed(choice[cid].children))
+        parts = []
+        for cid in order:
+            if cid != root and cid in boundaries:
+                parts.append(("leaf", view.type(cid)))
+                continue
+            node = choice[cid]
+            args = tuple(position[a] if isinstance(a, ClassRef) else a for a in node.args)
+            parts.append((node.kind, args[1:] if node.kind == "buffer" else args))
+        return tuple(parts)
 
     def lower(self, root: str) -> Kernel:
         """The Loop IR kernel of `root` under the current cut (provisional buffer names)."""
