@@ -4,7 +4,7 @@ import pytest
 from egglog import EGraph
 
 import emmy
-from emmy.egraph.encode import encode, let_name
+from emmy.egraph.encode import encode
 from emmy.egraph.layout import decode_layout
 from emmy.egraph.view import EGraphView
 from emmy.tensor_ir.nodes import Constant, Elementwise, IndexMap, Input, Reduce, Weight
@@ -51,19 +51,16 @@ def test_every_value_round_trips_through_the_egraph(workload):
         class_of[node.name] = cid
 
 
-def test_encoding_leaves_no_let_names_to_egglog_python():
+def test_encoding_binds_no_global_lets():
     # egglog-python names the lets it invents `$__expr_N`, and egglog 13.2
     # mixes up globals that differ by trailing digits: a reduce's op "sum"
     # once came back as "up_weight" (MLP, one run in six). The encoder binds
-    # each node itself, so none may be invented.
+    # no global at all: each value is a union of its term with value(name).
     graph = emmy.optimize(next(w.code for w in WORKLOADS if w.name == "mlp")).tensor_ir
     egraph = EGraph()
-    encode(egraph, graph)
+    terms = encode(egraph, graph)
     assert egraph._state.expr_to_let_counter == 0
-
-
-def test_let_names_are_never_another_plus_digits():
-    names = [let_name(kind, i) for kind in "tn" for i in range(200)]
-    assert len(set(names)) == len(names)
-    assert not any(a != b and b.startswith(a) and b[len(a):].isdigit() for a in names for b in names)
-    assert all(not n[-1].isdigit() for n in names)
+    view = EGraphView.of(egraph)
+    assert set(terms) == {n.name for n in graph.nodes} == set(view.classes_named)
+    # value nodes name classes; they are not among the nodes extraction chooses from
+    assert all(n.kind != "value" for nodes in view.classes.values() for n in nodes)

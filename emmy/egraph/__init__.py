@@ -74,7 +74,7 @@ def saturate(graph, groups, budget: Budget, egraph=None):
             name = phase if round_ == 0 else f"{phase} (round {round_ + 1})"
             report = run_phase(egraph, name, units, budget, encoded)
             reports.append(report)
-            changed = changed or report.iterations > 1 or not report.saturated
+            changed = changed or report.changed or not report.saturated
         if not changed:
             break
     return egraph, terms, tuple(reports)

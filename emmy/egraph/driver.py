@@ -58,6 +58,7 @@ class PhaseReport:
     seconds: float = 0.0
     saturated: bool = False
     stopped_by: str = ""  # "iterations", "e-nodes" or "seconds" when a budget ran out
+    changed: bool = False  # some rewrite changed the e-graph
     matches: dict[str, int] = field(default_factory=dict)  # matches applied, by rule
     bans: dict[str, int] = field(default_factory=dict)  # times each rule was banned
 
@@ -156,6 +157,7 @@ def run_phase(egraph: EGraph, name: str, units, budget: Budget, program_enodes: 
                                                                          ban_length=budget.ban_length)))
             result = egraph.run(seq(*runs) if len(runs) > 1 else runs[0])
             updated = result.updated
+            report.changed = report.changed or updated
             for step in result.iterations:
                 for decl, reports in step.rule_set_report.rule_reports.items():
                     if decl in unit_of:

@@ -1,26 +1,35 @@
 """Tensor IR -> e-graph terms, unfused: every computed value starts as mat(...),
-a kernel of its own. Each value's name is recorded with a Named fact, so the
-extractor finds the outputs' e-classes and names temporary buffers after the
-Tensor IR values they came from.
+a kernel of its own.
 
-Every node is bound to a global let of our own naming, one node per let, so
-that egglog-python never invents its own `$__expr_N` lets. It invents them
-for any shared subterm, and egglog 13.2 confuses globals whose names differ
-by trailing digits (`$__expr_31` read back as the value of `$__expr_3`;
-found as a reduce whose op came back "up_weight"). Our names end in "_", so
-no name is another plus digits, and no expression we send shares a subterm.
+Each value's term is unioned with `value(name)`, a node that names the
+e-class after the Tensor IR value: operands refer to each other through
+these names, the extractor finds the outputs' e-classes by them and names
+temporary buffers after them, and `value` nodes are never extracted. Nothing
+is bound to a global let: egglog-python invents `$__expr_N` lets for shared
+subterms, and egglog 13.2 confuses globals whose names differ by trailing
+digits (`$__expr_31` read back as the value of `$__expr_3`; found as a reduce
+whose op came back "up_weight"); and a global let costs egglog about half a
+millisecond, which a model of thousands of ops would spend many times over.
+
+The union commands are built directly as egglog's command objects and sent
+in batches: building each term through egglog-python's expression layer
+costs more than the whole saturation of a big program.
 """
 
 from __future__ import annotations
 
-from egglog import EGraph, let
-from egglog.declarations import LetRefDecl, TypedExprDecl
-from egglog.egraph import to_runtime_expr
-from egglog.runtime import RuntimeExpr
+from collections.abc import Mapping
+
+from egglog import EGraph
+from egglog import bindings as egg
 
 from emmy.egraph.layout import Layout, encode_layout
-from emmy.egraph.terms import Named, Term
+from emmy.egraph.terms import Term
 from emmy.tensor_ir.nodes import Constant, Elementwise, IndexMap, Input, Reduce, TensorGraph, Weight
+
+BATCH = 1024  # union commands per egglog call
+_SPAN = egg.RustSpan("", 0, 0)
+
 
 def shape_text(shape: tuple[int, ...]) -> str:
     return ",".join(str(s) for s in shape)
@@ -30,58 +39,63 @@ def literal_value(value) -> float:
     return float(value)  # booleans and integers ride as floats; the dtype literal says which
 
 
-def encode(egraph: EGraph, graph: TensorGraph) -> dict[str, Term]:
-    """Add `graph` to `egraph`; returns the term of every Tensor IR value by name. The lets are
-    sent in batches (one egglog command per node costs more than the rules that follow)."""
-    terms: dict[str, Term] = {}
-    pending: list = []
-    for index, node in enumerate(graph.nodes):
-        dtype = str(node.type.dtype)
+class ValueTerms(Mapping):
+    """Tensor IR value name -> `Term.value(name)`, a term of its e-class (built when asked for:
+    most names are never looked up, and each egglog-python term costs a fraction of a millisecond)."""
+
+    def __init__(self, names):
+        self._names = list(names)
+        self._known = set(self._names)
+
+    def __getitem__(self, name: str) -> Term:
+        if name not in self._known:
+            raise KeyError(name)
+        return Term.value(name)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def encode(egraph: EGraph, graph: TensorGraph) -> ValueTerms:
+    """Add `graph` to `egraph`; returns the term of every Tensor IR value by name."""
+    fn = {kind: egraph._callable_to_egg(getattr(Term, kind))[1]
+          for kind in ("value", "buffer", "literal", "unary", "binary", "select", "reduce", "reindex", "mat")}
+
+    def call(kind: str, *args):
+        return egg.Call(_SPAN, fn[kind], list(args))
+
+    def text(value: str):
+        return egg.Lit(_SPAN, egg.String(value))
+
+    def ref(name: str):
+        return call("value", text(name))
+
+    commands = []
+    for node in graph.nodes:
+        dtype = text(str(node.type.dtype))
         if isinstance(node, (Input, Weight)):
-            term = Term.buffer(node.name, shape_text(node.type.shape), dtype)
+            term = call("buffer", text(node.name), text(shape_text(node.type.shape)), dtype)
         elif isinstance(node, Constant):
-            term = Term.literal(literal_value(node.value), dtype)
+            term = call("literal", egg.Lit(_SPAN, egg.Float(literal_value(node.value))), dtype)
         elif isinstance(node, Elementwise):
-            args = [terms[o] for o in node.operands]
+            args = [ref(o) for o in node.operands]
             if node.op == "where":
-                term = Term.select(dtype, *args)
-            elif len(args) == 1:
-                term = Term.unary(node.op, dtype, *args)
+                term = call("select", dtype, *args)
             else:
-                term = Term.binary(node.op, dtype, *args)
+                term = call("unary" if len(args) == 1 else "binary", text(node.op), dtype, *args)
         elif isinstance(node, Reduce):
-            term = Term.reduce(node.op, node.axis, terms[node.operand])
+            term = call("reduce", text(node.op), egg.Lit(_SPAN, egg.Int(node.axis)), ref(node.operand))
         elif isinstance(node, IndexMap):
             layout = Layout(node.type.shape, node.index, node.guards, node.fill)
-            term = Term.reindex(terms[node.operand], encode_layout(layout))
+            term = call("reindex", ref(node.operand), text(encode_layout(layout)))
         else:  # pragma: no cover - closed set of node kinds
             raise TypeError(node)
         if not isinstance(node, (Input, Weight, Constant)):
-            term = Term.mat(term)
-        name = let_name("t", index)
-        pending.append(let(name, term))
-        term = _let_ref(name, term)
-        pending.append(let(let_name("n", index), Named(node.name, term)))
-        terms[node.name] = term
-        if len(pending) >= BATCH:
-            egraph.register(*pending)
-            pending = []
-    if pending:
-        egraph.register(*pending)
-    return terms
-
-
-BATCH = 512  # lets per egglog command batch
-
-
-def _let_ref(name: str, term: Term) -> Term:
-    """A reference to the global `name` bound to `term` (what EGraph.let returns, without sending
-    the let now), carrying only the declarations `term` needs."""
-    runtime = to_runtime_expr(term)
-    return RuntimeExpr.__from_values__(runtime.__egg_decls__,
-                                       TypedExprDecl(runtime.__egg_typed_expr__.tp, LetRefDecl(name)))
-
-
-def let_name(kind: str, index: int) -> str:
-    """A global's name that is never another global's name plus digits (see above)."""
-    return f"emmy_{kind}{index}_"
+            term = call("mat", term)
+        commands.append(egg.ActionCommand(egg.Union(_SPAN, ref(node.name), term)))
+    for start in range(0, len(commands), BATCH):
+        egraph._egraph.run_program(*commands[start:start + BATCH])
+    return ValueTerms(node.name for node in graph.nodes)

@@ -10,6 +10,9 @@ ops, axes, layouts) is a literal on its node.
 - unary/binary/select          a scalar function applied at every coordinate
 - reduce(op, axis, x)          a monoid over one axis (kept with extent 1)
 - reindex(x, layout)           x read through an index map (see layout.py)
+- value(name)                  names an e-class after the Tensor IR value it
+                               holds (encoding unions it with the value's
+                               term); never extracted.
 - mat(x)                       x computed by a kernel of its own into a
                                temporary buffer: a kernel boundary. The
                                fusion rules equate mat(x) with x, so the
@@ -55,6 +58,11 @@ class Term(Expr):
     def mat(cls, x: Term) -> Term: ...
 
     @classmethod
+    def value(cls, name: StringLike) -> Term:
+        """The Tensor IR value `name`: unioned with its term when the program is encoded, so it names
+        the e-class; never extracted (it computes nothing)."""
+
+    @classmethod
     def online_sum(cls, axis: i64Like, s: Term) -> Term:
         """sum(exp(s - max(s))) over `axis`, as one pass with state (m, d)."""
 
@@ -69,10 +77,4 @@ class Term(Expr):
 
 
 CONSTRUCTORS = ("buffer", "literal", "unary", "binary", "select", "reduce", "reindex", "mat", "online_sum",
-                "welford_m2", "softmax_wsum")
-
-
-class Named(Expr):
-    """Records that a Tensor IR value's name belongs to an e-class (for outputs and temporaries)."""
-
-    def __init__(self, name: StringLike, value: Term) -> None: ...
+                "welford_m2", "softmax_wsum")  # what extraction chooses among (not `value`)

@@ -46,14 +46,13 @@ class EGraphView:
         self.classes: dict[str, list[ENode]] = {}
         self.names: dict[str, str] = {}
         self.classes_named: dict[str, str] = {}
-        for node in nodes.values():
-            if node["op"] == "Named":
-                name = json.loads(nodes[node["children"][0]]["op"])
-                cid = nodes[node["children"][1]]["eclass"]
-                self.classes_named[name] = cid
-                self.names.setdefault(cid, name)
         for nid, node in nodes.items():
             op = node["op"]
+            if op == "Term.value":  # the Tensor IR value this class holds: a name, not a computation
+                name = json.loads(nodes[node["children"][0]]["op"])
+                self.classes_named[name] = node["eclass"]
+                self.names.setdefault(node["eclass"], name)
+                continue
             if not op.startswith("Term."):
                 continue
             args = []
