@@ -141,6 +141,7 @@ def test_a_split_contraction_fills_its_output_then_adds_partials_atomically():
     text = program.ir("kernel")
     assert "split K 4 ways (grid z)" in text and "load.v4 along K" in text
     assert "emmy::atomic_sum(&g_mm[" in program.cuda_source
+    assert all(c.ok for c in check_program(program, mode="asan"))
 
 
 def test_rmsnorm_runs_clean_under_address_sanitizer():
@@ -151,7 +152,7 @@ def test_rmsnorm_runs_clean_under_address_sanitizer():
 
 @pytest.mark.parametrize("name", LOWERED)
 def test_every_workload_runs_clean_under_address_sanitizer_at_a_small_shape(name):
-    # maps, rows, SIMT contractions (mlp: a split), mma tiles with cp.async, flash attention on tensor cores
+    # maps, rows, SIMT contractions, mma tiles with cp.async, flash attention on tensor cores (splits: above)
     program = emmy.optimize(_simulated(name), target="sm_90")
     assert all(c.ok for c in check_program(program, mode="asan"))
 
