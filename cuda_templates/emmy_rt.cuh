@@ -248,6 +248,17 @@ EMMY_DEVICE uint32_t pack2(T lo, T hi) {
   return uint32_t(l) | (uint32_t(h) << 16);
 }
 
+// A fragment register's two 16-bit values through `f` (an operand's elementwise prologue: it takes
+// and returns registers as float, rounded to T as its last statement is), repacked.
+template <class T, class F>
+EMMY_DEVICE uint32_t map_pair(uint32_t packed, F f) {
+  const uint16_t l = uint16_t(packed & 0xffffu), h = uint16_t(packed >> 16);
+  T lo, hi;
+  __builtin_memcpy(&lo, &l, 2);
+  __builtin_memcpy(&hi, &h, 2);
+  return pack2(from_reg<T>(f(to_reg(lo))), from_reg<T>(f(to_reg(hi))));
+}
+
 // ---- ldmatrix: 8x8 matrices of 16-bit elements from shared memory ------------------------
 // Lanes 8j..8j+7 give the addresses of the 8 rows (16 bytes each) of matrix j (j < X).
 // Lane l receives in r[j] row l / 4, columns 2 (l % 4) + {0, 1} of matrix j; with .trans,

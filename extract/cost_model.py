@@ -91,6 +91,8 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     if shape.kind == "attention":
         # the Loop IR rescales z at every key; a flash block rescales once per BN keys
         arith -= shape.rows * shape.red * shape.cols * shape.batch * (1 - 1 / g.tile_k)
+    if shape.kind == "contraction" and g.mma and shape.prologue:
+        arith += _fragment_prologue_ops(shape, row, g)
     arith = max(0.0, arith)
     arith_s = arith / (target.fp32_flops / 2)
     special_s = loop_cost.special_ops / (target.fp32_flops / 2 * target.sfu_fraction)
@@ -123,6 +125,18 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     total = target.launch_seconds + body_s + sync_s + extra_s
     return Breakdown(shape.kernel, row, moved, memory_s, arith_s, tensor_s, special_s, occupancy, waves, tail,
                      spread, hiding, registers, spills, body_s, sync_s, target.launch_seconds, extra_s, total)
+
+
+def _fragment_prologue_ops(shape: KernelShape, row: KnobRow, g) -> float:
+    """The change in operations when an operand's prologue runs on mma fragments instead of per
+    output as the Loop IR counts it: each warp applies it to the elements it loads, so an A element
+    is done once per block column and warp column, a B element once per block row and warp row."""
+    warps = value_fields("WORK", row.WORK)
+    per_a, per_b = shape.prologue_ops
+    in_loop_ir = (per_a + per_b) * shape.rows * shape.cols * shape.red * shape.batch
+    a = per_a * shape.rows * shape.red * shape.batch * ceil(shape.cols / g.tile_n) * warps["warps_n"]
+    b = per_b * shape.cols * shape.red * shape.batch * ceil(shape.rows / g.tile_m) * warps["warps_m"]
+    return a + b - in_loop_ir
 
 
 def reread_seconds(rereads, target) -> float:

@@ -172,7 +172,7 @@ def _render_mma(n: K.MmaTile, template, types) -> str:
             c1 = f"{c1} + {o.tma_first_row}"
         ops.append({"o": o, **panel_copy(o, n.how), "outer_dec": _decomposition(outer), "outer_total": total(outer),
                     "start": start,
-                    "c0": k0 if o.k_fast else start, "c1": c1})
+                    "c0": k0 if o.k_fast else start, "c1": c1, "prologue": _lines(o.prologue, types)})
     tma_bytes = sum(o.rows * o.cols * o.dtype.itemsize for o in n.operands)
     return template.render(
         n=n, ops=ops, storage=STORAGE[n.operands[0].dtype], M=total(n.m_vars), N=total(n.n_vars),

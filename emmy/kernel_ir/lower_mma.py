@@ -1,8 +1,9 @@
 """Tile IR contraction kernel with an mma row (TILE=mma_m16n8k16_*) -> Kernel IR MmaTile.
 
-The schedule space offers mma atoms only for a fold that sums the product of two loads (through
-casts to f32) of f16 or bf16 operands (tile_ir.shape), so the lift is exactly: load A, load B,
-casts, multiply; the tensor cores compute it. Each operand's panel layout follows its source:
+The schedule space offers mma atoms only for a fold that sums the product of two f16 or bf16
+operands (tile_ir.shape): each a load (through casts to f32), or elementwise work on one load and
+literals (a prologue: relu(x) @ w), which each warp applies to the elements of its fragments in
+registers before the mma; the tensor cores compute the rest. Each operand's panel layout follows its source:
 K along the panel's columns when the source is contiguous along K, else along its rows (then
 ldmatrix transposes), so that panels fill with 16-byte copies either way.
 """
@@ -30,7 +31,8 @@ def supports_mma(tile: TileKernel, types: dict | None = None, memo: dict | None 
 
     memo = {} if memo is None else memo
     if "mma parts" not in memo:  # the fold structure is the kernel's, not the row's
-        memo["mma parts"] = contraction_parts(tile) or _rounding_casts(tile)
+        # a prologue is applied whole, its roundings too (tile_ir.shape.mma_operand admitted it)
+        memo["mma parts"] = contraction_parts(tile) or ("" if tile.shape.prologue else _rounding_casts(tile))
     if memo["mma parts"]:
         return memo["mma parts"]
     if g.stage_how == "smem-async" and g.stage_depth < 2:
@@ -75,6 +77,7 @@ def _operands(tile: TileKernel, types: dict) -> tuple[MmaOperand, MmaOperand]:
     m_vars, n_vars, batch = _loops(tile)
     (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
     bm, bn, bk = g.tile_m, g.tile_n, g.tile_k
+    prologues = _prologues(fold) if tile.shape.prologue else {}
     found = {}
     for stmt in fold.lift:
         if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)):
@@ -94,9 +97,28 @@ def _operands(tile: TileKernel, types: dict) -> tuple[MmaOperand, MmaOperand]:
         rows, cols = (span, bk) if k_fast else (bk, span)
         tma, first_row = _matrix_rows(flat, fold.var, outer, k_fast, batch, types[stmt.expr.buffer]) \
             if g.stage_how == "smem-tma" else (0, "")
+        chain, value = prologues.get(stmt.name, ((), stmt.name))
         found[side] = MmaOperand(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side,
-                                 affine_c(flat), rows, cols, k_fast, width, tma, first_row)
+                                 affine_c(flat), rows, cols, k_fast, width, tma, first_row, chain, value)
     return found["a"], found["b"]
+
+
+def _prologues(fold: Fold) -> dict:
+    """Load name -> (the elementwise statements that turn each loaded element into what the tensor
+    cores multiply, the name of that value), for operands with a prologue (tile_ir.shape.mma_operand)."""
+    from emmy.tile_ir.shape import mma_operand
+
+    defs = {s.name: s for s in fold.lift if isinstance(s, L.Assign)}
+    (accumulate,) = [s for s in fold.combine if isinstance(s, L.Accumulate)]
+    found = {}
+    for arg in defs[accumulate.value].expr.args:
+        operand = mma_operand(defs, arg)
+        if operand is None or not operand[1]:
+            continue
+        chain = operand[1]
+        (load,) = {a for s in chain for a in s.expr.args if isinstance(a, str) and isinstance(defs[a].expr, L.Load)}
+        found[load] = (chain, defs[arg].expr.args[0])
+    return found
 
 
 def _matrix_rows(flat, k_var: int, outer, k_fast: bool, batch, type_) -> tuple[int, str]:

@@ -193,6 +193,8 @@ class MmaOperand:
     width: int = 1
     tma: int = 0
     tma_first_row: str = ""  # with `tma`, a batched operand: the C expression of its batch's first row
+    prologue: tuple = ()  # Loop IR statements turning a loaded element (`name`) into `value`, in registers
+    value: str = ""  # what the tensor cores multiply (the prologue's last value; `name` without one)
 
 
 @dataclass(frozen=True)

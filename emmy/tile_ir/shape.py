@@ -39,6 +39,7 @@ class KernelShape:
     atomic_ok: bool = False  # every fold is a sum/max/min monoid (blocks may combine with atomics)
     mma: str = ""  # "f16" | "bf16" when tensor-core atoms apply
     prologue: bool = False  # contraction: an operand is elementwise work on loads, not a load
+    prologue_ops: tuple[int, int] = (0, 0)  # operations per element of the A and B operands' prologues
     free_vars: tuple[int, ...] = ()  # loop variables outside the folds (one output element or row each)
     m_vars: tuple[int, ...] = ()  # contraction: free variables only the first operand reads
     n_vars: tuple[int, ...] = ()  # ... only the second operand reads
@@ -47,6 +48,8 @@ class KernelShape:
         """What a measurement of this kernel is keyed by, besides knobs and GPU: kind, extents, types."""
         flags = "".join(f" {name}" for name, on in (("sweep", self.sweep), ("epilogue", self.epilogue),
                                                    ("prologue", self.prologue)) if on)
+        if self.prologue:
+            flags += f" prologue_ops={self.prologue_ops[0]},{self.prologue_ops[1]}"
         return (f"{self.kind} rows={self.rows} cols={self.cols} red={self.red} inner={self.inner} "
                 f"batch={self.batch} itemsize={self.itemsize}" + (f" mma={self.mma}" if self.mma else "") + flags)
 
@@ -90,10 +93,11 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
                            n_vars=n_vars)
     contraction = _contraction(kernel, stmts, outer, reductions)
     if contraction is not None:
-        rows, cols, batch, mma, m_vars, n_vars, prologue = contraction
+        rows, cols, batch, mma, m_vars, n_vars, prologue_ops = contraction
         return KernelShape(kernel.name, "contraction", rows, cols, red, red, itemsize, batch=batch,
                            epilogue=not output_is_acc, atomic_ok=atomic_ok, mma=mma,
-                           free_vars=tuple(l[0] for l in outer), m_vars=m_vars, n_vars=n_vars, prologue=prologue)
+                           free_vars=tuple(l[0] for l in outer), m_vars=m_vars, n_vars=n_vars,
+                           prologue=prologue_ops is not None, prologue_ops=prologue_ops or (0, 0))
     rows = prod(l[1] for l in outer) if outer else 1
     return KernelShape(kernel.name, "row", rows, 1, red, red, itemsize, sweep=sweep,
                        epilogue=not output_is_acc, atomic_ok=atomic_ok, free_vars=tuple(l[0] for l in outer))
@@ -135,16 +139,18 @@ def _contraction(kernel, stmts, outer, reductions):
         return None
     k = reductions[0].var
     direct = [_source_load(defs, a) for a in product.expr.args]
+    prologue_ops = None
     if all(o is not None for o in direct):
         (a, a_dtype), (b, b_dtype) = direct
-        uses_a, uses_b, prologue = _vars(a.index), _vars(b.index), False
+        uses_a, uses_b = _vars(a.index), _vars(b.index)
     else:
         sides = [_operand_vars(defs, a) for a in product.expr.args]
         if any(v is None for v in sides):
             return None
         uses_a, uses_b = sides
-        a_dtype = b_dtype = None
-        prologue = True
+        chains = [mma_operand(defs, a) for a in product.expr.args]
+        a_dtype, b_dtype = (c[0] if c else None for c in chains)
+        prologue_ops = tuple(len(c[1]) if c else 0 for c in chains)
     if k not in uses_a or k not in uses_b:
         return None
     extents = {var: extent for var, extent, _ in outer}
@@ -155,7 +161,41 @@ def _contraction(kernel, stmts, outer, reductions):
     rows, cols = prod(extents[v] for v in m_vars), prod(extents[v] for v in n_vars)
     batch = prod(extents[v] for v in extents if v not in m_vars and v not in n_vars)
     mma = _MMA_DTYPES.get(a_dtype, "") if a_dtype is not None and a_dtype == b_dtype else ""
-    return rows, cols, batch, mma, tuple(m_vars), tuple(n_vars), prologue
+    return rows, cols, batch, mma, tuple(m_vars), tuple(n_vars), prologue_ops
+
+
+def mma_operand(defs, name):
+    """(the 16-bit dtype a tensor core would multiply, the prologue's statements in order) when an
+    operand of the product is f32 of a 16-bit value computed elementwise from one load of that
+    dtype and literals (relu(x), gelu(x), x * c: work a warp can do on each element of its
+    fragment); None otherwise (two loads, a mask on the indices, a rounding to another type)."""
+    top = defs.get(name)
+    if top is None or not (isinstance(top.expr, Op) and top.expr.op == "cast" and top.dtype is DType.F32):
+        return None
+    (value,) = top.expr.args
+    source = defs.get(value) if isinstance(value, str) else None
+    if source is None or source.dtype not in _MMA_DTYPES:
+        return None
+    chain, loads, stack, seen = [], [], [value], set()
+    while stack:
+        current = stack.pop()
+        if not isinstance(current, str) or current in seen:
+            continue
+        seen.add(current)
+        stmt = defs.get(current)
+        if stmt is None:
+            return None
+        if isinstance(stmt.expr, Load):
+            loads.append(stmt)
+        elif isinstance(stmt.expr, Op):
+            chain.append(stmt)
+            stack.extend(stmt.expr.args)
+        else:  # a Masked value depends on the indices, which a fragment element does not know
+            return None
+    if len(loads) != 1 or loads[0].dtype is not source.dtype:
+        return None
+    order = {s.name: i for i, s in enumerate(defs.values())}
+    return source.dtype, tuple(sorted(chain, key=lambda s: order[s.name]))
 
 
 def _operand_vars(defs, name):
