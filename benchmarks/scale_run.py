@@ -32,40 +32,9 @@ DECODER_DEPTHS = (1, 6, 12)
 
 
 def build_model(kind: str, depth: int):
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
+    from emmy.workloads import block_stack, decoder_stack
 
-    torch.manual_seed(0)
-    if kind == "stack":
-        dim, tokens = 256, 64
-
-        class Block(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.ln, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-            def forward(self, x):
-                return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
-
-        return nn.Sequential(*[Block() for _ in range(depth)]), torch.randn(tokens, dim)
-    dim, heads, tokens = 768, 12, 128
-
-    class Layer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-            self.ln2, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-        def forward(self, x):
-            b, t, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(dim, dim=-1)
-            q, k, v = (z.view(b, t, heads, dim // heads).transpose(1, 2) for z in (q, k, v))
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, dim)
-            x = x + self.proj(a)
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-    return nn.Sequential(*[Layer() for _ in range(depth)]), torch.randn(1, tokens, dim)
+    return block_stack(depth) if kind == "stack" else decoder_stack(depth)
 
 
 def measure_one(kind: str, depth: int) -> dict:

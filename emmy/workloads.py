@@ -60,6 +60,50 @@ WORKLOADS: tuple[Workload, ...] = (
 )
 
 
+def block_stack(depth: int, dim: int = 256, tokens: int = 64):
+    """(model, example input): `depth` blocks of x + fc2(gelu(fc1(layer_norm(x)))), f32 (the scaling
+    benchmark's stack). torch is imported here, not by this module."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+        def forward(self, x):
+            return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block() for _ in range(depth)]), torch.randn(tokens, dim)
+
+
+def decoder_stack(depth: int, dim: int = 768, heads: int = 12, tokens: int = 128):
+    """(model, example input): `depth` GPT-2-like decoder layers (LayerNorm, causal attention, GELU
+    MLP, residuals), f32, batch 1."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+            self.ln2, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(dim, dim=-1)
+            q, k, v = (z.view(b, t, heads, dim // heads).transpose(1, 2) for z in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, dim)
+            x = x + self.proj(a)
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    torch.manual_seed(0)
+    return nn.Sequential(*[Layer() for _ in range(depth)]), torch.randn(1, tokens, dim)
+
+
 def get(name: str) -> Workload:
     for w in WORKLOADS:
         if w.name == name:

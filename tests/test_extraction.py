@@ -5,8 +5,6 @@ import json
 
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import emmy
 from emmy.capture.cache import CachedCapture
@@ -23,24 +21,13 @@ from emmy.tensor_ir.nodes import TensorType
 from emmy.tile_ir.build import build_tile_program
 from emmy.tile_ir.pricing import KernelPricer
 from emmy.tile_ir.shape import kernel_shape
+from emmy.workloads import block_stack, decoder_stack
 from tests.conftest import run_emmy
 
 
-class Block(nn.Module):
-    """x + fc2(gelu(fc1(layer_norm(x)))): the stack of the scaling benchmark."""
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.ln, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-    def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
-
-
 def _stack(blocks: int, dim: int = 64, tokens: int = 16, target: str = "sm_90"):
-    torch.manual_seed(0)
-    return emmy.optimize(nn.Sequential(*[Block(dim) for _ in range(blocks)]), torch.randn(tokens, dim),
-                         target=target, stop_after="tensor")
+    model, x = block_stack(blocks, dim, tokens)
+    return emmy.optimize(model, x, target=target, stop_after="tensor")
 
 
 def _chain(ops: int, shape=(64, 64)) -> Program:
@@ -226,25 +213,7 @@ def test_a_tie_in_time_goes_to_the_program_that_moves_fewer_bytes(tmp_path, monk
 def test_a_twelve_layer_decoder_compiles_to_cuda():
     """GPT-2-like blocks (LayerNorm, causal attention over 12 heads, GELU MLP, residuals), deep enough
     that any walk recursing per op would overflow."""
-    dim, heads, tokens = 96, 12, 16
-
-    class Layer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-            self.ln2, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-        def forward(self, x):
-            b, t, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(dim, dim=-1)
-            q, k, v = (z.view(b, t, heads, dim // heads).transpose(1, 2) for z in (q, k, v))
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, dim)
-            x = x + self.proj(a)
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-    torch.manual_seed(0)
-    model = nn.Sequential(*[Layer() for _ in range(12)])
-    x = torch.randn(1, tokens, dim)
+    model, x = decoder_stack(12, dim=96, heads=12, tokens=16)
     program = emmy.optimize(model, x, target="sm_90", stop_after="tensor")
     assert len(program.tensor_ir.nodes) > 1500
     assert program.cuda_source.count("__global__") >= 12 * 4

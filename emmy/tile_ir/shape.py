@@ -176,32 +176,31 @@ def mma_operand(defs, name):
     source = defs.get(value) if isinstance(value, str) else None
     if source is None or source.dtype not in _MMA_DTYPES:
         return None
-    chain, loads, stack, seen = [], [], [value], set()
-    while stack:
-        current = stack.pop()
-        if not isinstance(current, str) or current in seen:
-            continue
-        seen.add(current)
-        stmt = defs.get(current)
-        if stmt is None:
-            return None
-        if isinstance(stmt.expr, Load):
-            loads.append(stmt)
-        elif isinstance(stmt.expr, Op):
-            chain.append(stmt)
-            stack.extend(stmt.expr.args)
-        else:  # a Masked value depends on the indices, which a fragment element does not know
-            return None
-    if len(loads) != 1 or loads[0].dtype is not source.dtype:
+    found = _operand_statements(defs, value)
+    if found is None:
         return None
+    loads, ops, masks = found
+    if masks or len(loads) != 1 or loads[0].dtype is not source.dtype:
+        return None  # a Masked value depends on the indices, which a fragment element does not know
     order = {s.name: i for i, s in enumerate(defs.values())}
-    return source.dtype, tuple(sorted(chain, key=lambda s: order[s.name]))
+    return source.dtype, tuple(sorted(ops, key=lambda s: order[s.name]))
 
 
 def _operand_vars(defs, name):
     """The loop variables an operand's loads index, when it is elementwise work (ops, masks) on
     loads and literals; None when it reads anything else (an accumulator, a value of the row)."""
-    found: set[int] = set()
+    found = _operand_statements(defs, name)
+    if found is None:
+        return None
+    loads, _, masks = found
+    indexed = set().union(set(), *(_vars(s.expr.index) for s in loads))
+    return indexed.union(*(g.expr.dims() for m in masks for g in m.expr.guards))
+
+
+def _operand_statements(defs, name):
+    """(loads, ops, masks) an operand is computed from, walking back from `name` through the
+    kernel's statements; None when it reads a value no statement assigns (an accumulator)."""
+    loads, ops, masks = [], [], []
     stack, seen = [name], set()
     while stack:
         value = stack.pop()
@@ -212,14 +211,14 @@ def _operand_vars(defs, name):
         if stmt is None:
             return None
         if isinstance(stmt.expr, Load):
-            found |= _vars(stmt.expr.index)
+            loads.append(stmt)
         elif isinstance(stmt.expr, Op):
+            ops.append(stmt)
             stack.extend(stmt.expr.args)
-        else:  # Masked: its guards' variables index the operand too
+        else:
+            masks.append(stmt)
             stack.append(stmt.expr.value)
-            for guard in stmt.expr.guards:
-                found |= guard.expr.dims()
-    return found
+    return loads, ops, masks
 
 
 def _attention(outer, reductions):
