@@ -22,8 +22,9 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/emmy suite --ir cuda
 
+# In parallel: a worker per core (the suite is mostly compiler and simulator runs).
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 bench: setup
 	$(BIN)/python benchmarks/run.py
