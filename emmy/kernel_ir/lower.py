@@ -22,6 +22,7 @@ from emmy.kernel_ir.lower_flash import lower_flash, supports_flash
 from emmy.kernel_ir.lower_mma import lower_mma, supports_mma
 from emmy.kernel_ir.scalar_c import affine_c
 from emmy.loop_ir import nodes as L
+from emmy.loop_ir.bounds import out_of_bounds
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
 
@@ -40,10 +41,16 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
     TensorType, lets it look at the operands' layouts too). `memo`: a dict kept across the rows
     of one kernel, for what depends on the kernel only (operand layouts)."""
     row = tile.row
+    memo = {} if memo is None else memo
+    if types is not None and "bounds" not in memo:  # the kernel's accesses, whatever the row
+        problems = out_of_bounds(tile.kernel, {name: t.shape for name, t in types.items()})
+        memo["bounds"] = f"an access may fall outside its buffer: {problems[0]}" if problems else ""
+    if types is not None and memo["bounds"]:
+        return memo["bounds"]
     if tile.shape.kind == "contraction":
-        return _supports_contraction(tile, types, {} if memo is None else memo)
+        return _supports_contraction(tile, types, memo)
     if tile.shape.kind == "attention":
-        return supports_flash(tile, {} if memo is None else memo)
+        return supports_flash(tile, memo)
     if tile.shape.kind not in ("map", "row"):
         return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
     split_ok = tile.shape.kind == "row" and row.REDUCE.endswith("a") and tile.kernel.type.dtype.value == "f32"
@@ -211,7 +218,7 @@ def _vector_accesses(body, var: int, width: int, types: dict) -> tuple[tuple, tu
     move `width` elements at once."""
     loads, stores = [], []
     for stmt in body:
-        if isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load):
+        if isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load) and not stmt.expr.guards:
             flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
             if _vectorizable(flat, var, width):
                 loads.append(VecLoad(f"{stmt.name}_v", stmt.expr.buffer, types[stmt.expr.buffer].dtype,
@@ -396,8 +403,8 @@ def _simt_panels(tile: TileKernel, fold: Fold, m_vars, n_vars, batch, types: dic
         return panels
     m_set, n_set = {v for v, _ in m_vars}, {v for v, _ in n_vars}
     for stmt in fold.lift:
-        if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)):
-            continue
+        if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)) or stmt.expr.guards:
+            continue  # a guarded load is read where its guards hold, from global memory
         flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
         deps = flat.dims() - {v for v, _ in batch}
         if fold.var not in deps:

@@ -42,6 +42,9 @@ def supports_flash(tile: TileKernel, memo: dict | None = None) -> str:
     if memo["fold"]:
         return memo["fold"]
     if g.mma:
+        if any(s.expr.guards for p in tile.parts if isinstance(p, Fold) for s in _loads(_flat(p.lift))):
+            return "tensor-core flash attention: a guarded load (a concatenation or padding of q, k or v) " \
+                   "is not staged for tensor cores yet"
         if "mma" not in memo:
             try:
                 _mma_pieces(tile)
@@ -62,6 +65,17 @@ def _fold_shape(tile: TileKernel) -> str:
     if not any(isinstance(s, L.Loop) for s in per_key):
         return "flash attention needs a q.k contraction that does not read the value columns or the state"
     return ""
+
+
+def _flat(stmts) -> list:
+    """Statements, those of nested loops included."""
+    out, stack = [], list(reversed(stmts))
+    while stack:
+        stmt = stack.pop()
+        out.append(stmt)
+        if isinstance(stmt, L.Loop):
+            stack.extend(reversed(stmt.body))
+    return out
 
 
 def _loads(stmts) -> list:
@@ -198,8 +212,8 @@ def lower_flash(tile: TileKernel, types: dict, params) -> KernelIR:
     if g.stage_depth:
         for stmt, column_var, extent in [(s, dot.var, dot.extent) for s in dot_body] + \
                 [(s, None, cols) for s in per_col]:
-            if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)):
-                continue
+            if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)) or stmt.expr.guards:
+                continue  # a guarded load is read where its guards hold, from global memory
             flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
             if fold.var not in flat.dims():
                 continue

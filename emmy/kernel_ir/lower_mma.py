@@ -30,6 +30,11 @@ def supports_mma(tile: TileKernel, types: dict | None = None, memo: dict | None 
     from emmy.kernel_ir.lower import contraction_parts
 
     memo = {} if memo is None else memo
+    if "guarded" not in memo:
+        memo["guarded"] = any(s.expr.guards for p in tile.parts if isinstance(p, Fold) for s in p.lift
+                              if isinstance(s, L.Assign) and isinstance(s.expr, L.Load))
+    if memo["guarded"]:
+        return "a guarded operand load (a concatenation or padding) is not staged for tensor cores yet"
     if "mma parts" not in memo:  # the fold structure is the kernel's, not the row's
         # a prologue is applied whole, its roundings too (tile_ir.shape.mma_operand admitted it)
         memo["mma parts"] = contraction_parts(tile) or ("" if tile.shape.prologue else _rounding_casts(tile))

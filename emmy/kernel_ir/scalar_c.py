@@ -93,6 +93,9 @@ def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = Non
             text = f"emmy::to_reg({vector_of[stmt.name]}.v[u])"
         else:
             text = f"emmy::to_reg({buffer_c(expr.buffer)}[{index_c(expr.buffer, expr.index)}])"
+        if expr.guards:  # the load happens only where its guards hold (a conditional, not a select)
+            condition = " && ".join(_guard(g) for g in expr.guards)
+            text = f"(({condition}) ? {text} : {literal(0, stmt.dtype)})"
     elif isinstance(expr, L.Masked):
         condition = " && ".join(_guard(g) for g in expr.guards) or "true"
         text = f"(({condition}) ? {operand(expr.value)} : {literal(expr.fill, stmt.dtype)})"

@@ -136,7 +136,13 @@ class _State:
             if not index:
                 return source.reshape([1] * self.rank)
             shape = np.broadcast_shapes(*(i.shape for i in index))
-            return source[tuple(np.broadcast_to(i, shape) for i in index)]
+            value = source[tuple(np.broadcast_to(i, shape) for i in index)]
+            if expr.guards:  # where a guard fails the load does not happen: the element is 0
+                valid = np.asarray(True)
+                for g in expr.guards:
+                    valid = valid & g.holds(coords)
+                value = np.where(valid, value, np.zeros((), value.dtype))
+            return value
         if isinstance(expr, Op):
             return apply_scalar(expr.op, stmt.dtype, [self.operand(a) for a in expr.args])
         if isinstance(expr, Masked):

@@ -82,35 +82,42 @@ class KernelLowering:
         with an explicit stack of generators (each `_steps` generator yields the (class,
         coordinates) it needs and is sent the value), so a term thousands of ops deep lowers
         without recursion."""
-        key = (cid, coords)
+        key = (cid, coords, ())
         if key in self.memo:
             return self.memo[key]
-        stack = [(key, self._steps(cid, self.choice[cid], coords))]
+        stack = [(key, self._steps(cid, self.choice[cid], coords, ()))]
         sent = None
         while stack:
             key, steps = stack[-1]
             try:
-                child, child_coords = steps.send(sent)
+                child, child_coords, *under = steps.send(sent)
             except StopIteration as done:
                 self.memo[key] = done.value
                 stack.pop()
                 sent = done.value
                 continue
+            guards = key[2] + tuple(under[0]) if under else key[2]  # a guarded map's guards hold below it
             if child != self.root and child in self.buffer_of:
-                sent = self._load(self.buffer_of[child], child_coords, self.view.type(child).dtype)
-            elif (child, child_coords) in self.memo:
-                sent = self.memo[(child, child_coords)]
+                sent = self._load(self.buffer_of[child], child_coords, self.view.type(child), guards)
+            elif (child, child_coords, guards) in self.memo:
+                sent = self.memo[(child, child_coords, guards)]
             else:
-                stack.append(((child, child_coords), self._steps(child, self.choice[child], child_coords)))
+                stack.append(((child, child_coords, guards),
+                              self._steps(child, self.choice[child], child_coords, guards)))
                 sent = None
-        return self.memo[(cid, coords)]
+        return self.memo[(cid, coords, ())]
 
-    def _load(self, buffer: str, coords: tuple, dtype: DType) -> tuple:
-        key = ("load", buffer, coords)
+    def _load(self, buffer: str, coords: tuple, type_, guards: tuple = ()) -> tuple:
+        """A load of buffer[coords] (`type_`: the buffer's TensorType), made only where `guards` hold
+        (those of the guarded index maps it is read under) when its index may fall outside the
+        buffer there."""
+        dtype = type_.dtype
+        guards = _needed(guards, coords, type_.shape, self.extents)
+        key = ("load", buffer, coords, guards)
         if key not in self.memo:
             name = self._fresh("in")
-            deps = _vars(coords)
-            self._emit(Assign(name, dtype, Load(buffer, coords)), deps, defs=[name])
+            deps = _vars(coords) | frozenset().union(*(g.expr.dims() for g in guards))
+            self._emit(Assign(name, dtype, Load(buffer, coords, guards)), deps, defs=[name])
             self.memo[key] = (name, deps)
         return self.memo[key]
 
@@ -121,13 +128,15 @@ class KernelLowering:
         self._emit(Assign(name, dtype, Op(op, operands)), deps, defs=[name], uses=_names(*operands))
         return name, deps
 
-    def _steps(self, cid: str, node: ENode, coords: tuple):
-        """A generator computing `node` at `coords`: it yields (class, coordinates) for each
-        operand value it needs and returns the node's (value, loop variables it depends on)."""
+    def _steps(self, cid: str, node: ENode, coords: tuple, guards: tuple = ()):
+        """A generator computing `node` at `coords` (under `guards`: where they fail, the value is
+        masked out, so its loads must not touch memory there): it yields (class, coordinates[,
+        guards the operand is read under]) for each operand value it needs and returns the node's
+        (value, loop variables it depends on)."""
         a = node.args
         kind = node.kind
         if kind == "buffer":
-            return self._load(a[0], coords, self.view.type(cid).dtype)
+            return self._load(a[0], coords, self.view.type(cid), guards)
         if kind == "literal":
             dtype = DType(a[1])
             value = bool(a[0]) if dtype is DType.BOOL else a[0]
@@ -150,9 +159,9 @@ class KernelLowering:
         if kind == "reindex":
             layout = decode_layout(a[1])
             sub = tuple(e.substitute(coords, self.extents) for e in layout.index)
-            inner, deps = yield a[0], sub
             guards = tuple(Guard(g.expr.substitute(coords, self.extents), g.lo, g.hi) for g in layout.guards)
             guards = tuple(g for g in guards if not g.always(self.extents))
+            inner, deps = yield a[0], sub, guards
             if not guards:
                 return inner, deps
             name = self._fresh("v")
@@ -414,7 +423,8 @@ def _renumber(body: tuple, extents: list[int]) -> tuple:
                     guards = tuple(Guard(g.expr.substitute(dims, new_extents), g.lo, g.hi) for g in expr.guards)
                     expr = Masked(guards, use(expr.value), expr.fill)
                 elif isinstance(expr, Load):
-                    expr = Load(expr.buffer, index(expr.index))
+                    expr = Load(expr.buffer, index(expr.index),
+                                tuple(Guard(g.expr.substitute(dims, new_extents), g.lo, g.hi) for g in expr.guards))
                 out.append(Assign(define(stmt.name), stmt.dtype, expr))
             elif isinstance(stmt, Init):
                 out.append(Init(define(stmt.acc), stmt.op, stmt.dtype))
@@ -460,6 +470,22 @@ def _topological(entries: list) -> list:
                 if missing[user] == 0:
                     heapq.heappush(ready, (entries[user][0], user))
     return done
+
+
+def _needed(guards: tuple, coords: tuple, shape: tuple[int, ...], extents) -> tuple:
+    """The guards a load must keep: none when its index stays inside the buffer over every
+    coordinate the loops reach (then reading where the guards fail is harmless); else all of them,
+    without repeats."""
+    if not guards:
+        return ()
+    if shape and len(shape) == len(coords) and all(
+            0 <= lo and hi < size for (lo, hi), size in ((c.bounds(extents), n) for c, n in zip(coords, shape))):
+        return ()
+    unique = []
+    for g in guards:
+        if g not in unique:
+            unique.append(g)
+    return tuple(unique)
 
 
 def _vars(coords) -> frozenset:

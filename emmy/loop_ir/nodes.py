@@ -26,8 +26,12 @@ Operand = Union[str, Lit]  # an SSA name or a literal
 
 @dataclass(frozen=True)
 class Load:
+    """buffer[index]; with `guards`, only where every guard holds (the element reads as 0 elsewhere
+    and memory is not touched): a load under a padding, mask or concatenation's guard would read
+    outside its buffer where the guard fails."""
     buffer: str
     index: tuple[Affine, ...]
+    guards: tuple[Guard, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,10 @@ def _operand(value) -> str:
 
 def _expr(expr) -> str:
     if isinstance(expr, Load):
-        return f"load {expr.buffer}[{', '.join(_index(e) for e in expr.index)}]"
+        text = f"load {expr.buffer}[{', '.join(_index(e) for e in expr.index)}]"
+        if expr.guards:  # made only where the guards hold
+            text += " where " + " and ".join(re.sub(r"\bd(\d+)", r"a\1", str(g)) for g in expr.guards)
+        return text
     if isinstance(expr, Op):
         return f"{expr.op}({', '.join(_operand(a) for a in expr.args)})"
     if isinstance(expr, Masked):

@@ -46,7 +46,7 @@ def canonical(kernel: Kernel, types: dict[str, TensorType]) -> tuple:
             if isinstance(stmt, Loop):
                 stmt = dataclasses.replace(stmt, body=body(stmt.body))
             elif isinstance(stmt, Assign) and isinstance(stmt.expr, Load):
-                stmt = dataclasses.replace(stmt, expr=Load(rename[stmt.expr.buffer], stmt.expr.index))
+                stmt = dataclasses.replace(stmt, expr=dataclasses.replace(stmt.expr, buffer=rename[stmt.expr.buffer]))
             elif isinstance(stmt, Store):
                 stmt = dataclasses.replace(stmt, buffer=rename[stmt.buffer])
             out.append(stmt)

@@ -1,0 +1,101 @@
+"""Every load and store of a kernel inside its buffer: an interval proof over the loop extents.
+
+Each index is a quasi-affine expression of loop variables; a variable ranges over its loop
+(0 .. extent - 1), narrowed by the guards of a guarded load (a load made only where
+`lo <= c * a + k < hi` holds needs to be in bounds only there). Intervals go through sums,
+multiples, floor divisions and remainders. An access whose interval leaves its buffer on some
+dimension is reported; emitted kernels must have none (Kernel IR lowering refuses them).
+"""
+
+from __future__ import annotations
+
+from math import ceil, floor
+
+from emmy.affine import Affine, Dim, FloorDiv
+from emmy.loop_ir.nodes import Assign, Kernel, Load, Loop, Store
+
+
+def out_of_bounds(kernel: Kernel, shapes: dict[str, tuple[int, ...]]) -> list[str]:
+    """A line per access that may fall outside its buffer (`shapes`: buffer name -> shape)."""
+    problems = []
+    stack = [(kernel.body, {})]
+    while stack:
+        body, ranges = stack.pop()
+        for stmt in body:
+            if isinstance(stmt, Loop):
+                stack.append((stmt.body, {**ranges, stmt.var: (0, stmt.extent - 1)}))
+            elif isinstance(stmt, Assign) and isinstance(stmt.expr, Load):
+                where = narrowed(ranges, stmt.expr.guards)
+                if where is not None:  # None: the guards never hold, so the load never happens
+                    problems += _check(f"load {stmt.name} = {stmt.expr.buffer}", stmt.expr.buffer,
+                                       stmt.expr.index, where, shapes)
+            elif isinstance(stmt, Store):
+                problems += _check(f"store {stmt.buffer}", stmt.buffer, stmt.index, ranges, shapes)
+    return problems
+
+
+def _check(what: str, buffer: str, index, ranges: dict, shapes: dict) -> list[str]:
+    shape = shapes[buffer]
+    if len(index) != len(shape):
+        return [f"{what}: {len(index)} indices for a buffer of rank {len(shape)}"]
+    out = []
+    for axis, (expr, size) in enumerate(zip(index, shape)):
+        lo, hi = interval(expr, ranges)
+        if lo < 0 or hi >= size:
+            out.append(f"{what}[...{expr}...]: axis {axis} reaches {lo}..{hi}, outside 0..{size - 1}")
+    return out
+
+
+def narrowed(ranges: dict, guards) -> dict | None:
+    """The variables' ranges where every guard holds (guards on one variable narrow it; others are
+    kept as they are, which only widens the proof's intervals); None when a guard cannot hold."""
+    out = dict(ranges)
+    for g in guards:
+        single = _single_variable(g.expr)
+        if single is None:
+            continue
+        var, coeff, const = single
+        lo, hi = out.get(var, (0, 0))
+        # lo_g <= coeff * v + const < hi_g
+        if coeff > 0:
+            if g.lo is not None:
+                lo = max(lo, ceil((g.lo - const) / coeff))
+            if g.hi is not None:
+                hi = min(hi, floor((g.hi - 1 - const) / coeff))
+        else:
+            if g.lo is not None:
+                hi = min(hi, floor((g.lo - const) / coeff))
+            if g.hi is not None:
+                lo = max(lo, ceil((g.hi - 1 - const) / coeff))
+        if lo > hi:
+            return None
+        out[var] = (lo, hi)
+    return out
+
+
+def _single_variable(expr: Affine):
+    if len(expr.terms) == 1 and isinstance(expr.terms[0][0], Dim):
+        atom, coeff = expr.terms[0]
+        return atom.index, coeff, expr.const
+    return None
+
+
+def interval(expr: Affine, ranges: dict) -> tuple[int, int]:
+    """Inclusive bounds of `expr` with each variable in its range."""
+    lo = hi = expr.const
+    for atom, coeff in expr.terms:
+        alo, ahi = _atom_interval(atom, ranges)
+        lo, hi = (lo + coeff * alo, hi + coeff * ahi) if coeff > 0 else (lo + coeff * ahi, hi + coeff * alo)
+    return lo, hi
+
+
+def _atom_interval(atom, ranges: dict) -> tuple[int, int]:
+    if isinstance(atom, Dim):
+        return ranges.get(atom.index, (0, 0))
+    lo, hi = interval(atom.expr, ranges)
+    if isinstance(atom, FloorDiv):
+        return lo // atom.divisor, hi // atom.divisor
+    if 0 <= lo and hi < atom.divisor:
+        return lo, hi
+    return 0, atom.divisor - 1
+
