@@ -194,10 +194,11 @@ class Program:
         from emmy.dtypes import from_numpy, to_numpy
         from emmy.tensor_ir.interpreter import evaluate
 
+        from emmy.runtime import check_inputs
+
         graph = self.tensor_ir
         given = inputs or self.example_inputs
-        if given is None or len(given) != len(graph.inputs):
-            raise EmmyError(f"the program takes {len(graph.inputs)} inputs, got {0 if given is None else len(given)}")
+        check_inputs(self, given)
         arrays = {node.name: to_numpy(t)[0] for node, t in zip(graph.inputs, given)}
         if stage == "loop":
             from emmy.loop_ir.interpreter import run_program

@@ -37,6 +37,40 @@ def empty_buffer(type_) -> np.ndarray:
     return np.zeros(type_.shape, storage)
 
 
+def check_inputs(program, inputs) -> None:
+    """Each input must be what the program was compiled for: a torch tensor on the CPU of the
+    compiled shape and dtype (a strided view is read as the values it shows). One line says which
+    input is wrong and what it expected."""
+    import torch
+
+    from emmy.dtypes import from_torch
+
+    expected = program.tensor_ir.inputs
+    if inputs is None or len(inputs) != len(expected):
+        raise EmmyError(f"the program takes {len(expected)} inputs "
+                        f"({', '.join(n.name for n in expected)}), got {0 if inputs is None else len(inputs)}")
+    for position, (node, given) in enumerate(zip(expected, inputs)):
+        where = f"input {position} ({node.name})"
+        want = f"{node.type.dtype}{list(node.type.shape)}"
+        if not isinstance(given, torch.Tensor):
+            raise EmmyError(f"{where}: expected a torch tensor {want}, got {type(given).__name__}")
+        if tuple(given.shape) != node.type.shape:
+            raise EmmyError(f"{where}: expected shape {list(node.type.shape)}, got {list(given.shape)} "
+                            "(the program is compiled for one shape; compile again for another)")
+        try:
+            dtype = from_torch(given.dtype)
+        except EmmyError:
+            dtype = None
+        if dtype is not node.type.dtype:
+            raise EmmyError(f"{where}: expected dtype {node.type.dtype} ({want}), got {given.dtype}; "
+                            f"convert it with .to() first")
+        if given.device.type != "cpu":
+            raise EmmyError(f"{where}: expected a CPU tensor (the runtime copies inputs from host memory), "
+                            f"got one on {given.device}")
+        if given.layout is not torch.strided:
+            raise EmmyError(f"{where}: expected a dense (strided) tensor, got layout {given.layout}")
+
+
 def host_buffers(program, inputs) -> dict[str, np.ndarray]:
     """Every buffer the program's kernels name, in kernel storage: inputs (torch tensors, in the
     graph's input order), weights, zeroed kernel outputs and scratch (a split's workspace)."""
@@ -70,8 +104,7 @@ def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") 
 
     loops = program.loop_ir
     given = inputs or program.example_inputs
-    if given is None or len(given) != len(loops.inputs):
-        raise EmmyError(f"the program takes {len(loops.inputs)} inputs, got {0 if given is None else len(given)}")
+    check_inputs(program, given)
     types = program.buffer_types
     buffers = host_buffers(program, given)
     if device == "cuda":

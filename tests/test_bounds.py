@@ -2,6 +2,7 @@
 every access of every kernel that is lowered."""
 
 import pytest
+import torch
 
 import emmy
 from emmy.affine import Affine, Guard
@@ -64,3 +65,38 @@ def test_every_reference_workload_s_kernels_are_proven_in_bounds():
         shapes = {name: t.shape for name, t in program.buffer_types.items()}
         for kernel in program.loop_ir.kernels:
             assert out_of_bounds(kernel, shapes) == [], (workload.name, kernel.name)
+
+
+RMS = "x=torch.randn(1,16,128); w=torch.randn(128); F.rms_norm(x,(128,),w,eps=1e-6)"
+
+
+@pytest.mark.parametrize("given, message", [
+    (lambda: torch.randn(1, 32, 128), "input 0 (x): expected shape [1, 16, 128], got [1, 32, 128]"),
+    (lambda: torch.randn(1, 8, 128), "input 0 (x): expected shape [1, 16, 128], got [1, 8, 128]"),
+    (lambda: torch.randn(1, 16, 128, dtype=torch.float16), "input 0 (x): expected dtype f32"),
+    (lambda: torch.randn(1, 16, 128).numpy(), "input 0 (x): expected a torch tensor f32[1, 16, 128], got ndarray"),
+], ids=["larger", "smaller", "f16", "numpy"])
+def test_a_compiled_program_refuses_inputs_it_was_not_compiled_for(given, message):
+    from emmy.errors import EmmyError
+    from emmy.runtime import run_program
+
+    program = emmy.optimize(RMS, target="sm_90")
+    w = program.example_inputs[1]
+    for run in (lambda: run_program(program, [given(), w]), lambda: program.interpret(given(), w)):
+        with pytest.raises(EmmyError) as err:
+            run()
+        assert message in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(EmmyError, match="the program takes 2 inputs \\(x, w\\), got 1"):
+        run_program(program, [w])
+
+
+def test_a_strided_view_is_read_as_the_values_it_shows():
+    from emmy.runtime import run_program
+
+    program = emmy.optimize(RMS, target="sm_90")
+    w = program.example_inputs[1]
+    view = torch.randn(1, 128, 16).transpose(1, 2)  # f32[1, 16, 128], not contiguous
+    assert not view.is_contiguous()
+    (out,) = run_program(program, [view, w]).values()
+    expected = torch.nn.functional.rms_norm(view, (128,), w, eps=1e-6)
+    torch.testing.assert_close(torch.from_numpy(out), expected, rtol=1e-5, atol=1e-5)
