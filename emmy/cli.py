@@ -232,8 +232,10 @@ def _run(args) -> int:
     from emmy.runtime import check_program
 
     checks = check_program(program, device=args.device, mode=args.sim_mode)
-    _print_table(["output", "dtype", "max abs err", "max rel err", "result"],
-                 [[c.output, str(c.dtype), f"{c.max_abs:.3g}", f"{c.max_rel:.3g}", "ok" if c.ok else "MISMATCH"]
+    _print_table(["output", "dtype", "max abs err", "torch's own err", "err / scale", "bias ulps", "result"],
+                 [[c.output, str(c.dtype), f"{c.max_abs:.3g}", "-" if c.torch_abs is None else f"{c.torch_abs:.3g}",
+                   f"{c.max_rel:.3g}", f"{c.bias_ulps:+.2f}",
+                   "ok" if c.ok else f"MISMATCH ({'leans one way' if c.why == 'bias' else 'beyond tolerance'})"]
                   for c in checks])
     return 0 if all(c.ok for c in checks) else 1
 

@@ -91,8 +91,11 @@ class Check:
     output: str
     dtype: DType
     max_abs: float
-    max_rel: float
+    max_rel: float  # over each value's scale (emmy.checking)
     ok: bool
+    torch_abs: float | None = None  # torch's own largest error in the same dtype
+    bias_ulps: float = 0.0
+    why: str = ""
 
 
 def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") -> dict[str, np.ndarray]:
@@ -132,15 +135,15 @@ def check_program(program, inputs=None, device: str = "sim", mode: str = "plain"
 
 def compare_outputs(program, results: dict[str, np.ndarray], inputs=None) -> list[Check]:
     """The program's outputs (buffer name -> values in interpreter storage) against torch."""
-    from emmy.checking import compare, reference_outputs
+    from emmy.checking import compare, torch_comparison
     from emmy.tile_ir.nodes import Fold
 
-    expected = reference_outputs(program.captured, inputs)
+    references = torch_comparison(program.captured, inputs)
     # kernels fold sequentially: the longest fold sets how far f32 rounding may drift
     longest = max((p.extent for k in program.tile_ir.kernels for p in k.parts if isinstance(p, Fold)), default=1)
     checks = []
-    for (name, actual), want in zip(results.items(), expected):
+    for (name, actual), (want, scale, theirs) in zip(results.items(), references):
         dtype = program.buffer_types[name].dtype
-        c = compare(actual.astype(np.float64).reshape(want.shape), want, dtype, longest)
-        checks.append(Check(name, dtype, c.max_abs, c.max_rel, c.ok))
+        c = compare(actual.astype(np.float64).reshape(want.shape), want, dtype, longest, scale, theirs)
+        checks.append(Check(name, dtype, c.max_abs, c.max_rel, c.ok, c.torch_abs, c.bias_ulps, c.why))
     return checks

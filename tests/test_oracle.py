@@ -1,0 +1,73 @@
+"""The correctness oracle: a tolerance that follows the problem's conditioning, torch's own error
+beside emmy's, and planted errors that still fail."""
+
+import numpy as np
+import pytest
+
+import emmy
+from emmy.checking import compare, torch_comparison
+from emmy.dtypes import DType
+from emmy.runtime import run_program
+from tests.conftest import run_emmy
+
+MLP = ("x=torch.randn(8,32); g=torch.randn(32,64); u=torch.randn(32,64); d=torch.randn(64,32); "
+       "(F.silu(x@g)*(x@u))@d")
+
+
+def test_the_mlp_that_torch_itself_failed_now_passes_and_shows_torch_s_error():
+    result = run_emmy("run", "-c", MLP, "--check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    header, row = [line.split() for line in result.stdout.splitlines() if line.strip().startswith(("output", "mm"))]
+    assert "torch's" in header and "own" in header
+    emmy_error, torch_error = float(row[2]), float(row[3])
+    assert 0 < torch_error and emmy_error <= 4 * torch_error
+    assert row[-1] == "ok"
+    # judged against float64 with the old value-scaled tolerance, torch's own f32 result fails
+    program = emmy.optimize(MLP, target="sm_90")
+    ((want, scale, theirs),) = torch_comparison(program.captured)
+    rtol, atol = 1.3e-6, 1e-5
+    assert np.any(np.abs(theirs - want) > atol + rtol * np.abs(want))
+    assert compare(theirs, want, DType.F32, 64, scale, theirs).ok
+
+
+@pytest.fixture(scope="module")
+def long_sum():
+    """emmy's result for 2048 sums of 512 positive values, with the references."""
+    program = emmy.optimize("x=torch.rand(2048,512); x.sum(-1)", target="sm_90")
+    (actual,) = run_program(program).values()
+    ((want, scale, theirs),) = torch_comparison(program.captured)
+    return actual.astype(np.float64), want, scale, theirs
+
+
+def test_emmy_s_long_sum_passes(long_sum):
+    actual, want, scale, theirs = long_sum
+    result = compare(actual, want, DType.F32, 512, scale, theirs)
+    assert result.ok and abs(result.bias_ulps) < 0.25
+
+
+def test_a_planted_one_ulp_bias_on_every_output_of_a_long_sum_fails(long_sum):
+    actual, want, scale, theirs = long_sum
+    biased = np.nextafter(actual.astype(np.float32), np.float32(np.inf)).astype(np.float64)
+    assert np.max(np.abs(biased - actual)) < 1e-4  # each output moved by one ulp only
+    result = compare(biased, want, DType.F32, 512, scale, theirs)
+    assert not result.ok and result.why == "bias" and result.bias_ulps > 0.5
+
+
+def test_a_planted_one_ulp_bias_on_every_summed_value_fails():
+    """The same sums of values each one ulp too large: the error leans one way."""
+    rng = np.random.default_rng(0)
+    x = rng.random((2048, 512), dtype=np.float32)
+    want = x.astype(np.float64).sum(-1)
+    theirs = x.sum(-1, dtype=np.float32).astype(np.float64)
+    planted = np.nextafter(x, np.float32(2)).sum(-1, dtype=np.float32).astype(np.float64)
+    assert compare(theirs, want, DType.F32, 512, want, theirs).ok
+    result = compare(planted, want, DType.F32, 512, want, theirs)
+    assert not result.ok and result.why == "bias"
+
+
+def test_one_wrong_element_fails(long_sum):
+    actual, want, scale, theirs = long_sum
+    wrong = actual.copy()
+    wrong[7] += 0.05  # a few hundred ulps on one output of ~256
+    result = compare(wrong, want, DType.F32, 512, scale, theirs)
+    assert not result.ok and result.why == "tolerance"
