@@ -18,8 +18,9 @@ from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Load, Loop, Mas
 BANDWIDTH = 2.0e12  # bytes/s: an HBM-class GPU (order of magnitude; replaced per target later)
 OP_RATE = 2.0e13  # scalar ops/s
 LAUNCH = 3.0e-6  # s per kernel
-EXPENSIVE = {"exp": 4, "log": 4, "sqrt": 4, "rsqrt": 4, "sigmoid": 4, "tanh": 4, "erf": 4, "divide": 4, "power": 8}
-SPECIAL_FUNCTIONS = {"exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "divide", "power"}  # the SFU's work
+EXPENSIVE = {"exp": 4, "log": 4, "sqrt": 4, "rsqrt": 4, "sigmoid": 4, "tanh": 4, "erf": 4, "divide": 4, "power": 8,
+             "cos": 4, "sin": 4, "log1p": 4, "expm1": 4}
+SPECIAL_FUNCTIONS = set(EXPENSIVE)  # the SFU's work
 
 
 @dataclass(frozen=True)

@@ -205,3 +205,12 @@ def test_a_rounding_cast_before_the_product_keeps_tensor_cores_out():
     rows = program.schedule_space().rows[kernel.name]
     assert rows and not any(r.TILE.startswith("mma") for r in rows)
     assert all(c.ok for c in check_program(program))
+
+
+@pytest.mark.parametrize("loss", ["F.mse_loss(p, t)", "F.huber_loss(p, t, delta=0.5)",
+                                  "torch.clamp(1 - p * t, min=0).mean()", "torch.linalg.vector_norm(p - t, ord=3)"],
+                         ids=["mse", "huber", "hinge", "norm3"])
+def test_a_reduction_to_one_value_lowers_and_runs(loss):
+    program = emmy.optimize(f"p=torch.randn(48,40); t=torch.randn(48,40); {loss}", target="sm_90")
+    assert program.tile_ir.kernels[-1].kernel.type.numel == 1
+    assert all(c.ok for c in check_program(program, mode="asan"))

@@ -115,6 +115,34 @@ CASES = [
     ("aten.cat.default", X + "torch.cat([x, y], dim=0)"),
     ("aten.split_with_sizes.default", X + "a, b = x.split([2, 4], dim=1); b * 2"),
     ("aten.clone.default", X + "x.clone() + 1"),
+    # math, activations and masks added for whole models
+    ("aten.cos.default", X + "torch.cos(x)"),
+    ("aten.sin.default", H + "torch.sin(x)"),
+    ("aten.log1p.default", X + "torch.log1p(x.abs())"),
+    ("aten.expm1.default", B + "torch.expm1(x)"),
+    ("aten.log1p.default", X + "F.softplus(x)"),
+    ("aten.log1p.default", X + "F.softplus(x * 10, beta=2.0, threshold=5.0)"),
+    ("aten.leaky_relu.default", X + "F.leaky_relu(x, 0.2)"),
+    ("aten.elu.default", X + "F.elu(x, alpha=0.7)"),
+    ("aten.elu.default", H + "F.selu(x)"),
+    ("aten.hardtanh.default", X + "F.hardtanh(x * 3, -2.0, 1.5)"),
+    ("aten.isnan.default", X + "torch.where(torch.isnan(x.log()), -1.0, x)"),
+    ("aten.flip.default", X + "torch.flip(x, (0, -1)) + y"),
+    ("aten.arange.start_step", "x=torch.randn(6,6); torch.tril(x)"),
+    ("aten.arange.start_step", "x=torch.randn(6,6); torch.triu(x, 1)"),
+    ("aten.linalg_vector_norm.default", X + "torch.linalg.vector_norm(x, dim=-1)"),
+    ("aten.linalg_vector_norm.default", X + "torch.linalg.vector_norm(x, ord=1, dim=0, keepdim=True)"),
+    ("aten.linalg_vector_norm.default", X + "torch.linalg.vector_norm(x, ord=float('inf'))"),
+    ("aten.linalg_vector_norm.default", X + "torch.linalg.vector_norm(x, ord=3)"),
+    ("aten._native_batch_norm_legit_no_training.default",
+     "x=torch.randn(2,4,5,6); w=torch.randn(4); b=torch.randn(4); m=torch.randn(4); v=torch.rand(4)+0.5; "
+     "F.batch_norm(x, m, v, w, b, training=False)"),
+    ("aten._native_batch_norm_legit.no_stats",
+     "x=torch.randn(2,4,5,6); w=torch.randn(4); b=torch.randn(4); F.batch_norm(x, None, None, w, b, training=True)"),
+    ("aten._native_batch_norm_legit.no_stats", "x=torch.randn(2,4,5,6); F.instance_norm(x)"),
+    ("aten.native_group_norm.default",
+     "x=torch.randn(2,4,5,6); w=torch.randn(4); b=torch.randn(4); F.group_norm(x, 2, w, b)"),
+    ("aten.native_group_norm.default", "x=torch.randn(2,6,10,dtype=torch.float16); F.group_norm(x, 3)"),
     # dtype casts
     ("aten._to_copy.default", X + "x.half()"),
     ("aten._to_copy.default", X + "x.to(torch.bfloat16)"),
@@ -139,3 +167,36 @@ def test_interpreter_checks_more_than_the_example_inputs():
         gen = torch.Generator().manual_seed(seed)
         inputs = [torch.randn(4, 6, generator=gen) * 10 for _ in range(2)]
         check_against_torch(program, inputs)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_added_ops_run_right_in_the_simulator(dtype):
+    """The math, activation, mask and norm ops above, compiled to CUDA and run in the simulator
+    (ASan on), in f32 and the half types."""
+    from emmy.runtime import check_program
+
+    code = (f"x=torch.randn(2,4,5,6,dtype=torch.{dtype}); w=torch.randn(4,dtype=torch.{dtype}); "
+            "a = torch.cos(x) * torch.sin(x) + torch.log1p(x.abs()) - torch.expm1(x * 0.1); "
+            "a = F.leaky_relu(a, 0.2) + F.elu(x) + F.hardtanh(x, -0.5, 0.5) + F.softplus(x) + F.selu(x); "
+            "a = torch.where(torch.isnan((x - 1).log()), -1.0, a) + torch.flip(x, (-1,)); "
+            "a = F.group_norm(a, 2, w) + torch.linalg.vector_norm(x, dim=(-1, -2), keepdim=True); "
+            "torch.tril(a)")
+    program = emmy.optimize(code, target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+def test_positions_made_in_the_program_become_rotary_angles():
+    """arange inside a module (not a -c factory, which becomes an input): positions -> cos/sin."""
+    import torch
+
+    def rotary(x):
+        positions = torch.arange(x.shape[1], dtype=torch.float32)
+        inv = 1.0 / (10000 ** (torch.arange(0, x.shape[2], 2, dtype=torch.float32) / x.shape[2]))
+        angles = torch.outer(positions, inv)
+        cos, sin = torch.cat((angles.cos(), angles.cos()), -1), torch.cat((angles.sin(), angles.sin()), -1)
+        half = x.shape[2] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+    program = emmy.optimize(rotary, torch.randn(2, 9, 16))
+    assert "aten.arange" in program.ir("torch") and "aten.cos" in program.ir("torch")
+    check_against_torch(program)

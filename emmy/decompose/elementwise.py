@@ -57,7 +57,8 @@ def div(ctx: Context, a, b, rounding_mode=None):
 
 _UNARY = {
     "neg": "negative", "abs": "abs", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
-    "sigmoid": "sigmoid", "tanh": "tanh", "erf": "erf", "reciprocal": "reciprocal",
+    "sigmoid": "sigmoid", "tanh": "tanh", "erf": "erf", "reciprocal": "reciprocal", "cos": "cos", "sin": "sin",
+    "log1p": "log1p", "expm1": "expm1",
 }
 
 
@@ -70,6 +71,58 @@ def unary(ctx: Context, x):
 @lowers("aten.relu.default")
 def relu(ctx: Context, x):
     return _arith(ctx, "maximum", x, 0)
+
+
+@lowers("aten.isnan.default")
+def isnan(ctx: Context, x):
+    return ctx.b.elementwise("isnan", ctx.tensor(x), dtype=DType.BOOL, name=ctx.name)
+
+
+@lowers("aten.leaky_relu.default")
+def leaky_relu(ctx: Context, x, negative_slope=0.01):
+    out = ctx.out_type()
+    value = ctx.tensor(x, out.dtype)
+    positive = ctx.b.elementwise("greater", value, 0, dtype=DType.BOOL, suffix="positive")
+    scaled = ctx.b.elementwise("multiply", value, float(negative_slope), suffix="scaled")
+    return ctx.b.elementwise("where", positive, value, scaled, dtype=out.dtype, name=ctx.name)
+
+
+@lowers("aten.elu.default")
+def elu(ctx: Context, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """scale * (x if x > 0 else alpha * (exp(x * input_scale) - 1)) (selu is elu with its constants)."""
+    out = ctx.out_type()
+    b = ctx.b
+    acc = out.dtype.accumulator
+    xf = ctx.tensor(x, acc)
+    positive = b.elementwise("greater", xf, 0, dtype=DType.BOOL, suffix="positive")
+    inner = b.elementwise("multiply", xf, float(input_scale), suffix="in") if input_scale != 1 else xf
+    negative = b.elementwise("multiply", b.elementwise("expm1", inner), float(alpha), suffix="negative")
+    y = b.elementwise("where", positive, xf, negative, dtype=acc, suffix="select")
+    if scale != 1:
+        y = b.elementwise("multiply", y, float(scale), suffix="scaled")
+    return b.cast(y, out.dtype)
+
+
+@lowers("aten.hardtanh.default")
+def hardtanh(ctx: Context, x, min_val=-1.0, max_val=1.0):
+    out = ctx.out_type()
+    low = ctx.b.elementwise("maximum", ctx.tensor(x, out.dtype), float(min_val), suffix="lo")
+    return ctx.b.elementwise("minimum", low, float(max_val), name=ctx.name)
+
+
+@lowers("aten.softplus.default")
+def softplus(ctx: Context, x, beta=1.0, threshold=20.0):
+    """log1p(exp(beta * x)) / beta, and x itself where beta * x > threshold (as torch does)."""
+    out = ctx.out_type()
+    b = ctx.b
+    acc = out.dtype.accumulator
+    xf = ctx.tensor(x, acc)
+    bx = b.elementwise("multiply", xf, float(beta), suffix="beta") if beta != 1 else xf
+    soft = b.elementwise("log1p", b.elementwise("exp", bx))
+    if beta != 1:
+        soft = b.elementwise("divide", soft, float(beta), suffix="soft")
+    linear = b.elementwise("greater", bx, float(threshold), dtype=DType.BOOL, suffix="linear")
+    return b.cast(b.elementwise("where", linear, xf, soft, dtype=acc, suffix="select"), out.dtype)
 
 
 @lowers("aten.clamp.default", "aten.clamp.Tensor")

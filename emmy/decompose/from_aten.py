@@ -78,7 +78,7 @@ def to_tensor_ir(captured) -> TensorProgram:
                 name = builder.input(node.name, type_)
             env[node.name] = name
         elif node.op == "call_function":
-            env[node.name] = _decompose_node(captured, builder, node, env)
+            env[node.name] = _decompose_node(captured, builder, node, env, weight_arrays)
         elif node.op == "output":
             results = node.args[0]
             for r in results if isinstance(results, (list, tuple)) else [results]:
@@ -100,7 +100,7 @@ def _resolve(value, env):
     return value
 
 
-def _decompose_node(captured, builder: GraphBuilder, node, env):
+def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict):
     if node.target is operator.getitem:
         source, index = node.args
         return env[source.name][index]
@@ -116,7 +116,7 @@ def _decompose_node(captured, builder: GraphBuilder, node, env):
                                                                              "memory_format", "non_blocking")}
     # Result dtypes come from the node's metadata, never from a dtype argument.
     kwargs.pop("dtype", None)
-    ctx = Context(builder, node, where)
+    ctx = Context(builder, node, where, constants)
     try:
         return fn(ctx, *args, **kwargs)
     except EmmyError:
@@ -127,7 +127,9 @@ def _decompose_node(captured, builder: GraphBuilder, node, env):
 
 # FX names follow ATen's; a few are long enough to drown the printed IR.
 _STEMS = {"scaled_dot_product_attention": "sdpa", "native_layer_norm": "layer_norm", "_softmax": "softmax",
-          "_log_softmax": "log_softmax", "_to_copy": "to"}
+          "_log_softmax": "log_softmax", "_to_copy": "to", "_native_batch_norm_legit_no_training": "batch_norm",
+          "_native_batch_norm_legit": "batch_norm", "native_group_norm": "group_norm",
+          "linalg_vector_norm": "norm"}
 
 
 def _short_stem(name: str) -> str:

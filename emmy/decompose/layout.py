@@ -96,3 +96,24 @@ def cat(ctx: Context, tensors, dim=0):
         "aten.sym_constrain_range_for_size.default")
 def assertion(ctx: Context, *args, **kwargs):
     return None  # checks torch.export already made; nothing to compute
+
+
+@lowers("aten.flip.default")
+def flip(ctx: Context, x, dims):
+    shape = ctx.b.shape(x)
+    flipped = {d % len(shape) for d in dims}
+    index = [Affine.constant(n - 1) - Affine.dim(k) if k in flipped else Affine.dim(k)
+             for k, n in enumerate(shape)]
+    return ctx.b.index_map(x, shape, index, name=ctx.name)
+
+
+@lowers("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
+def arange(ctx: Context, *args, **kwargs):
+    """A known sequence (positions, mask rows and columns): a constant tensor of the program."""
+    import numpy as np
+
+    bounds = [a for a in args if isinstance(a, (int, float))]
+    start, end, step = (0, bounds[0], 1) if len(bounds) == 1 else (*bounds[:2], bounds[2] if len(bounds) > 2 else 1)
+    out = ctx.out_type()
+    values = np.arange(start, end, step, dtype=np.float64)[:out.shape[0]]
+    return ctx.constant(values, out.dtype)

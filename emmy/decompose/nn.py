@@ -157,3 +157,83 @@ def attention(ctx: Context, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=Fa
     total = b.reduce("sum", pv, nb + 1, suffix="pv_sum")
     result = b.keep_axes(total, [i for i in range(nb + 3) if i != nb + 1], name=ctx.name if acc is out.dtype else None)
     return b.cast(result, out.dtype)
+
+
+def _per_channel(ctx: Context, value: str, shape: tuple[int, ...], dtype) -> str:
+    """A per-channel vector [C] broadcast over an NC... tensor (channels on axis 1)."""
+    from emmy.affine import Affine
+
+    return ctx.b.index_map(ctx.tensor(value, dtype), shape, [Affine.dim(1)], suffix="channel")
+
+
+def _normalize(ctx: Context, xf: str, mean: str, rstd: str, weight, bias, acc) -> str:
+    """(x - mean) * rstd, then the per-channel weight and bias (mean, rstd already broadcast)."""
+    b = ctx.b
+    shape = b.shape(xf)
+    y = b.elementwise("multiply", b.elementwise("subtract", xf, mean, suffix="xc"), rstd, suffix="normed")
+    if weight is not None:
+        y = b.elementwise("multiply", y, _per_channel(ctx, weight, shape, acc), suffix="scaled")
+    if bias is not None:
+        y = b.elementwise("add", y, _per_channel(ctx, bias, shape, acc), suffix="shifted")
+    return y
+
+
+@lowers("aten._native_batch_norm_legit_no_training.default")
+def batch_norm_inference(ctx: Context, x, weight, bias, running_mean, running_var, momentum, eps):
+    """Batch norm with its running statistics (inference): a per-channel affine map."""
+    out = ctx.out_type(0)
+    acc = out.dtype.accumulator
+    b = ctx.b
+    xf = ctx.tensor(x, acc)
+    shape = b.shape(xf)
+    rstd = b.elementwise("rsqrt", b.elementwise("add", ctx.tensor(running_var, acc), float(eps), suffix="var_eps"),
+                         suffix="rstd")
+    y = _normalize(ctx, xf, _per_channel(ctx, running_mean, shape, acc), _per_channel(ctx, rstd, shape, acc),
+                   weight, bias, acc)
+    empty = ctx.out_type(1)
+    return (b.cast(y, out.dtype), b.fill(0, empty.shape, empty.dtype), b.fill(0, empty.shape, empty.dtype))
+
+
+@lowers("aten._native_batch_norm_legit.no_stats")
+def batch_norm_statistics(ctx: Context, x, weight, bias, training, momentum, eps):
+    """Batch (and instance) norm from the batch's own statistics: per channel, over every other axis
+    (biased variance)."""
+    out = ctx.out_type(0)
+    acc = out.dtype.accumulator
+    b = ctx.b
+    xf = ctx.tensor(x, acc)
+    shape = b.shape(xf)
+    axes = [a for a in range(len(shape)) if a != 1]
+    m = mean_of(ctx, xf, axes, keepdim=True)
+    v = variance_of(ctx, xf, axes, 0.0, keepdim=True)
+    rstd = b.elementwise("rsqrt", b.elementwise("add", v, float(eps), suffix="var_eps"), suffix="rstd")
+    y = _normalize(ctx, xf, b.broadcast_to(m, shape), b.broadcast_to(rstd, shape), weight, bias, acc)
+    stats = ctx.out_type(1)
+    return (b.cast(y, out.dtype), b.cast(b.reshape(m, stats.shape), stats.dtype),
+            b.cast(b.reshape(rstd, stats.shape), stats.dtype))
+
+
+@lowers("aten.native_group_norm.default")
+def group_norm(ctx: Context, x, weight, bias, n, c, hw, groups, eps):
+    """Statistics per (sample, group of C/G channels) over the group's channels and positions, then
+    the per-channel weight and bias."""
+    out = ctx.out_type(0)
+    acc = out.dtype.accumulator
+    b = ctx.b
+    xf = ctx.tensor(x, acc)
+    shape = b.shape(xf)
+    grouped = b.reshape(xf, (n, groups, (c // groups) * hw), suffix="grouped")
+    m = mean_of(ctx, grouped, [2], keepdim=True)
+    v = variance_of(ctx, grouped, [2], 0.0, keepdim=True)
+    rstd = b.elementwise("rsqrt", b.elementwise("add", v, float(eps), suffix="var_eps"), suffix="rstd")
+    per_element = (n, groups, (c // groups) * hw)
+    normed = b.elementwise("multiply", b.elementwise("subtract", grouped, b.broadcast_to(m, per_element), suffix="xc"),
+                           b.broadcast_to(rstd, per_element), suffix="normed")
+    y = b.reshape(normed, shape, suffix="ungrouped")
+    if weight is not None:
+        y = b.elementwise("multiply", y, _per_channel(ctx, weight, shape, acc), suffix="scaled")
+    if bias is not None:
+        y = b.elementwise("add", y, _per_channel(ctx, bias, shape, acc), suffix="shifted")
+    stats = ctx.out_type(1)
+    return (b.cast(y, out.dtype), b.cast(b.reshape(m, stats.shape), stats.dtype),
+            b.cast(b.reshape(rstd, stats.shape), stats.dtype))

@@ -6,6 +6,7 @@ Half-precision inputs accumulate in float32 and round once at the end.
 from __future__ import annotations
 
 from emmy.decompose.registry import Context, lowers
+from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
 
 
@@ -116,3 +117,29 @@ def var(ctx: Context, x, dims=None, unbiased_or_none=None, correction=None, keep
 @lowers("aten.argmax.default", "aten.argmin.default")
 def argmax(ctx: Context, *args, **kwargs):
     raise UnsupportedOpError(f"unsupported op {ctx.where}: reductions that return indices")
+
+
+@lowers("aten.linalg_vector_norm.default")
+def vector_norm(ctx: Context, x, ord=2, dim=None, keepdim=False, dtype=None):
+    """(sum |x|^p)^(1/p) over `dim`; max |x| for ord=inf, min |x| for -inf, the nonzero count for 0."""
+    import math
+
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    b = ctx.b
+    magnitude = b.elementwise("abs", ctx.tensor(x, acc), suffix="abs")
+    axes = _axes(ctx, x, dim)
+    if ord in (math.inf, -math.inf):
+        result = b.reduce_axes("max" if ord > 0 else "min", magnitude, axes, keepdim)
+    elif ord == 0:
+        nonzero = b.cast(b.elementwise("not_equal", magnitude, 0.0, dtype=DType.BOOL), acc)
+        result = b.reduce_axes("sum", nonzero, axes, keepdim)
+    elif ord == 1:
+        result = b.reduce_axes("sum", magnitude, axes, keepdim)
+    elif ord == 2:
+        result = b.elementwise("sqrt", b.reduce_axes("sum", b.elementwise("multiply", magnitude, magnitude),
+                                                     axes, keepdim))
+    else:
+        powered = b.elementwise("power", magnitude, float(ord))
+        result = b.elementwise("power", b.reduce_axes("sum", powered, axes, keepdim), 1.0 / float(ord))
+    return b.cast(result, out.dtype)

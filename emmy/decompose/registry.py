@@ -30,6 +30,7 @@ class Context:
     b: GraphBuilder
     node: object  # torch.fx.Node
     where: str  # "aten.mm.default at line 1: `x @ w`", for errors
+    constants: dict | None = None  # weight name -> values: where a decomposition's constant tensors go
 
     @property
     def name(self) -> str:
@@ -55,6 +56,17 @@ class Context:
         if shape is not None and self.b.shape(value) != tuple(shape):
             value = self.b.broadcast_to(value, shape)
         return value
+
+    def constant(self, values, dtype: DType) -> str:
+        """A tensor of known values (an arange): a weight of the program, named after this op."""
+        import numpy as np
+
+        from emmy.dtypes import to_storage
+
+        values = np.asarray(values)
+        name = self.b.weight(self.b.fresh(f"{self.name}_values"), TensorType(tuple(values.shape), dtype))
+        self.constants[name] = to_storage(values, dtype)
+        return name
 
     def operand(self, value, dtype: DType, shape: tuple[int, ...]):
         """Tensors are prepared with `tensor`; Python scalars pass through as literals."""

@@ -30,7 +30,8 @@ _BINARY = {"add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * 
            "logical_and": "({0} && {1})", "logical_or": "({0} || {1})"}
 _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "log": "logf({0})", "sqrt": "sqrtf({0})",
           "rsqrt": "rsqrtf({0})", "reciprocal": "(1.0f / {0})", "sigmoid": "(1.0f / (1.0f + expf(-{0})))",
-          "tanh": "tanhf({0})", "erf": "erff({0})", "logical_not": "(!{0})"}
+          "tanh": "tanhf({0})", "erf": "erff({0})", "logical_not": "(!{0})", "cos": "cosf({0})",
+          "sin": "sinf({0})", "log1p": "log1pf({0})", "expm1": "expm1f({0})", "isnan": "isnan({0})"}
 
 
 def buffer_c(name: str) -> str:
