@@ -115,6 +115,64 @@ inline float __bfloat162float(__nv_bfloat16 b) { return float(b); }
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return __nv_bfloat162{a, b}; }
 inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{float(h.x), float(h.y)}; }
 
+// Packed pairs as <cuda_fp16.h> and <cuda_bf16.h> define them, for plain CUDA files: each lane is
+// computed in float and rounded to its type, as the hardware's paired instructions do.
+template <class P, class F> inline P emmy_sim_pair_map(P a, P b, F f) {
+  using E = decltype(a.x);
+  return P{E(f(float(a.x), float(b.x))), E(f(float(a.y), float(b.y)))};
+}
+#define EMMY_SIM_PAIR_OPS(P, E, S)                                                                       \
+  inline P operator+(P a, P b) { return emmy_sim_pair_map(a, b, [](float u, float v) { return u + v; }); } \
+  inline P operator-(P a, P b) { return emmy_sim_pair_map(a, b, [](float u, float v) { return u - v; }); } \
+  inline P operator*(P a, P b) { return emmy_sim_pair_map(a, b, [](float u, float v) { return u * v; }); } \
+  inline P operator/(P a, P b) { return emmy_sim_pair_map(a, b, [](float u, float v) { return u / v; }); } \
+  inline P& operator+=(P& a, P b) { return a = a + b; }                                                  \
+  inline P& operator*=(P& a, P b) { return a = a * b; }                                                  \
+  inline P operator-(P a) { return P{E(-float(a.x)), E(-float(a.y))}; }                                 \
+  inline P __hadd2(P a, P b) { return a + b; }                                                           \
+  inline P __hsub2(P a, P b) { return a - b; }                                                           \
+  inline P __hmul2(P a, P b) { return a * b; }                                                           \
+  inline P __h2div(P a, P b) { return a / b; }                                                           \
+  inline P __hneg2(P a) { return -a; }                                                                   \
+  inline P __habs2(P a) { return P{E(std::fabs(float(a.x))), E(std::fabs(float(a.y)))}; }              \
+  inline P __hfma2(P a, P b, P c) {                                                                      \
+    return P{E(std::fma(float(a.x), float(b.x), float(c.x))), E(std::fma(float(a.y), float(b.y), float(c.y)))}; \
+  }                                                                                                      \
+  inline P __hmax2(P a, P b) { return emmy_sim_pair_map(a, b, [](float u, float v) { return std::fmax(u, v); }); } \
+  inline P __hmin2(P a, P b) { return emmy_sim_pair_map(a, b, [](float u, float v) { return std::fmin(u, v); }); } \
+  inline P __halves2##S##2(E a, E b) { return P{a, b}; }                                                 \
+  inline P __lows2##S##2(P a, P b) { return P{a.x, b.x}; }                                               \
+  inline P __highs2##S##2(P a, P b) { return P{a.y, b.y}; }                                              \
+  inline P __low2##S##2(P a) { return P{a.x, a.x}; }                                                     \
+  inline P __high2##S##2(P a) { return P{a.y, a.y}; }                                                    \
+  inline float __low2float(P a) { return float(a.x); }                                                   \
+  inline float __high2float(P a) { return float(a.y); }
+EMMY_SIM_PAIR_OPS(__half2, __half, half)
+EMMY_SIM_PAIR_OPS(__nv_bfloat162, __nv_bfloat16, bfloat16)
+#undef EMMY_SIM_PAIR_OPS
+inline __half2 __half2half2(__half a) { return __half2{a, a}; }
+inline __nv_bfloat162 __bfloat162bfloat162(__nv_bfloat16 a) { return __nv_bfloat162{a, a}; }
+inline __half2 make_half2(__half x, __half y) { return __half2{x, y}; }
+inline __nv_bfloat162 make_bfloat162(__nv_bfloat16 x, __nv_bfloat16 y) { return __nv_bfloat162{x, y}; }
+inline __half2 __float22half2_rn(float2 f) { return __half2{(__half)f.x, (__half)f.y}; }
+inline __nv_bfloat162 __float22bfloat162_rn(float2 f) { return __nv_bfloat162{f.x, f.y}; }
+inline __nv_bfloat16 __low2bfloat16(__nv_bfloat162 h) { return h.x; }
+inline __nv_bfloat16 __high2bfloat16(__nv_bfloat162 h) { return h.y; }
+inline __half __hdiv(__half a, __half b) { return (__half)((float)a / (float)b); }
+inline __half __hneg(__half a) { return (__half)(-(float)a); }
+inline __half __habs(__half a) { return (__half)std::fabs((float)a); }
+inline __half __hmax(__half a, __half b) { return (__half)std::fmax((float)a, (float)b); }
+inline __half __hmin(__half a, __half b) { return (__half)std::fmin((float)a, (float)b); }
+inline bool __hisnan(__half a) { return std::isnan((float)a); }
+inline bool __heq(__half a, __half b) { return (float)a == (float)b; }
+inline bool __hlt(__half a, __half b) { return (float)a < (float)b; }
+inline bool __hgt(__half a, __half b) { return (float)a > (float)b; }
+inline __half hexp(__half a) { return (__half)std::exp((float)a); }
+inline __half hsqrt(__half a) { return (__half)std::sqrt((float)a); }
+inline __half hrsqrt(__half a) { return (__half)(1.0f / std::sqrt((float)a)); }
+inline __half __int2half_rn(int i) { return (__half)(float)i; }
+inline int __half2int_rn(__half h) { return (int)std::nearbyint((float)h); }
+
 // ---- math intrinsics ------------------------------------------------------
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }

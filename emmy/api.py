@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from emmy.program import Program
 
 
@@ -9,7 +11,7 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
              rules: tuple = (), budget=None, knobs=None, capture_cache: bool = False) -> Program:
     """Compile a PyTorch program.
 
-    `graph` is `-c`-style code (a string), an `nn.Module` or `fx.GraphModule`
+    `graph` is `-c`-style code (a string) or a file of it (a pathlib.Path), an `nn.Module` or `fx.GraphModule`
     or plain function (with example inputs), or an ExportedProgram. The target
     defaults to EMMY_TARGET, else sm_90. Every stage up to `stop_after` is
     built now, so its errors surface here; later stages build when asked.
@@ -17,7 +19,7 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     `budget` (emmy.egraph.driver.Budget) bounds saturation, by default from
     EMMY_EGRAPH_* settings. `knobs` pins schedule knobs for every kernel
     (`"K=V,..."` or an emmy.knobs.KnobRow; default EMMY_KNOBS). `capture_cache`: for code
-    strings, reuse (or remember) what capture and decomposition made of the same code in the
+    strings and files, reuse (or remember) what capture and decomposition made of the same code in the
     on-disk cache (emmy.capture.cache), so a repeat needs no torch; such a program's
     `captured` is a CachedCapture (no ExportedProgram: checking against torch recaptures).
     """
@@ -33,15 +35,18 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     check_target(pins, chosen)
     groups, budget = _optimizer_setup(rules, budget, config)
     cached = None
-    if capture_cache and isinstance(graph, str):
+    code = None
+    if capture_cache and isinstance(graph, (str, os.PathLike)):
+        from emmy.capture import program_text
         from emmy.capture.cache import lookup
 
-        cached = lookup(graph, config.cache_dir)
+        code = program_text(graph)[0]
+        cached = lookup(code, config.cache_dir)
     program = Program(cached or capture(graph, *example_inputs), chosen, groups, budget, pins)
-    if capture_cache and isinstance(graph, str) and cached is None:
+    if code is not None and cached is None:
         from emmy.capture.cache import store
 
-        store(graph, program, config.cache_dir)  # decomposes now: unsupported ops fail here as below
+        store(code, program, config.cache_dir)  # decomposes now: unsupported ops fail here as below
     if stop_after != "torch":
         program.tensor_program  # noqa: B018 - decompose now, so unsupported ops fail here
     if stop_after not in ("torch", "tensor"):

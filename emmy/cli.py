@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 import traceback
+from pathlib import Path
 
 from emmy.errors import EmmyError, KernelFault
 from emmy.program import STAGES
@@ -35,10 +36,14 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("-v", "--verbose", action="store_true", help="log progress; tracebacks on errors")
 
     def program_command(name: str, help_text: str) -> argparse.ArgumentParser:
-        """A command that compiles -c code: the code, knob pins, optimizer options, --target, -v."""
+        """A command that compiles -c code or a -f file: the program, knob pins, optimizer options,
+        --target, -v."""
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("-c", dest="code", required=True, metavar="CODE",
-                       help="Python code whose last statement is the tensor expression to compile")
+        source = p.add_mutually_exclusive_group(required=True)
+        source.add_argument("-c", dest="code", metavar="CODE",
+                            help="Python code whose last statement is the tensor expression to compile")
+        source.add_argument("-f", dest="file", metavar="FILE", type=Path,
+                            help="a Python file whose last statement is the tensor expression (as -c)")
         p.add_argument("--knobs", metavar="K=V,...", help="pin schedule knobs (overrides EMMY_KNOBS)")
         optimizer_options(p)
         common(p)
@@ -117,7 +122,7 @@ def _compile(args) -> int:
     from emmy.api import optimize
 
     rules, budget = _optimizer_args(args)
-    program = optimize(args.code, target=args.target, stop_after=args.ir, rules=rules, budget=budget,
+    program = optimize(args.code or args.file, target=args.target, stop_after=args.ir, rules=rules, budget=budget,
                        knobs=args.knobs, capture_cache=True)
     text = program.ir(args.ir)
     if args.verbose and args.ir not in ("torch", "tensor"):
@@ -164,7 +169,7 @@ def _compiled(args, stop_after: str, capture_cache: bool = True):
     from emmy.api import optimize
 
     rules, budget = _optimizer_args(args)
-    return optimize(args.code, target=args.target, stop_after=stop_after, rules=rules, budget=budget,
+    return optimize(args.code or args.file, target=args.target, stop_after=stop_after, rules=rules, budget=budget,
                     knobs=args.knobs, capture_cache=capture_cache)
 
 

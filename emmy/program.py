@@ -196,9 +196,12 @@ class Program:
 
         from emmy.runtime import check_inputs
 
+        from emmy.capture import scalar_tensor
+
         graph = self.tensor_ir
         given = inputs or self.example_inputs
         check_inputs(self, given)
+        given = [scalar_tensor(g) for g in given]
         arrays = {node.name: to_numpy(t)[0] for node, t in zip(graph.inputs, given)}
         if stage == "loop":
             from emmy.loop_ir.interpreter import run_program

@@ -49,8 +49,12 @@ def check_inputs(program, inputs) -> None:
     if inputs is None or len(inputs) != len(expected):
         raise EmmyError(f"the program takes {len(expected)} inputs "
                         f"({', '.join(n.name for n in expected)}), got {0 if inputs is None else len(inputs)}")
+    from emmy.capture import scalar_tensor
+
     for position, (node, given) in enumerate(zip(expected, inputs)):
         where = f"input {position} ({node.name})"
+        if not node.type.shape:
+            given = scalar_tensor(given)  # a Python number where the program takes one
         want = f"{node.type.dtype}{list(node.type.shape)}"
         if not isinstance(given, torch.Tensor):
             raise EmmyError(f"{where}: expected a torch tensor {want}, got {type(given).__name__}")
@@ -106,8 +110,11 @@ def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") 
     import emmy.sim as sim
 
     loops = program.loop_ir
+    from emmy.capture import scalar_tensor
+
     given = inputs or program.example_inputs
     check_inputs(program, given)
+    given = [scalar_tensor(g) for g in given]
     types = program.buffer_types
     buffers = host_buffers(program, given)
     if device == "cuda":

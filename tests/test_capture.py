@@ -102,3 +102,32 @@ def test_example_inputs_are_reproducible():
     first = emmy.optimize("x=torch.randn(5); x * 2").example_inputs[0]
     second = emmy.optimize("x=torch.randn(5); x * 2").example_inputs[0]
     assert torch.equal(first, second)
+
+
+def test_code_converts_modules_and_inputs_with_half_to_and_bfloat16():
+    code = ("l = nn.Linear(8, 16).half()\n"
+            "m = nn.Linear(16, 4).to(torch.bfloat16)\n"
+            "x = torch.randn(4, 8).to(torch.float16)\n"
+            "y = torch.randn(4, 16).bfloat16()\n"
+            "(l(x), m(y))\n")
+    program = emmy.optimize(code)
+    inputs = {n.name: n.type for n in program.tensor_ir.inputs}
+    assert str(inputs["x"]) == "f16[4,8]" and str(inputs["y"]) == "bf16[4,16]"
+    weights = {n.name: n.type for n in program.tensor_ir.weights}
+    assert str(weights["l_weight"]) == "f16[16,8]" and str(weights["m_weight"]) == "bf16[4,16]"
+    check_against_torch(program)
+
+
+def test_python_numbers_are_scalar_inputs_that_each_call_may_change():
+    from emmy.runtime import run_program
+
+    def scaled(x, s, n):
+        return (x * s + n).sum(-1)
+
+    x = torch.randn(6, 40)
+    program = emmy.optimize(scaled, x, 2.5, 3)
+    kinds = {n.name: str(n.type) for n in program.tensor_ir.inputs}
+    assert kinds == {"x": "f32[6,40]", "s": "f32[]", "n": "i64[]"}
+    for s, n in [(2.5, 3), (-0.75, 11)]:
+        (got,) = run_program(program, [x, s, n], mode="asan").values()
+        torch.testing.assert_close(torch.from_numpy(got).reshape(6), scaled(x, s, n), rtol=1e-5, atol=1e-4)

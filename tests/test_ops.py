@@ -143,6 +143,16 @@ CASES = [
     ("aten.native_group_norm.default",
      "x=torch.randn(2,4,5,6); w=torch.randn(4); b=torch.randn(4); F.group_norm(x, 2, w, b)"),
     ("aten.native_group_norm.default", "x=torch.randn(2,6,10,dtype=torch.float16); F.group_norm(x, 3)"),
+    # index-returning reductions and scans
+    ("aten.argmax.default", X + "x.argmax(-1)"),
+    ("aten.argmin.default", X + "torch.argmin(x)"),
+    ("aten.argmax.default", "x=torch.randint(0,3,(5,7)).float(); x.argmax(0, keepdim=True)"),  # ties: the first
+    ("aten.argmin.default", H + "x.argmin(1)"),
+    ("aten.max.dim", X + "m = x.max(-1); m.values * m.indices"),
+    ("aten.min.dim", "x=torch.randint(0,4,(5,7)); torch.min(x, 0, keepdim=True).indices"),
+    ("aten.cumsum.default", X + "x.cumsum(-1)"),
+    ("aten.cumsum.default", H + "torch.cumsum(x, 0)"),
+    ("aten.cumprod.default", X + "(x * 0.3 + 1).cumprod(0)"),
     # dtype casts
     ("aten._to_copy.default", X + "x.half()"),
     ("aten._to_copy.default", X + "x.to(torch.bfloat16)"),
@@ -181,6 +191,19 @@ def test_the_added_ops_run_right_in_the_simulator(dtype):
             "a = torch.where(torch.isnan((x - 1).log()), -1.0, a) + torch.flip(x, (-1,)); "
             "a = F.group_norm(a, 2, w) + torch.linalg.vector_norm(x, dim=(-1, -2), keepdim=True); "
             "torch.tril(a)")
+    program = emmy.optimize(code, target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_arg_reductions_and_scans_run_right_in_the_simulator(dtype):
+    """argmax/argmin (first index of the extreme, NaN wins), max with indices, cumsum and cumprod,
+    compiled to CUDA and run with ASan on."""
+    from emmy.runtime import check_program
+
+    code = (f"x=torch.randn(3,5,33,dtype=torch.{dtype}); "
+            "y = torch.where(x > 2.0, float('nan'), x); "
+            "(x.argmax(-1), y.argmin(1), x.max(0).indices, x.cumsum(-1), (x * 0.2 + 1).cumprod(1))")
     program = emmy.optimize(code, target="sm_90")
     assert all(c.ok for c in check_program(program, mode="asan"))
 

@@ -205,8 +205,31 @@ def test_bad_arguments_and_sources_get_clear_errors(cache):
                  cache_dir=cache)
 
 
+@pytest.mark.parametrize("mode", ["plain", "asan", "racecheck"])
+def test_a_plain_cuda_file_without_emmy_headers_runs_as_nvcc_would_build_it(cache, rng, mode):
+    """Shuffles, dynamic shared memory, a 2-D block, atomics and __half2 from <cuda_fp16.h>."""
+    module = load("plain_cuda.cu", cache, mode)
+    rows, pairs = 1000, 3
+    x = rng.standard_normal((rows, 2 * pairs)).astype(np.float16)
+    sums = np.zeros(2 * pairs, np.float32)
+    module.launch("column_pair_sums", grid=(pairs, 2), block=(32, 4), shared_bytes=4 * 2 * 4,
+                  args=[x.view(np.uint32), sums, rows, pairs])
+    # each product is 2x an f16 value, exact in f16; the float sums differ from numpy's only in order
+    np.testing.assert_allclose(sums, 2 * x.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-3)
+
+
+def test_a_race_in_a_plain_cuda_file_is_reported_at_its_own_lines(cache):
+    module = load("plain_cuda.cu", cache, "racecheck")
+    with pytest.raises(KernelFault) as fault:
+        module.launch("racy_meeting", grid=1, block=(32, 2), shared_bytes=8, args=[np.zeros(1, np.float32)])
+    message = str(fault.value)
+    assert "kernel racy_meeting (plain_cuda.cu): race on shared memory" in message
+    # warp 1's lane 0 writes partial[1] at line 41; thread 0 reads it at line 44
+    assert "plain_cuda.cu:41" in message and "plain_cuda.cu:44" in message, message
+
+
 SOURCES = ["vector_add.cu", "block_reduce.cu", "smem_matmul.cu", "mma_matmul.cu", "ldmatrix_forms.cu",
-           "cp_async_pipeline.cu", "faults.cu", "tma_tile.cu"]
+           "cp_async_pipeline.cu", "faults.cu", "tma_tile.cu", "plain_cuda.cu"]
 
 
 @pytest.mark.parametrize("name", SOURCES)

@@ -1,12 +1,13 @@
 """Capture: any form of PyTorch program -> a core-ATen ExportedProgram.
 
-Accepted forms: `-c` code (a string), an `nn.Module` (an `fx.GraphModule` is
+Accepted forms: `-c` code (a string) or a program file (a path, `emmy -f`), an `nn.Module` (an `fx.GraphModule` is
 one) or a plain function with example inputs, or a `torch.export`
 ExportedProgram.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from emmy.capture.source import Source
@@ -20,17 +21,31 @@ class Captured:
     example_inputs: tuple | None  # torch tensors, in the order of the user inputs
 
 
+def program_text(graph) -> tuple[str, str]:
+    """(code, how messages name it) for -c code or a program file (`emmy -f`, a pathlib.Path)."""
+    if isinstance(graph, str):
+        return graph, "-c code"
+    path = os.fspath(graph)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read(), f"file {os.path.basename(path)}"
+    except OSError as err:
+        raise EmmyError(f"cannot read the program file {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise EmmyError(f"the program file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
 def capture(graph, *example_inputs) -> Captured:
     import torch
 
     from emmy.capture import exporting
 
-    if isinstance(graph, str):
+    if isinstance(graph, (str, os.PathLike)):
         from emmy.capture.code import capture_code
 
         if example_inputs:
-            raise EmmyError("-c code makes its own inputs; pass no example inputs with a code string")
-        code = capture_code(graph)
+            raise EmmyError("-c code makes its own inputs; pass no example inputs with a code string or file")
+        code = capture_code(*program_text(graph))
         program = _export(code.module, code.example_inputs, code.source)
         return Captured(exporting.decompose(program), code.source, code.example_inputs)
 
@@ -40,6 +55,7 @@ def capture(graph, *example_inputs) -> Captured:
 
     if not example_inputs:
         raise EmmyError(f"emmy.optimize needs example inputs to capture a {type(graph).__name__}")
+    example_inputs = tuple(scalar_tensor(v) for v in example_inputs)
     _check_inputs(example_inputs)
     if isinstance(graph, torch.nn.Module):
         module = graph.eval()
@@ -61,6 +77,21 @@ def _stored_inputs(program) -> tuple | None:
         return None
     args, kwargs = stored
     return tuple(args) if not kwargs else None
+
+
+def scalar_tensor(value):
+    """A Python number (a scale, an epsilon passed at call time) as a rank-0 tensor input: f32 for a
+    float, i64 for an int, bool for a bool. The program reads it as a one-element buffer, so calls
+    may pass another number without a new compile. Anything else passes through."""
+    import torch
+
+    if isinstance(value, bool):
+        return torch.tensor(value, dtype=torch.bool)
+    if isinstance(value, int):
+        return torch.tensor(value, dtype=torch.int64)
+    if isinstance(value, float):
+        return torch.tensor(value, dtype=torch.float32)
+    return value
 
 
 def _check_inputs(inputs) -> None:

@@ -69,6 +69,23 @@ def _is_construction(func: ast.expr) -> bool:
     return bool(name) and name[0].isupper()
 
 
+# Methods that keep a fresh tensor or module what it is (a dtype, a device, a mode): a factory or
+# construction followed by them is one site, run for real, so `nn.Linear(8, 16).half()` converts
+# real parameters and `torch.randn(4, 8).half()` is an f16 input.
+CHAINED = frozenset({"half", "bfloat16", "float", "double", "to", "cuda", "cpu", "contiguous", "eval", "requires_grad_"})
+
+
+def _site_hook(call: ast.Call) -> str | None:
+    func = call.func
+    if _is_factory(func):
+        return _INPUT
+    if isinstance(func, ast.Attribute) and func.attr in CHAINED and isinstance(func.value, ast.Call):
+        return _site_hook(func.value)
+    if _is_construction(func):
+        return _CONSTRUCT
+    return None
+
+
 class _Rewriter(ast.NodeTransformer):
     """Routes factory and constructor calls through emmy's hooks, numbering each site."""
 
@@ -85,13 +102,18 @@ class _Rewriter(ast.NodeTransformer):
 
     def visit_Call(self, node: ast.Call):
         hint, self._target = self._target, None
-        node = self.generic_visit(node)
-        if _is_factory(node.func):
-            hook = _INPUT
-        elif _is_construction(node.func):
-            hook = _CONSTRUCT
-        else:
-            return node
+        hook = _site_hook(node)
+        if hook is None:
+            return self.generic_visit(node)
+        # the arguments may hold sites of their own; the chain's receivers are part of this one
+        inner = node
+        while _site_hook(inner) is not None and not _is_factory(inner.func) and isinstance(inner.func, ast.Attribute) \
+                and inner.func.attr in CHAINED and isinstance(inner.func.value, ast.Call):
+            inner.args = [self.visit(a) for a in inner.args]
+            inner.keywords = [self.visit(k) for k in inner.keywords]
+            inner = inner.func.value
+        inner.args = [self.visit(a) for a in inner.args]
+        inner.keywords = [self.visit(k) for k in inner.keywords]
         site = len(self.sites)
         self.sites.append(hint or "")
         thunk = ast.Lambda(
@@ -102,7 +124,7 @@ class _Rewriter(ast.NodeTransformer):
         return ast.copy_location(call, node)
 
 
-def _parse(code: str) -> ast.Module:
+def _parse(code: str, label: str) -> ast.Module:
     try:
         tree = ast.parse(code, CODE_FILENAME)
     except SyntaxError as err:
@@ -110,16 +132,16 @@ def _parse(code: str) -> ast.Module:
         col = err.offset or 1
         text = (err.text or "").rstrip("\n")
         raise CodeError(
-            f"syntax error in -c code at line {line}, column {col}: {err.msg}",
+            f"syntax error in {label} at line {line}, column {col}: {err.msg}",
             detail=f"  {text}\n  {' ' * (col - 1)}^" if text else "",
         ) from None
     if not tree.body:
-        raise CodeError("the -c code is empty; its last statement must be an expression giving a tensor")
+        raise CodeError(f"the {label} is empty; its last statement must be an expression giving a tensor")
     last = tree.body[-1]
     if not isinstance(last, ast.Expr):
         kind = _STATEMENT_KINDS.get(type(last).__name__, "a " + type(last).__name__.lower() + " statement")
         raise CodeError(
-            f"the last statement of -c code (line {last.lineno}) is {kind}, not an expression; "
+            f"the last statement of {label} (line {last.lineno}) is {kind}, not an expression; "
             "end the code with the expression whose tensor emmy should compile",
             detail="  " + (ast.get_source_segment(code, last) or "").splitlines()[0],
         )
@@ -179,11 +201,12 @@ def _build_forward(tree: ast.Module, params: list[str]) -> ast.Module:
     return ast.fix_missing_locations(module)
 
 
-def capture_code(code: str) -> CodeCapture:
+def capture_code(code: str, label: str = "-c code") -> CodeCapture:
+    """`label` names the code in messages: "-c code", or "file prog.py" for `-f`."""
     import torch
 
     source = Source(code)
-    tree = _parse(code)
+    tree = _parse(code, label)
     rewriter = _Rewriter()
     tree = rewriter.visit(tree)
     ast.fix_missing_locations(tree)
@@ -231,7 +254,7 @@ def capture_code(code: str) -> CodeCapture:
             raise explain_export_failure(err, source) from err
         where = _code_location(sys.exc_info()[2], source)
         at = f" at {where}" if where else ""
-        raise CodeError(f"the -c code raised {type(err).__name__}{at}: {_first_line(err)}") from err
+        raise CodeError(f"the {label} raised {type(err).__name__}{at}: {_first_line(err)}") from err
 
     result = namespace["__emmy_result__"]
     last_line = tree.body[-1].lineno
@@ -242,12 +265,12 @@ def capture_code(code: str) -> CodeCapture:
             type(r).__name__ for r in items
         )
         raise CodeError(
-            f"the last expression of -c code (line {last_line}) gives {got}, not a tensor; "
+            f"the last expression of {label} (line {last_line}) gives {got}, not a tensor; "
             "emmy compiles an expression whose value is a torch.Tensor (or a tuple of them)"
         )
 
     names = _input_names(made_inputs, rewriter.sites)
-    module = _traced_module(tree, names, made_inputs, made_modules, rewriter.sites)
+    module = _traced_module(tree, names, made_inputs, made_modules, rewriter.sites, label)
     return CodeCapture(
         module=module,
         example_inputs=tuple(t for _, t in made_inputs),
@@ -274,7 +297,7 @@ def _input_names(made_inputs, sites) -> list[str]:
     return names
 
 
-def _traced_module(tree, names, made_inputs, made_modules, sites):
+def _traced_module(tree, names, made_inputs, made_modules, sites, label):
     import torch
 
     forward_tree = _build_forward(tree, names)
@@ -284,10 +307,10 @@ def _traced_module(tree, names, made_inputs, made_modules, sites):
 
     def traced_input(site, thunk):
         if not state["queue"]:
-            raise CodeError("the -c code made more input tensors while traced than when run; is its control flow data-dependent?")
+            raise CodeError(f"the {label} made more input tensors while traced than when run; is its control flow data-dependent?")
         want_site, value = state["queue"].pop(0)
         if want_site != site:
-            raise CodeError("the -c code made its input tensors in a different order while traced; is its control flow data-dependent?")
+            raise CodeError(f"the {label} made its input tensors in a different order while traced; is its control flow data-dependent?")
         return value
 
     def traced_construct(site, thunk):

@@ -15,7 +15,6 @@ import numpy as np
 
 # Importing the op modules fills the registry.
 from emmy.decompose import elementwise, layout, linalg, nn, reductions  # noqa: F401
-from emmy.decompose.reductions import IndicesUnsupported
 from emmy.decompose.registry import LOWERINGS, Context
 from emmy.dtypes import from_torch, to_numpy
 from emmy.errors import EmmyError, UnsupportedOpError
@@ -91,10 +90,7 @@ def to_tensor_ir(captured) -> TensorProgram:
 
 def _resolve(value, env):
     if hasattr(value, "op") and hasattr(value, "name"):
-        found = env[value.name]
-        if isinstance(found, IndicesUnsupported):
-            raise UnsupportedOpError(f"unsupported op {found.where}: its indices output is used")
-        return found
+        return env[value.name]
     if isinstance(value, (list, tuple)):
         return type(value)(_resolve(v, env) for v in value)
     return value

@@ -1,10 +1,14 @@
-"""Reductions: sum, mean, amax/amin, max/min, prod, var/std.
+"""Reductions: sum, mean, amax/amin, max/min with their indices, argmax/argmin, prod, var/std,
+vector norms, and the scans cumsum/cumprod.
 
 Half-precision inputs accumulate in float32 and round once at the end.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from emmy.affine import Affine, Guard
 from emmy.decompose.registry import Context, lowers
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
@@ -56,20 +60,34 @@ def amin(ctx: Context, x, dims=None, keepdim=False):
     return _reduce(ctx, "min", x, dims, keepdim)
 
 
-class IndicesUnsupported:
-    """The indices half of max.dim/min.dim: an error if anything reads it."""
-
-    def __init__(self, where: str):
-        self.where = where
-
-
 @lowers("aten.max.dim", "aten.min.dim")
 def max_dim(ctx: Context, x, dim, keepdim=False):
     op = "max" if ".max." in str(ctx.node.target) else "min"
     out = ctx.out_type(0)
-    values = ctx.b.reduce_axes(op, x, [dim], keepdim, name=ctx.name)
+    rank = len(ctx.b.shape(x))
+    if keepdim:
+        kept = values = ctx.b.reduce_axes(op, x, [dim], True, name=ctx.name)
+    else:
+        kept = ctx.b.reduce_axes(op, x, [dim], True)
+        values = ctx.b.keep_axes(kept, [k for k in range(rank) if k != dim % rank], name=ctx.name)
     assert ctx.b.shape(values) == out.shape
-    return (values, IndicesUnsupported(ctx.where))
+    return (values, _position_of(ctx, x, dim % rank, kept, keepdim, suffix="indices"))
+
+
+def _position_of(ctx: Context, x: str, axis: int, extreme: str, keepdim: bool, suffix: str) -> str:
+    """The first position along `axis` where x equals its (kept) extreme, as torch's indices: a NaN
+    is the extreme wherever one occurs, as torch's max and argmax propagate it."""
+    b = ctx.b
+    shape = b.shape(x)
+    n = shape[axis]
+    hit = b.elementwise("equal", x, b.broadcast_to(extreme, shape), dtype=DType.BOOL)
+    if b.dtype(x).is_float:
+        hit = b.elementwise("logical_or", hit, b.elementwise("isnan", x, dtype=DType.BOOL), dtype=DType.BOOL)
+    positions = ctx.constant(np.arange(n), DType.I64)
+    along = b.index_map(positions, shape, [Affine.dim(axis)], suffix="positions")
+    candidates = b.elementwise("where", hit, along, b.fill(n, shape, DType.I64), dtype=DType.I64)
+    first = b.reduce_axes("min", candidates, [axis], keepdim, suffix=suffix)
+    return first
 
 
 def mean_of(ctx: Context, xf: str, axes: list[int], keepdim: bool, name: str | None = None) -> str:
@@ -115,8 +133,40 @@ def var(ctx: Context, x, dims=None, unbiased_or_none=None, correction=None, keep
 
 
 @lowers("aten.argmax.default", "aten.argmin.default")
-def argmax(ctx: Context, *args, **kwargs):
-    raise UnsupportedOpError(f"unsupported op {ctx.where}: reductions that return indices")
+def argmax(ctx: Context, x, dim=None, keepdim=False):
+    """Index of the first maximum (minimum): the extreme, then the least position holding it. With
+    no `dim` the tensor is read flat, as torch does."""
+    op = "max" if "argmax" in str(ctx.node.target) else "min"
+    out = ctx.out_type()
+    if dim is None:
+        x = ctx.b.reshape(x, [max(ctx.b.type(x).numel, 1)])
+        dim, keepdim = 0, False
+    axis = dim % max(len(ctx.b.shape(x)), 1)
+    extreme = ctx.b.reduce_axes(op, x, [axis], True)
+    found = _position_of(ctx, x, axis, extreme, keepdim, suffix="index")
+    return ctx.b.index_map(found, out.shape, [Affine.dim(k) for k in range(len(out.shape))], name=ctx.name)
+
+
+@lowers("aten.cumsum.default", "aten.cumprod.default")
+def scan(ctx: Context, x, dim, dtype=None):
+    """out[..i..] = the sum (product) of x[..j..] for j <= i: x read through a triangular index map
+    (a new last axis j, guarded by j <= i, filled with the monoid's identity), then reduced over it.
+    Quadratic in the scanned extent, so the scan stays in Tensor IR's three primitives."""
+    op = "sum" if "cumsum" in str(ctx.node.target) else "prod"
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    xf = ctx.tensor(x, acc)
+    shape = ctx.b.shape(xf)
+    if not shape:  # a rank-0 scan is the value itself
+        return ctx.b.cast(xf, out.dtype)
+    axis = dim % len(shape)
+    rank = len(shape)
+    index = [Affine.dim(rank) if k == axis else Affine.dim(k) for k in range(rank)]
+    upto = Guard(Affine.dim(rank) - Affine.dim(axis), hi=1)  # j - i < 1
+    tri = ctx.b.index_map(xf, (*shape, shape[axis]), index, guards=[upto], fill=0 if op == "sum" else 1,
+                          suffix="prefix")
+    total = ctx.b.reduce_axes(op, tri, [rank], False, name=ctx.name if acc is out.dtype else None)
+    return ctx.b.cast(total, out.dtype)
 
 
 @lowers("aten.linalg_vector_norm.default")

@@ -58,7 +58,9 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
     blocking += [f"{knob}={getattr(row, knob)}" for knob in ("STAGE", "RASTER") if getattr(row, knob)]
     if blocking:
         return f"{', '.join(blocking)} {'is' if len(blocking) == 1 else 'are'} not lowered yet"
-    if tile.placement.free and tile.kernel.body and not isinstance(tile.kernel.body[0], L.Loop):
+    # a map recomputes what is hoisted above its loops per element; a row would lose it
+    if tile.shape.kind == "row" and tile.placement.free and tile.kernel.body and \
+            not isinstance(tile.kernel.body[0], L.Loop):
         return "statements outside the kernel's free loops are not lowered yet"
     if row.REDUCE == "coop" or split_ok:  # folds merged across threads: the runtime header's merges
         for fold in (p for p in tile.parts if isinstance(p, Fold) and p.twist):

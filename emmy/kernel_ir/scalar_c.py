@@ -44,6 +44,11 @@ def literal(value, dtype: DType) -> str:
     if dtype == DType.BOOL:
         return "true" if value else "false"
     if dtype in (DType.I64, DType.I32):
+        if isinstance(value, float) and math.isinf(value):  # a max or min fold's identity
+            bits = 63 if dtype == DType.I64 else 31
+            value = (1 << bits) - 1 if value > 0 else -(1 << bits)
+            if value < 0:  # the most negative literal is spelled as an expression in C
+                return f"({value + 1}{'LL' if dtype == DType.I64 else ''} - 1)"
         return f"{int(value)}{'LL' if dtype == DType.I64 else ''}"
     v = float(value)
     if math.isnan(v):

@@ -336,6 +336,10 @@ class KernelLowering:
         for item in self.items:
             if isinstance(item.home, _Deferred):
                 item.home = deepest(item.home.deps)
+            # a value no loop variable reaches (a scalar input's load, a constant's op) goes into the
+            # outermost free loop: kernels place their threads on those loops, not above them
+            if item.home is None and chain and isinstance(item.stmt, Assign):
+                item.home = chain[0]
         children: dict[int | None, list] = {}
         for item in self.items:
             children.setdefault(item.home, []).append(item)

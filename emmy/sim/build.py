@@ -20,6 +20,7 @@ from emmy.sim.source import simulator_source
 log = logging.getLogger(__name__)
 
 HEADERS = Path(emmy.cuda_templates.__path__[0])  # emmy_sim.h and emmy_rt.cuh
+CUDA_HEADERS = HEADERS / "sim_include"  # <cuda_fp16.h>, <cuda_runtime.h>, ...: the simulator's stand-ins
 
 MODES = ("plain", "asan", "racecheck")
 COMMON_FLAGS = ("-std=c++20", "-O1", "-g", "-fPIC", "-fno-strict-aliasing", "-Wno-unknown-pragmas")
@@ -52,7 +53,7 @@ def build(source: str, filename: str, mode: str, cache_dir: Path) -> Built:
         cu = Path(work) / "kernel.cpp"
         cu.write_text(text)
         obj, tmp = Path(work) / "kernel.o", Path(work) / "kernel.so"
-        compile_flags = [*COMMON_FLAGS, *MODE_FLAGS[mode], "-I", str(HEADERS)]
+        compile_flags = [*COMMON_FLAGS, *MODE_FLAGS[mode], "-I", str(HEADERS), "-I", str(CUDA_HEADERS)]
         link_flags = ["-fsanitize=address"] if mode == "asan" else []  # racecheck links no TSan runtime
         _run(["g++", *compile_flags, "-c", str(cu), "-o", str(obj)], filename)
         _run(["g++", "-shared", *link_flags, str(obj), "-o", str(tmp), "-ldl"], filename)
@@ -77,7 +78,7 @@ def _compiler_version() -> str:
 def headers_digest() -> str:
     """The runtime and simulator headers' text: part of every build cache's key (g++ and nvcc)."""
     digest = hashlib.sha256()
-    for header in sorted(HEADERS.glob("*.h")) + sorted(HEADERS.glob("*.cuh")):
+    for header in sorted(HEADERS.glob("*.h")) + sorted(HEADERS.glob("*.cuh")) + sorted(CUDA_HEADERS.glob("*.h")):
         digest.update(header.read_bytes())
     return digest.hexdigest()
 

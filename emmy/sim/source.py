@@ -75,9 +75,10 @@ def dynamic_shared(source: str) -> list[tuple[str, str]]:
 
 
 def simulator_source(source: str, filename: str) -> str:
-    """The source as g++ compiles it: unchanged (its lines keep their numbers), with storage for its
-    dynamic shared arrays and one exported launcher per kernel appended."""
+    """The source as g++ compiles it: unchanged (its lines keep their numbers), after the simulator's
+    header (so a plain CUDA file needs no include, as under nvcc), with storage for its dynamic
+    shared arrays and one exported launcher per kernel appended."""
     tail = [f"EMMY_SIM_DYNAMIC_SHARED({element}, {name})" for element, name in dynamic_shared(source)]
     tail += [f"EMMY_SIM_EXPORT({name})" for name in kernels_of(source, filename)]
     escaped = filename.replace("\\", "\\\\").replace('"', '\\"')
-    return f'#line 1 "{escaped}"\n{source}\n#line 1 "<emmy-sim launchers>"\n' + "\n".join(tail) + "\n"
+    return f'#include "emmy_sim.h"\n#line 1 "{escaped}"\n{source}\n#line 1 "<emmy-sim launchers>"\n' + "\n".join(tail) + "\n"

@@ -1,0 +1,3 @@
+// The simulator's stand-in for CUDA's <cuda_runtime_api.h>: plain CUDA files include it as nvcc's would.
+#pragma once
+#include "emmy_sim.h"
