@@ -42,6 +42,21 @@ template <> EMMY_DEVICE __half from_reg<__half>(float x) { return __float2half_r
 template <> EMMY_DEVICE __nv_bfloat16 from_reg<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 EMMY_DEVICE float round_half(float x) { return __half2float(__float2half_rn(x)); }
 EMMY_DEVICE float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+// An index tensor's value as a position along the axis it indexes (negative from the end when
+// `wrap`), clamped into [0, extent): a bad index reads a wrong element, never outside the buffer
+// (the runtime checks index inputs before a launch and reports the first bad one).
+template <class I>
+EMMY_DEVICE long long gather_index(I value, long long extent, bool wrap) {
+  long long v = (long long)value;
+  if (wrap && v < 0) v += extent;
+  return v < 0 ? 0 : (v >= extent ? extent - 1 : v);
+}
+
+template <class I>
+EMMY_DEVICE long long unless_ignored(I value, long long ignore, long long fallback) {
+  return (long long)value == ignore ? fallback : (long long)value;
+}
+
 // numpy's maximum and minimum: NaN wins
 EMMY_DEVICE float maximum(float a, float b) { return (a != a || a > b) ? a : b; }
 EMMY_DEVICE float minimum(float a, float b) { return (a != a || a < b) ? a : b; }

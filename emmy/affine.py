@@ -42,7 +42,57 @@ class Mod:
         return f"{self.expr._paren()} % {self.divisor}"
 
 
-Atom = Union[Dim, FloorDiv, Mod]
+@dataclass(frozen=True)
+class Gathered:
+    """The value of an integer tensor at an index (embedding ids, gather and index_select indices):
+    a data-dependent coordinate. `buffer` is a program input or weight of `shape`; its values index
+    an axis of `extent` elements. A negative value counts from the end when `wrap` (Python
+    indexing); a value still outside [0, extent) is an error the interpreters and the runtime
+    report, and compiled code clamps it, so no access leaves its buffer. A value equal to `ignore`
+    reads as `fallback` (cross entropy's ignore_index: `where(t != -100, t, 0)`)."""
+
+    buffer: str
+    index: tuple["Affine", ...]
+    shape: tuple[int, ...]
+    extent: int
+    wrap: bool = False
+    ignore: int | None = None
+    fallback: int = 0
+
+    def __str__(self) -> str:
+        read = f"{self.buffer}[{', '.join(str(e) for e in self.index)}]"
+        return read if self.ignore is None else f"{read}|{self.ignore}->{self.fallback}"
+
+    def moved(self, index: tuple["Affine", ...]) -> "Gathered":
+        return Gathered(self.buffer, index, self.shape, self.extent, self.wrap, self.ignore, self.fallback)
+
+    def flat(self) -> "Affine":
+        """The row-major offset of the read element in `buffer`."""
+        flat, stride = Affine.constant(0), 1
+        for expr, size in zip(reversed(self.index), reversed(self.shape)):
+            flat, stride = flat + expr * stride, stride * size
+        return flat
+
+    def dims(self) -> set[int]:
+        return set().union(*(e.dims() for e in self.index)) if self.index else set()
+
+
+Atom = Union[Dim, FloorDiv, Mod, Gathered]
+
+
+def gathered_buffers(exprs) -> set[str]:
+    """The index tensors read by the Gathered atoms in `exprs` (nested ones included)."""
+    found: set[str] = set()
+    todo = list(exprs)
+    while todo:
+        expr = todo.pop()
+        for atom, _ in expr.terms:
+            if isinstance(atom, Gathered):
+                found.add(atom.buffer)
+                todo.extend(atom.index)
+            elif not isinstance(atom, Dim):
+                todo.append(atom.expr)
+    return found
 
 
 def _atom_key(atom: Atom) -> tuple:
@@ -111,6 +161,8 @@ class Affine:
         for atom, _ in self.terms:
             if isinstance(atom, Dim):
                 found.add(atom.index)
+            elif isinstance(atom, Gathered):
+                found |= atom.dims()
             else:
                 found |= atom.expr.dims()
         return found
@@ -188,6 +240,9 @@ class Affine:
         for atom, c in self.terms:
             if isinstance(atom, Dim):
                 value = mapping[atom.index]
+            elif isinstance(atom, Gathered):
+                index = tuple(e.substitute(mapping, extents) for e in atom.index)
+                value = Affine(((atom.moved(index), 1),), 0)
             elif isinstance(atom, FloorDiv):
                 value = atom.expr.substitute(mapping, extents).floordiv(atom.divisor, extents)
             else:
@@ -195,10 +250,12 @@ class Affine:
             out = out + value * c
         return out
 
-    def evaluate(self, coords: Sequence[np.ndarray]) -> np.ndarray | int:
+    def evaluate(self, coords: Sequence[np.ndarray], tables: dict | None = None) -> np.ndarray | int:
+        """The value at `coords`; `tables` maps index tensors' names to their arrays (for Gathered
+        atoms)."""
         total: np.ndarray | int = self.const
         for atom, c in self.terms:
-            total = total + c * _atom_eval(atom, coords)
+            total = total + c * _atom_eval(atom, coords, tables)
         return total
 
     # -- printing --------------------------------------------------------
@@ -242,6 +299,8 @@ def _positive(q: int) -> int:
 def _atom_bounds(atom: Atom, extents: Sequence[int]) -> tuple[int, int]:
     if isinstance(atom, Dim):
         return 0, max(int(extents[atom.index]) - 1, 0)
+    if isinstance(atom, Gathered):
+        return 0, max(atom.extent - 1, 0)
     lo, hi = atom.expr.bounds(extents)
     if isinstance(atom, FloorDiv):
         return lo // atom.divisor, hi // atom.divisor
@@ -250,13 +309,37 @@ def _atom_bounds(atom: Atom, extents: Sequence[int]) -> tuple[int, int]:
     return 0, atom.divisor - 1
 
 
-def _atom_eval(atom: Atom, coords: Sequence[np.ndarray]):
+def _atom_eval(atom: Atom, coords: Sequence[np.ndarray], tables: dict | None):
     if isinstance(atom, Dim):
         return coords[atom.index]
-    inner = atom.expr.evaluate(coords)
+    if isinstance(atom, Gathered):
+        if tables is None or atom.buffer not in tables:
+            raise ValueError(f"evaluating {atom} needs the values of {atom.buffer}")
+        table = np.asarray(tables[atom.buffer]).reshape(atom.shape)
+        positions = tuple(np.asarray(e.evaluate(coords, tables), dtype=np.int64) for e in atom.index)
+        values = table[positions] if positions else table[()]
+        return checked_positions(values, atom)
+    inner = atom.expr.evaluate(coords, tables)
     if isinstance(atom, FloorDiv):
         return np.floor_divide(inner, atom.divisor)
     return np.mod(inner, atom.divisor)
+
+
+def checked_positions(values, atom: Gathered) -> np.ndarray:
+    """Index values as positions along the indexed axis: negatives wrapped where Python indexing
+    wraps them; a value outside the axis is a GatherIndexError naming the first one."""
+    from emmy.errors import IndexOutOfRangeError
+
+    given = np.asarray(values, dtype=np.int64)
+    if atom.ignore is not None:
+        given = np.where(given == atom.ignore, atom.fallback, given)
+    low = -atom.extent if atom.wrap else 0
+    bad = (given < low) | (given >= atom.extent)
+    if np.any(bad):
+        first = given[tuple(np.argwhere(bad)[0])] if np.ndim(bad) else given
+        raise IndexOutOfRangeError(f"index {int(first)} read from {atom.buffer} is outside [{low}, {atom.extent}), "
+                                   "the axis it indexes")
+    return np.where(given < 0, given + atom.extent, given) if atom.wrap else given
 
 
 @dataclass(frozen=True)
@@ -267,8 +350,8 @@ class Guard:
     lo: int | None = None
     hi: int | None = None
 
-    def holds(self, coords: Sequence[np.ndarray]):
-        value = self.expr.evaluate(coords)
+    def holds(self, coords: Sequence[np.ndarray], tables: dict | None = None):
+        value = self.expr.evaluate(coords, tables)
         ok = np.ones(np.shape(value), dtype=bool) if not isinstance(value, int) else np.bool_(True)
         if self.lo is not None:
             ok = ok & (value >= self.lo)

@@ -43,6 +43,10 @@ class StageNotBuiltError(EmmyError):
     """A pipeline stage that does not exist yet."""
 
 
+class IndexOutOfRangeError(EmmyError):
+    """An index tensor (embedding ids, gather indices) holds a value outside the axis it indexes."""
+
+
 class KernelFault(Exception):
     """A kernel did what a GPU would not forgive: an out-of-bounds access, a deadlock at a barrier or
     warp collective, a shared-memory race. Found by the simulator; exit status 1 (a failed check)."""

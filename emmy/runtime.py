@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emmy.dtypes import DType
-from emmy.errors import EmmyError
+from emmy.errors import EmmyError, IndexOutOfRangeError
 
 DEVICES = ("sim", "cuda")
 
@@ -73,6 +73,40 @@ def check_inputs(program, inputs) -> None:
                             f"got one on {given.device}")
         if given.layout is not torch.strided:
             raise EmmyError(f"{where}: expected a dense (strided) tensor, got layout {given.layout}")
+    check_index_values(program, inputs)
+
+
+def check_index_values(program, inputs) -> None:
+    """Every value an index input (embedding ids, gather indices) is read at must lie in the axis
+    it indexes: compiled code clamps a bad one, so it is refused here, naming the input and value."""
+    import numpy as np
+
+    from emmy.affine import Gathered
+    from emmy.tensor_ir.nodes import IndexMap
+
+    position = {node.name: k for k, node in enumerate(program.tensor_ir.inputs) if not node.type.dtype.is_float}
+    tables = {name: np.asarray(inputs[k]) for name, k in position.items()}
+    for node in program.tensor_ir.nodes:
+        if not isinstance(node, IndexMap) or not node.type.numel:
+            continue
+        coords = np.indices(node.type.shape, sparse=True) if node.type.shape else ()
+        for expr in node.index:
+            for atom, _ in expr.terms:
+                if not isinstance(atom, Gathered) or atom.buffer not in position:
+                    continue
+                at = tuple(np.asarray(e.evaluate(coords, tables), dtype=np.int64) for e in atom.index)
+                read = np.zeros(tables[atom.buffer].shape, dtype=bool)
+                read[at] = True  # the elements this map reads
+                values = tables[atom.buffer]
+                if atom.ignore is not None:
+                    values = np.where(values == atom.ignore, atom.fallback, values)
+                low = -atom.extent if atom.wrap else 0
+                bad = read & ((values < low) | (values >= atom.extent))
+                if bad.any():
+                    first = tuple(int(i) for i in np.argwhere(bad)[0])
+                    raise IndexOutOfRangeError(
+                        f"input {position[atom.buffer]} ({atom.buffer}): index {int(values[first])} at "
+                        f"{list(first)} is outside [{low}, {atom.extent}), the axis it indexes (in {node.name})")
 
 
 def host_buffers(program, inputs) -> dict[str, np.ndarray]:

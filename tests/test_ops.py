@@ -153,6 +153,13 @@ CASES = [
     ("aten.cumsum.default", X + "x.cumsum(-1)"),
     ("aten.cumsum.default", H + "torch.cumsum(x, 0)"),
     ("aten.cumprod.default", X + "(x * 0.3 + 1).cumprod(0)"),
+    # reads by index tensors
+    ("aten.embedding.default", "ids=torch.randint(0,10,(3,5)); e=nn.Embedding(10,6); e(ids) * 2"),
+    ("aten.index_select.default", X + "i=torch.tensor([3,0,5,5]); torch.index_select(x, 1, i)"),
+    ("aten.index_select.default", X + "i=torch.tensor([3,0,1]); x.index_select(0, i[1:])"),
+    ("aten.gather.default", X + "i=torch.randint(0,6,(4,3)); torch.gather(x, 1, i)"),
+    ("aten.index.Tensor", X + "i=torch.tensor([-1,0,2]); x[i] + 1"),
+    ("aten.index.Tensor", X + "i=torch.randint(0,6,(2,2),dtype=torch.int32); x[:, i.long()]"),
     # dtype casts
     ("aten._to_copy.default", X + "x.half()"),
     ("aten._to_copy.default", X + "x.to(torch.bfloat16)"),
@@ -206,6 +213,37 @@ def test_arg_reductions_and_scans_run_right_in_the_simulator(dtype):
             "(x.argmax(-1), y.argmin(1), x.max(0).indices, x.cumsum(-1), (x * 0.2 + 1).cumprod(1))")
     program = emmy.optimize(code, target="sm_90")
     assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_reads_by_index_tensors_run_right_in_the_simulator(dtype):
+    """embedding, gather, index_select and x[ids] compiled to CUDA (ASan on), fused with math."""
+    from emmy.runtime import check_program
+
+    code = (f"ids=torch.randint(0,40,(3,7)); e=nn.Embedding(40,16).to(torch.{dtype}); "
+            f"x=torch.randn(5,33,dtype=torch.{dtype}); g=torch.randint(0,33,(5,4)); s=torch.tensor([4,-1,0]); "
+            "(e(ids).sum(-1), torch.gather(x, 1, g) * 2, x.index_select(0, s[::2]).exp(), x[s] - 1)")
+    program = emmy.optimize(code, target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+def test_a_bad_index_is_a_clear_error_and_never_read():
+    import torch
+
+    from emmy.errors import IndexOutOfRangeError, UnsupportedOpError
+    from emmy.runtime import run_program
+
+    def pick(table, ids):
+        return torch.nn.functional.embedding(ids, table)
+
+    table, ids = torch.randn(10, 4), torch.tensor([[1, 9], [0, 3]])
+    program = emmy.optimize(pick, table, ids)
+    bad = torch.tensor([[1, 9], [10, 3]])
+    for run in (lambda: program.interpret(table, bad), lambda: run_program(program, [table, bad], mode="asan")):
+        with pytest.raises(IndexOutOfRangeError, match=r"input 1 \(ids\): index 10 at \[1, 0\] is outside \[0, 10\)"):
+            run()
+    with pytest.raises(UnsupportedOpError, match="indices computed inside the program"):
+        emmy.optimize(X + "x[x.argmax(0)]")
 
 
 def test_positions_made_in_the_program_become_rotary_angles():

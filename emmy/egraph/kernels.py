@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from emmy.egraph.representatives import HEAVY
 from emmy.egraph.view import ClassRef, EGraphView, ENode
 from emmy.loop_ir.lower import KernelLowering
-from emmy.loop_ir.nodes import Kernel, LoopProgram
+from emmy.loop_ir.nodes import Kernel, LoopProgram, kernel_index_tensors
 from emmy.tensor_ir.nodes import Input, TensorType, Weight
 
 LIGHT = ("unary", "binary", "select", "reindex")  # computed per element where they are used
@@ -49,6 +49,7 @@ class ChosenGraph:
         self.outputs = [(unwrap(self.choice, view.class_of_name(name)), name) for name in graph.outputs]
         self.buffer_kinds = {n.name: "input" if isinstance(n, Input) else "weight"
                              for n in graph.nodes if isinstance(n, (Input, Weight))}
+        self.leaf_types = {n.name: n.type for n in graph.nodes if isinstance(n, (Input, Weight))}
         self.refs: dict[str, int] = {}  # live uses of a class: by live parents' nodes and as an output
         self.consumers: dict[str, dict[str, int]] = {}  # class -> live parent class -> uses
         for cid, _ in self.outputs:
@@ -336,12 +337,15 @@ class Kernels:
         for root in self.kernel_order(roots):
             lowering = KernelLowering(chosen.view, chosen.choice, {c: names[c] for c in roots})
             kernels.append(lowering.lower(root, f"k_{names[root]}", names[root]))
-        return LoopProgram(
-            tuple(kernels),
-            tuple((n, chosen.buffer_type(n)) for n in self._leaves("input")),
-            tuple((n, chosen.buffer_type(n)) for n in self._leaves("weight")),
-            tuple(names[cid] for cid, _ in chosen.outputs),
-        )
+        # index tensors are read inside index expressions (Gathered atoms), not as e-nodes
+        tables = set().union(*(kernel_index_tensors(k) for k in kernels)) if kernels else set()
+
+        def leaves(kind):
+            found = set(self._leaves(kind)) | {t for t in tables if chosen.buffer_kinds.get(t) == kind}
+            return tuple((n, chosen.leaf_types[n]) for n in sorted(found))
+
+        return LoopProgram(tuple(kernels), leaves("input"), leaves("weight"),
+                           tuple(names[cid] for cid, _ in chosen.outputs))
 
     def buffer_names(self, roots) -> dict[str, str]:
         chosen = self.chosen

@@ -13,7 +13,7 @@ import ast
 from dataclasses import dataclass
 from functools import lru_cache
 
-from emmy.affine import Affine, Dim, FloorDiv, Guard, Mod
+from emmy.affine import Affine, Dim, FloorDiv, Gathered, Guard, Mod
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,9 @@ def _affine_data(expr: Affine):
 def _atom_data(atom):
     if isinstance(atom, Dim):
         return ("d", atom.index)
+    if isinstance(atom, Gathered):
+        return ("g", atom.buffer, tuple(_affine_data(e) for e in atom.index), atom.shape, atom.extent, atom.wrap,
+                atom.ignore, atom.fallback)
     kind = "f" if isinstance(atom, FloorDiv) else "m"
     return (kind, _affine_data(atom.expr), atom.divisor)
 
@@ -43,6 +46,8 @@ def _affine_from(data) -> Affine:
 def _atom_from(data):
     if data[0] == "d":
         return Dim(data[1])
+    if data[0] == "g":
+        return Gathered(data[1], tuple(_affine_from(e) for e in data[2]), *data[3:])
     inner = _affine_from(data[1])
     return FloorDiv(inner, data[2]) if data[0] == "f" else Mod(inner, data[2])
 

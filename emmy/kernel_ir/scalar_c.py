@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from emmy.affine import Affine, Dim, FloorDiv, Guard, Mod
+from emmy.affine import Affine, Dim, FloorDiv, Gathered, Guard, Mod
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
 from emmy.loop_ir import nodes as L
@@ -137,6 +137,11 @@ def affine_c(a: Affine, names: dict[int, str] | None = None) -> str:
     for atom, c in a.terms:
         if isinstance(atom, Dim):
             text = names.get(atom.index, f"a{atom.index}")
+        elif isinstance(atom, Gathered):  # clamped into its axis: no access leaves its buffer
+            value = f"{buffer_c(atom.buffer)}[{affine_c(atom.flat(), names)}]"
+            if atom.ignore is not None:
+                value = f"emmy::unless_ignored({value}, {atom.ignore}LL, {atom.fallback}LL)"
+            text = f"emmy::gather_index({value}, {atom.extent}, {'true' if atom.wrap else 'false'})"
         elif isinstance(atom, FloorDiv):
             text = f"(({affine_c(atom.expr, names)}) / {atom.divisor})"
         elif isinstance(atom, Mod):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from math import ceil, floor
 
-from emmy.affine import Affine, Dim, FloorDiv
+from emmy.affine import Affine, Dim, FloorDiv, Gathered
 from emmy.loop_ir.nodes import Assign, Kernel, Load, Loop, Store
 
 
@@ -92,6 +92,8 @@ def interval(expr: Affine, ranges: dict) -> tuple[int, int]:
 def _atom_interval(atom, ranges: dict) -> tuple[int, int]:
     if isinstance(atom, Dim):
         return ranges.get(atom.index, (0, 0))
+    if isinstance(atom, Gathered):  # compiled code clamps an index value into its axis
+        return 0, max(atom.extent - 1, 0)
     lo, hi = interval(atom.expr, ranges)
     if isinstance(atom, FloorDiv):
         return lo // atom.divisor, hi // atom.divisor

@@ -104,7 +104,7 @@ class _State:
                 if not stmt.index:  # a rank-0 output
                     self.out[()] = np.asarray(self.operand(stmt.value)).reshape(())
                     continue
-                index = tuple(np.asarray(e.evaluate(coords)) for e in stmt.index)
+                index = tuple(np.asarray(e.evaluate(coords, self.buffers)) for e in stmt.index)
                 shape = np.broadcast_shapes(*(i.shape for i in index), np.shape(self.operand(stmt.value)))
                 target = tuple(np.broadcast_to(i, shape) for i in index)
                 self.out[target] = np.broadcast_to(self.operand(stmt.value), shape)
@@ -130,7 +130,7 @@ class _State:
         expr = stmt.expr
         if isinstance(expr, Load):
             source = self.buffers[expr.buffer]
-            index = [np.asarray(e.evaluate(coords)) for e in expr.index]
+            index = [np.asarray(e.evaluate(coords, self.buffers)) for e in expr.index]
             # Masked reads may point outside the buffer; the mask discards those lanes.
             index = [np.clip(i, 0, max(n - 1, 0)) for i, n in zip(index, source.shape)]
             if not index:
@@ -140,7 +140,7 @@ class _State:
             if expr.guards:  # where a guard fails the load does not happen: the element is 0
                 valid = np.asarray(True)
                 for g in expr.guards:
-                    valid = valid & g.holds(coords)
+                    valid = valid & g.holds(coords, self.buffers)
                 value = np.where(valid, value, np.zeros((), value.dtype))
             return value
         if isinstance(expr, Op):
@@ -148,6 +148,6 @@ class _State:
         if isinstance(expr, Masked):
             valid = np.asarray(True)
             for g in expr.guards:
-                valid = valid & g.holds(coords)
+                valid = valid & g.holds(coords, self.buffers)
             return to_storage(np.where(valid, self.operand(expr.value), np.asarray(expr.fill)), stmt.dtype)
         raise TypeError(expr)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from emmy.affine import Affine, Guard
+from emmy.affine import Affine, Guard, gathered_buffers
 from emmy.dtypes import DType
 from emmy.tensor_ir.nodes import TensorType
 
@@ -127,3 +127,20 @@ def parallel_loops(body: tuple) -> list[tuple[int, int]]:
                 found.append((stmt.var, stmt.extent))
                 stack.append(stmt.body)
     return found
+
+
+def kernel_index_tensors(kernel: Kernel) -> set[str]:
+    """The index tensors a kernel reads inside its index expressions (gathers by ids)."""
+    exprs = []
+    todo = list(kernel.body)
+    while todo:
+        stmt = todo.pop()
+        if isinstance(stmt, Loop):
+            todo.extend(stmt.body)
+        elif isinstance(stmt, Assign) and isinstance(stmt.expr, Load):
+            exprs += [*stmt.expr.index, *(g.expr for g in stmt.expr.guards)]
+        elif isinstance(stmt, Assign) and isinstance(stmt.expr, Masked):
+            exprs += [g.expr for g in stmt.expr.guards]
+        elif isinstance(stmt, Store):
+            exprs += list(stmt.index)
+    return gathered_buffers(exprs)

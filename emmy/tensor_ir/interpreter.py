@@ -50,7 +50,7 @@ def evaluate(graph: TensorGraph, inputs: Mapping[str, np.ndarray], weights: Mapp
             else:
                 values[node.name] = _reduce(node, values[node.operand])
         elif isinstance(node, IndexMap):
-            values[node.name] = index_map(node, values[node.operand], use_views=use_shortcuts)
+            values[node.name] = index_map(node, values[node.operand], use_views=use_shortcuts, tables=values)
         else:  # pragma: no cover - the node kinds are closed
             raise TypeError(f"unknown node {node!r}")
     return [np.array(values[o]) for o in graph.outputs]
@@ -143,7 +143,7 @@ def _sum_of_product(a: np.ndarray, b: np.ndarray, axis: int, dtype: DType) -> np
     return to_storage(np.expand_dims(result, axis), dtype)
 
 
-def index_map(node: IndexMap, x: np.ndarray, *, use_views: bool = True) -> np.ndarray:
+def index_map(node: IndexMap, x: np.ndarray, *, use_views: bool = True, tables: dict | None = None) -> np.ndarray:
     shape = node.type.shape
     if use_views and not node.guards:
         view = _as_view(node, x)
@@ -153,9 +153,9 @@ def index_map(node: IndexMap, x: np.ndarray, *, use_views: bool = True) -> np.nd
     index = []
     valid = np.ones(shape, dtype=bool)
     for guard in node.guards:
-        valid = valid & guard.holds(coords)
+        valid = valid & guard.holds(coords, tables)
     for expr in node.index:
-        position = np.broadcast_to(np.asarray(expr.evaluate(coords), dtype=np.int64), shape)
+        position = np.broadcast_to(np.asarray(expr.evaluate(coords, tables), dtype=np.int64), shape)
         if node.guards:
             # Out-of-range coordinates read element 0 and are replaced by the fill below.
             position = np.where(valid, position, 0)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Union
 
-from emmy.affine import Affine, Guard
+from emmy.affine import Affine, Guard, gathered_buffers
 from emmy.dtypes import DType
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS, SCALAR_OPS
 
@@ -102,7 +102,9 @@ Node = Union[Input, Weight, Constant, Elementwise, Reduce, IndexMap]
 def operands_of(node: Node) -> tuple[str, ...]:
     if isinstance(node, Elementwise):
         return node.operands
-    if isinstance(node, (Reduce, IndexMap)):
+    if isinstance(node, IndexMap):  # and the index tensors it gathers by
+        return (node.operand, *sorted(gathered_buffers((*node.index, *(g.expr for g in node.guards)))))
+    if isinstance(node, Reduce):
         return (node.operand,)
     return ()
 

@@ -1,0 +1,132 @@
+"""Reads by index tensors: embedding, index_select, gather and advanced indexing (`x[ids]`).
+
+Each is one IndexMap whose index on the gathered axis is a Gathered atom: the value of the index
+tensor at an affine position. The index tensor must be a program input or weight (token ids,
+targets, positions made by arange), or a view, slice or integer cast of one, since compiled code
+reads it from memory where it indexes; indices computed inside the program are refused with the op
+named.
+"""
+
+from __future__ import annotations
+
+from emmy.affine import Affine, Gathered, gathered_buffers
+from emmy.decompose.registry import Context, lowers
+from emmy.dtypes import DType
+from emmy.errors import UnsupportedOpError
+from emmy.tensor_ir.nodes import Constant, Elementwise, IndexMap, Input, Weight
+
+
+def _gathered(ctx: Context, indices: str, at: list[Affine], extent: int, out_shape, what: str,
+              wrap: bool = False) -> Affine:
+    """The Gathered atom reading `indices` at `at` (over the output's coordinates), followed back
+    through views, slices and integer casts of it to the input or weight that holds the values."""
+    b = ctx.b
+    name, at = indices, list(at)
+    ignore = fallback = None
+    while True:
+        node = b.by_name.get(name)
+        skipped = _ignoring(b, node) if ignore is None else None
+        if skipped is not None:
+            name, ignore, fallback = skipped
+        elif isinstance(node, IndexMap) and not node.guards and not gathered_buffers(node.index):
+            at = [e.substitute(at, out_shape) for e in node.index]
+            name = node.operand
+        elif isinstance(node, Elementwise) and node.op == "cast" and not node.type.dtype.is_float \
+                and not b.type(node.operands[0]).dtype.is_float and b.type(node.operands[0]).dtype is not DType.BOOL:
+            name = node.operands[0]  # an integer widening or narrowing of ids: the values are the same
+        else:
+            break
+    if not isinstance(node, (Input, Weight)):
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: {what} computed inside the program; emmy gathers "
+                                 "by index tensors that are inputs or weights of the program (or views of them)")
+    if node.type.dtype.is_float or node.type.dtype is DType.BOOL:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: {what} of dtype {node.type.dtype}; "
+                                 "index tensors are integers (a bool mask selects a data-dependent count)")
+    atom = Gathered(name, tuple(at), node.type.shape, int(extent), wrap,
+                    None if ignore is None else int(ignore), 0 if fallback is None else int(fallback))
+    return Affine(((atom, 1),), 0)
+
+
+def _constant(b, name: str):
+    """The value of a rank-0 constant, seen through broadcasts; else None."""
+    node = b.by_name.get(name)
+    while isinstance(node, IndexMap) and not node.guards:
+        node = b.by_name.get(node.operand)
+    return node.value if isinstance(node, Constant) else None
+
+
+def _ignoring(b, node):
+    """`where(t != k, t, f)` (or `where(t == k, f, t)`): (t, k, f), an index that reads as f where it
+    equals k (cross entropy's ignore_index); else None."""
+    if not (isinstance(node, Elementwise) and node.op == "where"):
+        return None
+    cond, a, other = node.operands
+    test = b.by_name.get(cond)
+    if not isinstance(test, Elementwise) or test.op not in ("not_equal", "equal"):
+        return None
+    kept, fallback = (a, other) if test.op == "not_equal" else (other, a)
+    key = test.operands[1] if test.operands[0] == kept else test.operands[0] if test.operands[1] == kept else None
+    if key is None or _constant(b, key) is None or _constant(b, fallback) is None:
+        return None
+    return kept, _constant(b, key), _constant(b, fallback)
+
+
+@lowers("aten.embedding.default")
+def embedding(ctx: Context, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """out[i..., d] = weight[ids[i...], d]."""
+    ids_shape = ctx.b.shape(indices)
+    rows, width = ctx.b.shape(weight)
+    k = len(ids_shape)
+    out = (*ids_shape, width)
+    index = [_gathered(ctx, indices, [Affine.dim(i) for i in range(k)], rows, out, "embedding ids"), Affine.dim(k)]
+    return ctx.b.index_map(weight, out, index, name=ctx.name)
+
+
+@lowers("aten.index_select.default")
+def index_select(ctx: Context, x, dim, indices):
+    """out[.., j, ..] = x[.., ids[j], ..] along `dim`."""
+    ids_shape = ctx.b.shape(indices)
+    (count,) = ids_shape or (1,)
+    shape = ctx.b.shape(x)
+    dim %= max(len(shape), 1)
+    out = (*shape[:dim], count, *shape[dim + 1:])
+    picked = _gathered(ctx, indices, [Affine.dim(dim)] if ids_shape else [], shape[dim], out, "index_select indices")
+    index = [picked if k == dim else Affine.dim(k) for k in range(len(shape))]
+    return ctx.b.index_map(x, out, index, name=ctx.name)
+
+
+@lowers("aten.gather.default")
+def gather(ctx: Context, x, dim, indices, sparse_grad=False):
+    """out[i] = x[i with axis `dim` replaced by ids[i]]; out has the shape of ids."""
+    ids_shape = ctx.b.shape(indices)
+    shape = ctx.b.shape(x)
+    dim %= max(len(shape), 1)
+    at = [Affine.dim(k) for k in range(len(ids_shape))]
+    picked = _gathered(ctx, indices, at, shape[dim], ids_shape, "gather indices")
+    index = [picked if k == dim else Affine.dim(k) for k in range(len(shape))]
+    return ctx.b.index_map(x, ids_shape, index, name=ctx.name)
+
+
+@lowers("aten.index.Tensor")
+def index(ctx: Context, x, indices):
+    """x[..., ids, ...] with one index tensor (the other axes sliced whole): the ids' axes take the
+    indexed axis's place; negative ids count from the end, as in Python."""
+    given = [(k, t) for k, t in enumerate(indices) if t is not None]
+    if len(given) != 1:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: indexing by {len(given)} tensors at once; emmy "
+                                 "indexes by one integer tensor (index one axis at a time)")
+    axis, ids = given[0]
+    ids_shape = ctx.b.shape(ids)
+    shape = ctx.b.shape(x)
+    r = len(ids_shape)
+    out = (*shape[:axis], *ids_shape, *shape[axis + 1:])
+    picked = _gathered(ctx, ids, [Affine.dim(axis + i) for i in range(r)], shape[axis], out, "indices", wrap=True)
+    index = []
+    for k in range(len(shape)):
+        if k < axis:
+            index.append(Affine.dim(k))
+        elif k == axis:
+            index.append(picked)
+        else:
+            index.append(Affine.dim(k - 1 + r))
+    return ctx.b.index_map(x, out, index, name=ctx.name)
