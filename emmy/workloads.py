@@ -42,6 +42,63 @@ def _layernorm(dtype: str) -> str:
             f"b=torch.randn(1024,dtype=torch.{dtype}); F.layer_norm(x,(1024,),w,b)")
 
 
+_LLAMA_DECODER = """\
+class Decoder(nn.Module):
+    # A Llama decoder layer: RMSNorm, rotary embeddings from positions, grouped-query causal
+    # attention, SiLU-gated MLP, residuals.
+
+    def __init__(self, dim, heads, kv_heads, hidden):
+        super().__init__()
+        self.heads, self.kv_heads, self.head = heads, kv_heads, dim // heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.k = nn.Linear(dim, kv_heads * self.head, bias=False)
+        self.v = nn.Linear(dim, kv_heads * self.head, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+        self.norm1, self.norm2 = nn.RMSNorm(dim, eps=1e-6), nn.RMSNorm(dim, eps=1e-6)
+
+    def rotate(self, x, cos, sin):
+        half = self.head // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+    def grouped(self, x):
+        b, g, t, d = x.shape
+        return x[:, :, None].expand(b, g, self.heads // g, t, d).reshape(b, self.heads, t, d)
+
+    def forward(self, x, positions):
+        b, t, dim = x.shape
+        inverse = 1.0 / (10000.0 ** (torch.arange(0, self.head, 2, dtype=torch.float32) / self.head))
+        angles = positions[:, None].float() * inverse[None, :]
+        angles = torch.cat((angles, angles), -1)
+        cos, sin = angles.cos(), angles.sin()
+        h = self.norm1(x)
+        q = self.q(h).view(b, t, self.heads, self.head).transpose(1, 2)
+        k = self.k(h).view(b, t, self.kv_heads, self.head).transpose(1, 2)
+        v = self.v(h).view(b, t, self.kv_heads, self.head).transpose(1, 2)
+        q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        a = F.scaled_dot_product_attention(q, self.grouped(k), self.grouped(v), is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, dim))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+"""
+
+
+def _llama(tokens: int, dim: int, heads: int, kv_heads: int, hidden: int) -> str:
+    return _LLAMA_DECODER + (f"x = torch.randn(1, {tokens}, {dim})\npositions = torch.arange({tokens})\n"
+                             f"Decoder({dim}, {heads}, {kv_heads}, {hidden})(x, positions)\n")
+
+
+def _lm_step(tokens: int, dim: int, vocab: int) -> str:
+    """Token embedding, RMSNorm, LM head and cross entropy against next tokens (ignore_index kept)."""
+    return (f"ids = torch.randint(0, {vocab}, ({tokens},)); targets = torch.randint(0, {vocab}, ({tokens},))\n"
+            f"embed = nn.Embedding({vocab}, {dim}); norm = nn.RMSNorm({dim}, eps=1e-6)\n"
+            f"head = nn.Linear({dim}, {vocab}, bias=False)\n"
+            "F.cross_entropy(head(norm(embed(ids))), targets)\n")
+
+
 WORKLOADS: tuple[Workload, ...] = (
     Workload("add3", "x=torch.randn(8); y=torch.randn(8); x+x+y", "canonical form"),
     Workload("matmul_small", "x=torch.randn(4,3); w=torch.randn(3,2); x @ w", "Tensor IR example"),
@@ -57,6 +114,10 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("mlp", _mlp(16, 256, 512), "multi-kernel, fused epilogues", bench_code=_mlp(128, 4096, 11008)),
     Workload("gelu_chain", "x=torch.randn(16,256); w=torch.randn(256,512); b=torch.randn(512); F.gelu(x @ w + b)",
              "epilogue fusion"),
+    Workload("llama_decoder", _llama(64, 256, 8, 2, 512), "RoPE from positions, GQA 4:1, causal, SiLU MLP",
+             sim_code=_llama(9, 56, 7, 1, 64)),
+    Workload("lm_step", _lm_step(64, 256, 2048), "embedding gather, LM head, cross entropy",
+             sim_code=_lm_step(16, 32, 200)),
 )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from math import prod
 
-from emmy.affine import Affine, Dim
+from emmy.affine import Affine, Dim, gathered_buffers
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
 from emmy.kernel_ir.nodes import (Broadcast, ContractionTile, ElementLoop, Fill, KernelIR, MapElements, MmaTile,
@@ -62,6 +62,11 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
     if tile.shape.kind == "row" and tile.placement.free and tile.kernel.body and \
             not isinstance(tile.kernel.body[0], L.Loop):
         return "statements outside the kernel's free loops are not lowered yet"
+    if split_ok and tile.geometry.split > 1:
+        try:
+            _row_atomic(tile)
+        except Unsupported as why:
+            return f"REDUCE={row.REDUCE}: {why}"
     if row.REDUCE == "coop" or split_ok:  # folds merged across threads: the runtime header's merges
         for fold in (p for p in tile.parts if isinstance(p, Fold) and p.twist):
             state = len([i for i in fold.init if _in_state(i, fold)])
@@ -148,7 +153,10 @@ def lower_kernel(tile: TileKernel, types: dict) -> list[KernelIR]:
 
 def _row_atomic(tile: TileKernel) -> str:
     """The monoid a row split's blocks combine their partial results with (one plain accumulator)."""
-    (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
+    folds = [p for p in tile.parts if isinstance(p, Fold)]
+    if len(folds) != 1:
+        raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one fold, not {len(folds)}")
+    (fold,) = folds
     monoids = {MONOID[s.op] for s in fold.combine if isinstance(s, L.Accumulate)}
     if len(monoids) != 1 or any(isinstance(s, L.Update) for s in fold.combine):
         raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one monoid")
@@ -166,8 +174,11 @@ def _fill_kernel(tile: TileKernel, types: dict, identity: float) -> KernelIR:
 def _params(kernel: L.Kernel, types: dict) -> tuple[Param, ...]:
     read, written = [], []
     for stmt in _walk(kernel.body):
-        if isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load) and stmt.expr.buffer not in read:
-            read.append(stmt.expr.buffer)
+        if isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load):
+            index = (*stmt.expr.index, *(g.expr for g in stmt.expr.guards))
+            for buffer in [stmt.expr.buffer, *sorted(gathered_buffers(index))]:
+                if buffer not in read:
+                    read.append(buffer)
         if isinstance(stmt, L.Store) and stmt.buffer not in written:
             written.append(stmt.buffer)
     names = sorted(b for b in read if b not in written) + written

@@ -59,8 +59,13 @@ def _fold_shape(tile: TileKernel) -> str:
     folds = [p for p in tile.parts if isinstance(p, Fold)]
     if len(folds) != 1 or not isinstance(tile.parts[0], Fold) or folds[0].twist != "softmax":
         return "flash attention needs one softmax-twisted fold first"
-    if len([s for s in folds[0].lift if isinstance(s, L.Loop)]) != 1:
+    dots = [s for s in folds[0].lift if isinstance(s, L.Loop)]
+    if len(dots) != 1:
         return "flash attention needs one q.k contraction inside its fold"
+    if any(isinstance(s, L.Loop) for s in _flat(dots[0].body)):
+        # a projection fused into the dot (k = x @ w computed per score): its sums would need
+        # their own accumulators per lane, and it recomputes the projection per query
+        return "flash attention: a contraction nested in the q.k dot (a fused projection) is not lowered"
     per_key, _ = _split(folds[0].lift + folds[0].combine, {i.acc for i in folds[0].init}, set(tile.shape.n_vars))
     if not any(isinstance(s, L.Loop) for s in per_key):
         return "flash attention needs a q.k contraction that does not read the value columns or the state"
