@@ -76,6 +76,18 @@ class Gathered:
     def dims(self) -> set[int]:
         return set().union(*(e.dims() for e in self.index)) if self.index else set()
 
+    def positions(self, values) -> tuple[np.ndarray, np.ndarray]:
+        """(positions along the indexed axis, where a value is out of range) for index values:
+        `ignore` read as `fallback`, negatives wrapped where Python indexing wraps them."""
+        given = np.asarray(values, dtype=np.int64)
+        if self.ignore is not None:
+            given = np.where(given == self.ignore, self.fallback, given)
+        bad = (given < (-self.extent if self.wrap else 0)) | (given >= self.extent)
+        return (np.where(given < 0, given + self.extent, given) if self.wrap else given), bad
+
+    def range_text(self) -> str:
+        return f"[{-self.extent if self.wrap else 0}, {self.extent})"
+
 
 Atom = Union[Dim, FloorDiv, Mod, Gathered]
 
@@ -326,20 +338,16 @@ def _atom_eval(atom: Atom, coords: Sequence[np.ndarray], tables: dict | None):
 
 
 def checked_positions(values, atom: Gathered) -> np.ndarray:
-    """Index values as positions along the indexed axis: negatives wrapped where Python indexing
-    wraps them; a value outside the axis is a GatherIndexError naming the first one."""
+    """Index values as positions along the indexed axis; a value outside the axis is an
+    IndexOutOfRangeError naming the first one."""
     from emmy.errors import IndexOutOfRangeError
 
-    given = np.asarray(values, dtype=np.int64)
-    if atom.ignore is not None:
-        given = np.where(given == atom.ignore, atom.fallback, given)
-    low = -atom.extent if atom.wrap else 0
-    bad = (given < low) | (given >= atom.extent)
+    positions, bad = atom.positions(values)
     if np.any(bad):
-        first = given[tuple(np.argwhere(bad)[0])] if np.ndim(bad) else given
-        raise IndexOutOfRangeError(f"index {int(first)} read from {atom.buffer} is outside [{low}, {atom.extent}), "
+        first = np.asarray(values)[tuple(np.argwhere(bad)[0])] if np.ndim(bad) else values
+        raise IndexOutOfRangeError(f"index {int(first)} read from {atom.buffer} is outside {atom.range_text()}, "
                                    "the axis it indexes")
-    return np.where(given < 0, given + atom.extent, given) if atom.wrap else given
+    return positions
 
 
 @dataclass(frozen=True)

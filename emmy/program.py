@@ -192,16 +192,11 @@ class Program:
     def interpret(self, *inputs, stage: str = "tensor") -> list:
         """Run a stage's numpy interpreter ("tensor" or "loop"); inputs and outputs are torch tensors."""
         from emmy.dtypes import from_numpy, to_numpy
+        from emmy.runtime import check_inputs
         from emmy.tensor_ir.interpreter import evaluate
 
-        from emmy.runtime import check_inputs
-
-        from emmy.capture import scalar_tensor
-
         graph = self.tensor_ir
-        given = inputs or self.example_inputs
-        check_inputs(self, given)
-        given = [scalar_tensor(g) for g in given]
+        given = check_inputs(self, inputs or self.example_inputs)
         arrays = {node.name: to_numpy(t)[0] for node, t in zip(graph.inputs, given)}
         if stage == "loop":
             from emmy.loop_ir.interpreter import run_program

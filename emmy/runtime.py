@@ -37,10 +37,11 @@ def empty_buffer(type_) -> np.ndarray:
     return np.zeros(type_.shape, storage)
 
 
-def check_inputs(program, inputs) -> None:
+def check_inputs(program, inputs) -> list:
     """Each input must be what the program was compiled for: a torch tensor on the CPU of the
-    compiled shape and dtype (a strided view is read as the values it shows). One line says which
-    input is wrong and what it expected."""
+    compiled shape and dtype (a strided view is read as the values it shows), or a Python number
+    for a rank-0 input. One line says which input is wrong and what it expected. Returns the
+    inputs as tensors."""
     import torch
 
     from emmy.dtypes import from_torch
@@ -51,10 +52,10 @@ def check_inputs(program, inputs) -> None:
                         f"({', '.join(n.name for n in expected)}), got {0 if inputs is None else len(inputs)}")
     from emmy.capture import scalar_tensor
 
+    # a Python number where the program takes a rank-0 input
+    inputs = [scalar_tensor(g) if not node.type.shape else g for node, g in zip(expected, inputs)]
     for position, (node, given) in enumerate(zip(expected, inputs)):
         where = f"input {position} ({node.name})"
-        if not node.type.shape:
-            given = scalar_tensor(given)  # a Python number where the program takes one
         want = f"{node.type.dtype}{list(node.type.shape)}"
         if not isinstance(given, torch.Tensor):
             raise EmmyError(f"{where}: expected a torch tensor {want}, got {type(given).__name__}")
@@ -74,39 +75,34 @@ def check_inputs(program, inputs) -> None:
         if given.layout is not torch.strided:
             raise EmmyError(f"{where}: expected a dense (strided) tensor, got layout {given.layout}")
     check_index_values(program, inputs)
+    return inputs
 
 
 def check_index_values(program, inputs) -> None:
     """Every value an index input (embedding ids, gather indices) is read at must lie in the axis
     it indexes: compiled code clamps a bad one, so it is refused here, naming the input and value."""
-    import numpy as np
-
     from emmy.affine import Gathered
     from emmy.tensor_ir.nodes import IndexMap
 
     position = {node.name: k for k, node in enumerate(program.tensor_ir.inputs) if not node.type.dtype.is_float}
-    tables = {name: np.asarray(inputs[k]) for name, k in position.items()}
     for node in program.tensor_ir.nodes:
-        if not isinstance(node, IndexMap) or not node.type.numel:
+        if not isinstance(node, IndexMap) or not position:
             continue
+        atoms = [a for e in node.index for a, _ in e.terms if isinstance(a, Gathered) and a.buffer in position]
+        if not atoms or not node.type.numel:
+            continue
+        tables = {a.buffer: np.asarray(inputs[position[a.buffer]]) for a in atoms}
         coords = np.indices(node.type.shape, sparse=True) if node.type.shape else ()
-        for expr in node.index:
-            for atom, _ in expr.terms:
-                if not isinstance(atom, Gathered) or atom.buffer not in position:
-                    continue
-                at = tuple(np.asarray(e.evaluate(coords, tables), dtype=np.int64) for e in atom.index)
-                read = np.zeros(tables[atom.buffer].shape, dtype=bool)
-                read[at] = True  # the elements this map reads
-                values = tables[atom.buffer]
-                if atom.ignore is not None:
-                    values = np.where(values == atom.ignore, atom.fallback, values)
-                low = -atom.extent if atom.wrap else 0
-                bad = read & ((values < low) | (values >= atom.extent))
-                if bad.any():
-                    first = tuple(int(i) for i in np.argwhere(bad)[0])
-                    raise IndexOutOfRangeError(
-                        f"input {position[atom.buffer]} ({atom.buffer}): index {int(values[first])} at "
-                        f"{list(first)} is outside [{low}, {atom.extent}), the axis it indexes (in {node.name})")
+        for atom in atoms:
+            values = tables[atom.buffer]
+            read = np.zeros(values.shape, dtype=bool)
+            read[tuple(np.asarray(e.evaluate(coords, tables), dtype=np.int64) for e in atom.index)] = True
+            bad = read & atom.positions(values)[1]  # only the elements this map reads
+            if bad.any():
+                first = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise IndexOutOfRangeError(
+                    f"input {position[atom.buffer]} ({atom.buffer}): index {int(values[first])} at {list(first)} is "
+                    f"outside {atom.range_text()}, the axis it indexes (in {node.name})")
 
 
 def host_buffers(program, inputs) -> dict[str, np.ndarray]:
@@ -144,11 +140,7 @@ def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") 
     import emmy.sim as sim
 
     loops = program.loop_ir
-    from emmy.capture import scalar_tensor
-
-    given = inputs or program.example_inputs
-    check_inputs(program, given)
-    given = [scalar_tensor(g) for g in given]
+    given = check_inputs(program, inputs or program.example_inputs)
     types = program.buffer_types
     buffers = host_buffers(program, given)
     if device == "cuda":

@@ -75,13 +75,19 @@ def _is_construction(func: ast.expr) -> bool:
 CHAINED = frozenset({"half", "bfloat16", "float", "double", "to", "cuda", "cpu", "contiguous", "eval", "requires_grad_"})
 
 
-def _site_hook(call: ast.Call) -> str | None:
+def _receiver(call: ast.Call) -> ast.Call | None:
+    """The call a CHAINED method is called on (`torch.randn(4)` in `torch.randn(4).half()`)."""
     func = call.func
-    if _is_factory(func):
+    chained = isinstance(func, ast.Attribute) and func.attr in CHAINED and isinstance(func.value, ast.Call)
+    return func.value if chained else None
+
+
+def _site_hook(call: ast.Call) -> str | None:
+    if _is_factory(call.func):
         return _INPUT
-    if isinstance(func, ast.Attribute) and func.attr in CHAINED and isinstance(func.value, ast.Call):
-        return _site_hook(func.value)
-    if _is_construction(func):
+    if _receiver(call) is not None:
+        return _site_hook(_receiver(call))
+    if _is_construction(call.func):
         return _CONSTRUCT
     return None
 
@@ -105,15 +111,12 @@ class _Rewriter(ast.NodeTransformer):
         hook = _site_hook(node)
         if hook is None:
             return self.generic_visit(node)
-        # the arguments may hold sites of their own; the chain's receivers are part of this one
-        inner = node
-        while _site_hook(inner) is not None and not _is_factory(inner.func) and isinstance(inner.func, ast.Attribute) \
-                and inner.func.attr in CHAINED and isinstance(inner.func.value, ast.Call):
-            inner.args = [self.visit(a) for a in inner.args]
-            inner.keywords = [self.visit(k) for k in inner.keywords]
-            inner = inner.func.value
-        inner.args = [self.visit(a) for a in inner.args]
-        inner.keywords = [self.visit(k) for k in inner.keywords]
+        # the chain's calls are this one site; their arguments may hold sites of their own
+        call = node
+        while call is not None:
+            call.args = [self.visit(a) for a in call.args]
+            call.keywords = [self.visit(k) for k in call.keywords]
+            call = None if _is_factory(call.func) else _receiver(call)
         site = len(self.sites)
         self.sites.append(hint or "")
         thunk = ast.Lambda(

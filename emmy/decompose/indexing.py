@@ -66,9 +66,8 @@ def _ignoring(b, node):
         return None
     kept, fallback = (a, other) if test.op == "not_equal" else (other, a)
     key = test.operands[1] if test.operands[0] == kept else test.operands[0] if test.operands[1] == kept else None
-    if key is None or _constant(b, key) is None or _constant(b, fallback) is None:
-        return None
-    return kept, _constant(b, key), _constant(b, fallback)
+    ignore, value = (_constant(b, key) if key else None), _constant(b, fallback)
+    return None if ignore is None or value is None else (kept, ignore, value)
 
 
 @lowers("aten.embedding.default")

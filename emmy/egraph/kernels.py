@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emmy.egraph.representatives import HEAVY
-from emmy.egraph.view import ClassRef, EGraphView, ENode
+from emmy.egraph.view import ClassRef, EGraphView, ENode, reaches
 from emmy.loop_ir.lower import KernelLowering
 from emmy.loop_ir.nodes import Kernel, LoopProgram, kernel_index_tensors
 from emmy.tensor_ir.nodes import Input, TensorType, Weight
@@ -101,15 +101,7 @@ class ChosenGraph:
 
     def reaches(self, start: str, goal: str) -> bool:
         """Whether the representatives lead from `start` to `goal` (a cycle check for a new choice)."""
-        seen, stack = set(), [start]
-        while stack:
-            cid = stack.pop()
-            if cid == goal:
-                return True
-            if cid not in seen:
-                seen.add(cid)
-                stack.extend(self.choice[cid].children)
-        return False
+        return reaches(start, goal, lambda cid: self.choice[cid].children)
 
     # -- structure --------------------------------------------------------------
     def order(self) -> list[str]:

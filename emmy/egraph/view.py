@@ -137,3 +137,16 @@ class EGraphView:
             shape[a[0]] = 1
             return TensorType(tuple(shape), inner.dtype)
         raise ValueError(node.kind)
+
+
+def reaches(start: str, goal: str, children) -> bool:
+    """Whether `goal` is reachable from `start` through `children(class)` (a depth-first search)."""
+    seen, stack = set(), [start]
+    while stack:
+        cid = stack.pop()
+        if cid == goal:
+            return True
+        if cid not in seen:
+            seen.add(cid)
+            stack.extend(children(cid))
+    return False

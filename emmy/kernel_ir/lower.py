@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from math import prod
 
-from emmy.affine import Affine, Dim, gathered_buffers
+from emmy.affine import Affine, Dim
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
 from emmy.kernel_ir.nodes import (Broadcast, ContractionTile, ElementLoop, Fill, KernelIR, MapElements, MmaTile,
@@ -174,13 +174,11 @@ def _fill_kernel(tile: TileKernel, types: dict, identity: float) -> KernelIR:
 def _params(kernel: L.Kernel, types: dict) -> tuple[Param, ...]:
     read, written = [], []
     for stmt in _walk(kernel.body):
-        if isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load):
-            index = (*stmt.expr.index, *(g.expr for g in stmt.expr.guards))
-            for buffer in [stmt.expr.buffer, *sorted(gathered_buffers(index))]:
-                if buffer not in read:
-                    read.append(buffer)
+        if isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load) and stmt.expr.buffer not in read:
+            read.append(stmt.expr.buffer)
         if isinstance(stmt, L.Store) and stmt.buffer not in written:
             written.append(stmt.buffer)
+    read += sorted(L.kernel_index_tensors(kernel) - set(read))  # read inside index expressions
     names = sorted(b for b in read if b not in written) + written
     return tuple(Param(n, types[n].dtype, n in written) for n in names)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from emmy.affine import Affine, Guard
 from emmy.dtypes import DType
 from emmy.egraph.layout import decode_layout
-from emmy.egraph.view import EGraphView, ENode
+from emmy.egraph.view import EGraphView, ENode, reaches
 from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop, Masked, Op, Store, Update
 
 
@@ -293,17 +293,8 @@ class KernelLowering:
 
     def _reaches(self, start: str, goal: str) -> bool:
         """Whether this kernel computes `goal` on the way to `start` (a search that stops at buffers)."""
-        seen, stack = set(), [start]
-        while stack:
-            cid = stack.pop()
-            if cid == goal:
-                return True
-            if cid in seen:
-                continue
-            seen.add(cid)
-            if cid == self.root or cid not in self.buffer_of:
-                stack.extend(self.choice[cid].children)
-        return False
+        return reaches(start, goal, lambda cid: self.choice[cid].children
+                       if cid == self.root or cid not in self.buffer_of else ())
 
     # -- nesting ----------------------------------------------------------------
     def _nest(self, free: list[int]) -> tuple:
