@@ -44,12 +44,13 @@ EMMY_DEVICE float round_half(float x) { return __half2float(__float2half_rn(x));
 EMMY_DEVICE float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 // An index tensor's value as a position along the axis it indexes (negative from the end when
 // `wrap`), clamped into [0, extent): a bad index reads a wrong element, never outside the buffer
-// (the runtime checks index inputs before a launch and reports the first bad one).
+// (the runtime checks index inputs before a launch and reports the first bad one). The position
+// is an int, as every other index in emmy's kernels: 64-bit index arithmetic costs registers.
 template <class I>
-EMMY_DEVICE long long gather_index(I value, long long extent, bool wrap) {
+EMMY_DEVICE int gather_index(I value, int extent, bool wrap) {
   long long v = (long long)value;
   if (wrap && v < 0) v += extent;
-  return v < 0 ? 0 : (v >= extent ? extent - 1 : v);
+  return int(v < 0 ? 0 : (v >= extent ? extent - 1 : v));
 }
 
 template <class I>
