@@ -68,8 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     run = program_command("run", "run the compiled program's kernels on a device (sim: the CPU simulator)")
     run.add_argument("--device", default="sim", metavar="DEVICE",
                      help="sim (the CPU simulator) or cuda (the GPU, built for --target); default sim")
-    run.add_argument("--sim-mode", default="plain", metavar="MODE",
-                     help="simulator build: plain, asan (out-of-bounds checks) or racecheck (default plain)")
+    run.add_argument("--sim-mode", metavar="MODE",
+                     help="simulator build: plain, asan (out-of-bounds checks) or racecheck "
+                          "(default EMMY_SIM_MODE, else plain)")
     run.add_argument("--check", action="store_true", help="compare every output with torch; exit 1 on a mismatch")
 
     rules = sub.add_parser("rules", help="list the rulesets and rules, with their descriptions")
@@ -222,7 +223,7 @@ def _run(args) -> int:
         raise EmmyError(f"unknown --device {args.device!r}; devices: {', '.join(DEVICES)}")
     from emmy.sim import MODES
 
-    if args.sim_mode not in MODES:
+    if args.sim_mode is not None and args.sim_mode not in MODES:
         raise EmmyError(f"unknown --sim-mode {args.sim_mode!r}; modes are {', '.join(MODES)}")
     program = _compiled(args, "tile", capture_cache=False)
     for kernel in program.kernel_ir:

@@ -22,6 +22,7 @@ class Settings:
     egraph_seconds: float  # EMMY_EGRAPH_SECONDS: seconds per phase (per 10,000 e-nodes of the program)
     knobs: str  # EMMY_KNOBS: schedule pins, "K=V,..." (see emmy/knobs.py)
     measurements: Path | None = None  # EMMY_MEASUREMENTS: a JSON file of measured kernel times
+    sim_mode: str = "plain"  # EMMY_SIM_MODE: the simulator build programs run in (plain, asan, racecheck)
 
 
 def settings(environ: dict[str, str] | None = None) -> Settings:
@@ -35,7 +36,17 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         egraph_seconds=_number(env, "EMMY_EGRAPH_SECONDS", float, 0.5),
         knobs=env.get("EMMY_KNOBS", ""),
         measurements=Path(env["EMMY_MEASUREMENTS"]) if env.get("EMMY_MEASUREMENTS") else None,
+        sim_mode=_choice(env, "EMMY_SIM_MODE", ("plain", "asan", "racecheck"), "plain"),
     )
+
+
+def _choice(env, name: str, choices: tuple[str, ...], default: str) -> str:
+    text = env.get(name) or default
+    if text not in choices:
+        from emmy.errors import EmmyError
+
+        raise EmmyError(f"{name}={text!r} is not one of {', '.join(choices)}")
+    return text
 
 
 def _number(env, name: str, kind, default):

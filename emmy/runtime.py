@@ -132,9 +132,10 @@ class Check:
     why: str = ""
 
 
-def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") -> dict[str, np.ndarray]:
+def run_program(program, inputs=None, device: str = "sim", mode: str | None = None) -> dict[str, np.ndarray]:
     """Every kernel of `program` (emmy.program.Program) in order; the program's outputs by buffer
-    name, in interpreter storage. `inputs`: torch tensors (default: the example inputs)."""
+    name, in interpreter storage. `inputs`: torch tensors (default: the example inputs). `mode`: the
+    simulator build (default EMMY_SIM_MODE, else plain)."""
     if device not in DEVICES:
         raise EmmyError(f"unknown device {device!r}; devices: {', '.join(DEVICES)}")
     import emmy.sim as sim
@@ -152,6 +153,10 @@ def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") 
             return on_gpu.outputs()
         finally:
             on_gpu.close()
+    if mode is None:
+        from emmy.config import settings
+
+        mode = settings().sim_mode
     module = sim.load(program.cuda_source, "program.cu", mode=mode)
     for kernel in program.kernel_ir:
         args = [buffers[p.name] for p in kernel.params]
@@ -161,7 +166,7 @@ def run_program(program, inputs=None, device: str = "sim", mode: str = "plain") 
     return {name: from_device(buffers[name], types[name].dtype) for name in loops.outputs}
 
 
-def check_program(program, inputs=None, device: str = "sim", mode: str = "plain") -> list[Check]:
+def check_program(program, inputs=None, device: str = "sim", mode: str | None = None) -> list[Check]:
     """Run on `device` and compare every output with torch (float64), within the dtype's tolerance."""
     return compare_outputs(program, run_program(program, inputs, device, mode), inputs)
 

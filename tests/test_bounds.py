@@ -100,3 +100,21 @@ def test_a_strided_view_is_read_as_the_values_it_shows():
     (out,) = run_program(program, [view, w]).values()
     expected = torch.nn.functional.rms_norm(view, (128,), w, eps=1e-6)
     torch.testing.assert_close(torch.from_numpy(out), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_programs_run_in_the_simulator_build_emmy_sim_mode_names(tmp_path, monkeypatch):
+    """EMMY_SIM_MODE picks the build every simulated program runs in (asan: every program the tests
+    simulate is checked for out-of-bounds accesses); a bad value is one clear error."""
+    from emmy.config import settings
+    from emmy.errors import EmmyError
+    from emmy.runtime import run_program
+
+    program = emmy.optimize(RMS, target="sm_90")
+    monkeypatch.setenv("EMMY_CACHE_DIR", str(tmp_path))
+    for mode in ("plain", "asan"):
+        monkeypatch.setenv("EMMY_SIM_MODE", mode)
+        run_program(program)
+        assert [p.name.split("-")[-1] for p in (tmp_path / "sim").glob(f"*-{mode}.so")] == [f"{mode}.so"]
+    monkeypatch.setenv("EMMY_SIM_MODE", "fast")
+    with pytest.raises(EmmyError, match="EMMY_SIM_MODE='fast' is not one of plain, asan, racecheck"):
+        settings()
