@@ -119,7 +119,7 @@ def test_suite_compiles_checks_predicts_and_simulates_a_workload():
 def test_suite_prints_the_cuda_of_what_lowers():
     result = run_emmy("suite", "--only", "softmax", "--only", "matmul_f16", "--ir", "cuda")
     assert result.returncode == 0, result.stderr
-    assert "extern \"C\" __global__ void __launch_bounds__(512) k_softmax(" in result.stdout
+    assert "extern \"C\" __global__ void __launch_bounds__(512, 1) k_softmax(" in result.stdout
     assert "emmy::mma_m16n8k16_f16_f32(acc[fm][fn], a_frag[fm], b_frag[fn], acc[fm][fn]);" in result.stdout
 
 

@@ -97,15 +97,7 @@ def _calls_trigonometry(kernel, types) -> bool:
     return "sinf(" in text or "cosf(" in text
 
 
-# Known open (issue 13, "no spill in any sampled row"): rows the model offers but ptxas spills, for want
-# of a register estimate in the schedule space: llama_decoder's o-projection map at TILE=f8 on sm_120
-# (255 registers, 780 B), its score row at t512/f2 on sm_120 (128, 40 B); lm_step's row max at t64 on
-# sm_90 (48, 4 B). The chosen rows build without spills (test_kernel_ir). Strict: it fails once fixed.
-SPILLING = pytest.mark.xfail(strict=True, reason="sampled rows of the whole-model workloads spill registers")
-
-
-@pytest.mark.parametrize("name", [pytest.param(w.name, marks=SPILLING) if w.name in ("llama_decoder", "lm_step")
-                                  else w.name for w in WORKLOADS])
+@pytest.mark.parametrize("name", [w.name for w in WORKLOADS])
 def test_sampled_rows_compile_for_every_target_they_are_legal_on_without_spills(cache, name):
     """The rows the simulator tests sample per kernel (default, the model's next 3, 5 at random), each
     built by nvcc for sm_80, sm_90 and sm_120 where that target offers it: one translation unit a target."""

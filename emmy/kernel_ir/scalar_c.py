@@ -87,7 +87,11 @@ def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = Non
         return f"{target} = emmy::from_reg<{storage}>({operand(stmt.value)});"
     if isinstance(stmt, L.Loop):  # a loop nested in a row's element (a dot product a sweep computes)
         inner = [statement(s, index_c, types, vector_of, stored_to, load_from) for s in stmt.body]
-        return "\n".join([f"for (int a{stmt.var} = 0; a{stmt.var} < {stmt.extent}; ++a{stmt.var}) {{",
+        # nvcc unrolls a constant-trip loop whole; nested in a row's unrolled element loop that
+        # multiplies live values past the register file (spills), so unrolling is bounded: an outer
+        # nested loop not at all, the innermost by 4 (enough independent loads in flight)
+        unroll = 1 if any(isinstance(s, L.Loop) for s in stmt.body) else 4
+        return "\n".join([f"#pragma unroll {unroll}", f"for (int a{stmt.var} = 0; a{stmt.var} < {stmt.extent}; ++a{stmt.var}) {{",
                           *("  " + line for text in inner for line in text.split("\n")), "}"])
     if not isinstance(stmt, L.Assign):
         raise EmmyError(f"no C form for {type(stmt).__name__}")
