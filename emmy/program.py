@@ -192,11 +192,12 @@ class Program:
     def interpret(self, *inputs, stage: str = "tensor") -> list:
         """Run a stage's numpy interpreter ("tensor" or "loop"); inputs and outputs are torch tensors."""
         from emmy.dtypes import from_numpy, to_numpy
-        from emmy.runtime import check_inputs
+        from emmy.runtime import check_index_values, check_inputs
         from emmy.tensor_ir.interpreter import evaluate
 
         graph = self.tensor_ir
         given = check_inputs(self, inputs or self.example_inputs)
+        check_index_values(self, given)
         arrays = {node.name: to_numpy(t)[0] for node, t in zip(graph.inputs, given)}
         if stage == "loop":
             from emmy.loop_ir.interpreter import run_program

@@ -14,6 +14,7 @@ import numpy as np
 
 from emmy.dtypes import DType
 from emmy.errors import EmmyError, IndexOutOfRangeError
+from emmy.kernel_ir.index_faults import INDEX_FAULTS, raise_recorded_fault
 
 DEVICES = ("sim", "cuda")
 
@@ -74,13 +75,13 @@ def check_inputs(program, inputs) -> list:
                             f"got one on {given.device}")
         if given.layout is not torch.strided:
             raise EmmyError(f"{where}: expected a dense (strided) tensor, got layout {given.layout}")
-    check_index_values(program, inputs)
     return inputs
 
 
 def check_index_values(program, inputs) -> None:
     """Every value an index input (embedding ids, gather indices) is read at must lie in the axis
-    it indexes: compiled code clamps a bad one, so it is refused here, naming the input and value."""
+    it indexes, for the interpreters: refused here, naming the input and value. (Compiled code
+    clamps a bad one and records it on the device: emmy.kernel_ir.index_faults.)"""
     from emmy.affine import Gathered
     from emmy.tensor_ir.nodes import IndexMap
 
@@ -116,7 +117,7 @@ def host_buffers(program, inputs) -> dict[str, np.ndarray]:
     buffers |= {name: to_device(program.weights[name], t.dtype) for name, t in loops.weights}
     buffers |= {k.output: empty_buffer(k.type) for k in loops.kernels}
     for kernel in program.kernel_ir:
-        buffers |= {p.name: np.zeros(p.scratch, np.float32) for p in kernel.params if p.name not in buffers}
+        buffers |= {p.name: np.zeros(p.scratch, p.dtype.numpy) for p in kernel.params if p.name not in buffers}
     return buffers
 
 
@@ -163,6 +164,9 @@ def run_program(program, inputs=None, device: str = "sim", mode: str | None = No
         args += [sim.TensorMap(buffers[buffer].reshape(-1, row), box=(box_rows, box_cols))
                  for buffer, row, box_rows, box_cols in kernel.tensor_maps]
         module.launch(kernel.name, grid=kernel.grid, block=kernel.block, args=args, shared_bytes=kernel.dynamic_smem)
+        if INDEX_FAULTS in buffers:
+            raise_recorded_fault(buffers[INDEX_FAULTS], kernel, [n.name for n in program.tensor_ir.inputs],
+                                 {name: t.shape for name, t in types.items()})
     return {name: from_device(buffers[name], types[name].dtype) for name in loops.outputs}
 
 

@@ -18,6 +18,7 @@ from emmy.errors import EmmyError
 from emmy.kernel_ir.nodes import (Broadcast, ContractionTile, ElementLoop, Fill, KernelIR, MapElements, MmaTile,
                                   OnlyThread, Panel, Param, RowIndex, Scalar, Smem, SplitFinish, Store, Sync, Tile,
                                   TreeHalve, VecLoad, VecStore, WarpShuffle)
+from emmy.kernel_ir.index_faults import INDEX_FAULTS, faults_param
 from emmy.kernel_ir.lower_flash import lower_flash, supports_flash
 from emmy.kernel_ir.lower_mma import lower_mma, supports_mma
 from emmy.kernel_ir.scalar_c import affine_c
@@ -160,6 +161,8 @@ def _row_atomic(tile: TileKernel) -> str:
     monoids = {MONOID[s.op] for s in fold.combine if isinstance(s, L.Accumulate)}
     if len(monoids) != 1 or any(isinstance(s, L.Update) for s in fold.combine):
         raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one monoid")
+    if any(not i.dtype.is_float for i in fold.init):  # the runtime header's atomics combine floats
+        raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs float accumulators")
     return monoids.pop()
 
 
@@ -178,9 +181,10 @@ def _params(kernel: L.Kernel, types: dict) -> tuple[Param, ...]:
             read.append(stmt.expr.buffer)
         if isinstance(stmt, L.Store) and stmt.buffer not in written:
             written.append(stmt.buffer)
-    read += sorted(L.kernel_index_tensors(kernel) - set(read))  # read inside index expressions
+    gathers = L.kernel_index_tensors(kernel)
+    read += sorted(gathers - set(read))  # read inside index expressions
     names = sorted(b for b in read if b not in written) + written
-    return tuple(Param(n, types[n].dtype, n in written) for n in names)
+    return tuple(Param(n, types[n].dtype, n in written) for n in names) + ((faults_param(),) if gathers else ())
 
 
 def _walk(body):
@@ -302,21 +306,23 @@ def _block_combine(fold: Fold, threads: int):
     warps = max(1, threads // 32)
     stmts, smem = [], []
     state = tuple(i.acc for i in fold.init if _in_state(i, fold))
+    register = {i.acc: (DType.F32 if i.dtype.is_float else i.dtype) for i in fold.init}  # scalar_c's Init
     plain = {}
     for s in fold.combine:
-        if isinstance(s, L.Accumulate):
-            plain.setdefault(MONOID[s.op], []).append(s.acc)
-    groups = [(op, tuple(accs)) for op, accs in sorted(plain.items())]
+        if isinstance(s, L.Accumulate):  # one group per monoid and register type (int64 keys: argmax)
+            plain.setdefault((MONOID[s.op], register[s.acc]), []).append(s.acc)
+    groups = [(op, dtype, tuple(accs)) for (op, dtype), accs in sorted(plain.items(), key=lambda g: (g[0][0],
+                                                                                                  g[0][1].value))]
     if state:
         if (fold.twist, len(state)) not in MERGED:
             raise Unsupported(f"a {fold.twist} fold with {len(state)} state values is not lowered yet")
-        groups.append((fold.twist, state))
-    for op, accs in groups:
-        name = f"{op}_partials"
-        memory = Smem(DType.F32, name, warps * len(accs))
+        groups.append((fold.twist, DType.F32, state))
+    for op, dtype, accs in groups:
+        name = f"{op}_partials" if dtype is DType.F32 else f"{op}_{dtype.value}_partials"
+        memory = Smem(dtype, name, warps * len(accs))
         smem.append(memory)
-        stmts += [WarpShuffle(op, accs, name), Sync(), TreeHalve(op, accs, name, warps), Sync(),
-                  Broadcast(accs, name), Sync()]
+        stmts += [WarpShuffle(op, accs, name, dtype=dtype), Sync(), TreeHalve(op, accs, name, warps, dtype=dtype),
+                  Sync(), Broadcast(accs, name), Sync()]
     return stmts, smem
 
 
@@ -457,10 +463,12 @@ def _finishing_kernel(tile: TileKernel, main: KernelIR, body, types: dict) -> Ke
     else:
         monoids = tuple((s.acc, MONOID[s.op]) for s in body.combine if isinstance(s, L.Accumulate))
     workspace = next(p for p in main.params if p.name == body.workspace)
-    outputs = [p for p in main.params if p.written and p.name != body.workspace]
-    reads = sorted({s.expr.buffer for s in body.epilogue if isinstance(s, L.Assign) and isinstance(s.expr, L.Load)})
+    outputs = [p for p in main.params if p.written and p.name not in (body.workspace, INDEX_FAULTS)]
+    gathers = L.index_tensors(body.epilogue)
+    reads = sorted({s.expr.buffer for s in body.epilogue if isinstance(s, L.Assign) and isinstance(s.expr, L.Load)}
+                   | gathers)
     params = (Param(workspace.name, DType.F32, False, workspace.scratch),
-              *(Param(b, types[b].dtype, False) for b in reads), *outputs)
+              *(Param(b, types[b].dtype, False) for b in reads), *outputs, *((faults_param(),) if gathers else ()))
     total = prod(e for _, e in (*body.m_vars, *body.n_vars, *body.batch_vars))
     finish = SplitFinish(body.m_vars, body.n_vars, body.batch_vars, body.split, body.workspace, monoids,
                          body.epilogue)

@@ -13,6 +13,7 @@ import math
 from emmy.affine import Affine, Dim, FloorDiv, Gathered, Guard, Mod
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
+from emmy.kernel_ir.index_faults import INDEX_FAULTS, tensor_code
 from emmy.loop_ir import nodes as L
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
@@ -27,11 +28,13 @@ _BINARY = {"add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * 
            "maximum": "emmy::maximum({0}, {1})", "minimum": "emmy::minimum({0}, {1})", "power": "powf({0}, {1})",
            "less": "({0} < {1})", "less_equal": "({0} <= {1})", "greater": "({0} > {1})",
            "greater_equal": "({0} >= {1})", "equal": "({0} == {1})", "not_equal": "({0} != {1})",
-           "logical_and": "({0} && {1})", "logical_or": "({0} || {1})"}
+           "logical_and": "({0} && {1})", "logical_or": "({0} || {1})",
+           "max_key": "emmy::max_key({0}, {1})", "min_key": "emmy::min_key({0}, {1})"}
 _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "log": "logf({0})", "sqrt": "sqrtf({0})",
           "rsqrt": "rsqrtf({0})", "reciprocal": "(1.0f / {0})", "sigmoid": "(1.0f / (1.0f + expf(-{0})))",
           "tanh": "tanhf({0})", "erf": "erff({0})", "logical_not": "(!{0})", "cos": "cosf({0})",
-          "sin": "sinf({0})", "log1p": "log1pf({0})", "expm1": "expm1f({0})", "isnan": "isnan({0})"}
+          "sin": "sinf({0})", "log1p": "log1pf({0})", "expm1": "expm1f({0})", "isnan": "isnan({0})",
+          "max_key_position": "emmy::max_key_position({0})", "min_key_position": "emmy::min_key_position({0})"}
 
 
 def buffer_c(name: str) -> str:
@@ -141,11 +144,11 @@ def affine_c(a: Affine, names: dict[int, str] | None = None) -> str:
     for atom, c in a.terms:
         if isinstance(atom, Dim):
             text = names.get(atom.index, f"a{atom.index}")
-        elif isinstance(atom, Gathered):  # clamped into its axis: no access leaves its buffer
-            value = f"{buffer_c(atom.buffer)}[{affine_c(atom.flat(), names)}]"
-            if atom.ignore is not None:
-                value = f"emmy::unless_ignored({value}, {atom.ignore}LL, {atom.fallback}LL)"
-            text = f"emmy::gather_index({value}, {atom.extent}, {'true' if atom.wrap else 'false'})"
+        elif isinstance(atom, Gathered):  # clamped into its axis, a bad value recorded (index_faults.py)
+            ignoring = f"{atom.ignore}LL, {atom.fallback}LL, " if atom.ignore is not None else ""
+            text = (f"emmy::gather_index({buffer_c(atom.buffer)}, {affine_c(atom.flat(), names)}, {ignoring}"
+                    f"{atom.extent}, {'true' if atom.wrap else 'false'}, {buffer_c(INDEX_FAULTS)}, "
+                    f"{tensor_code(atom.buffer)})")
         elif isinstance(atom, FloorDiv):
             text = f"(({affine_c(atom.expr, names)}) / {atom.divisor})"
         elif isinstance(atom, Mod):

@@ -131,8 +131,13 @@ def parallel_loops(body: tuple) -> list[tuple[int, int]]:
 
 def kernel_index_tensors(kernel: Kernel) -> set[str]:
     """The index tensors a kernel reads inside its index expressions (gathers by ids)."""
+    return index_tensors(kernel.body)
+
+
+def index_tensors(body) -> set[str]:
+    """The index tensors statements (loops searched) read inside their index expressions."""
     exprs = []
-    todo = list(kernel.body)
+    todo = list(body)
     while todo:
         stmt = todo.pop()
         if isinstance(stmt, Loop):
