@@ -37,30 +37,75 @@ EMMY_DEVICE float to_reg(__nv_bfloat16 x) { return __bfloat162float(x); }
 EMMY_DEVICE long long to_reg(long long x) { return x; }
 EMMY_DEVICE int to_reg(int x) { return x; }
 EMMY_DEVICE bool to_reg(bool x) { return x; }
-template <class T> EMMY_DEVICE T from_reg(float x) { return T(x); }
-template <> EMMY_DEVICE __half from_reg<__half>(float x) { return __float2half_rn(x); }
-template <> EMMY_DEVICE __nv_bfloat16 from_reg<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+// A register's value into storage type T: integers stay integers (an int64 through a float would
+// lose every bit past the 24th), floats round to the storage's precision.
+template <class T, class R> EMMY_DEVICE T from_reg(R x) { return T(x); }
+template <> EMMY_DEVICE __half from_reg<__half, float>(float x) { return __float2half_rn(x); }
+template <> EMMY_DEVICE __nv_bfloat16 from_reg<__nv_bfloat16, float>(float x) { return __float2bfloat16_rn(x); }
 EMMY_DEVICE float round_half(float x) { return __half2float(__float2half_rn(x)); }
 EMMY_DEVICE float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-// An index tensor's value as a position along the axis it indexes (negative from the end when
-// `wrap`), clamped into [0, extent): a bad index reads a wrong element, never outside the buffer
-// (the runtime checks index inputs before a launch and reports the first bad one). The position
-// is an int, as every other index in emmy's kernels: 64-bit index arithmetic costs registers.
-template <class I>
-EMMY_DEVICE int gather_index(I value, int extent, bool wrap) {
-  long long v = (long long)value;
+// An index tensor's element `index[position]` as a position along the axis it indexes (negative
+// from the end when `wrap`; `ignore` read as `fallback`), clamped into [0, extent): a bad value reads
+// a wrong element, never outside the buffer, and the first one found is recorded in the program's
+// index-fault record (emmy/kernel_ir/index_faults.py), which the run reports. The position is an
+// int, as every other index in emmy's kernels: 64-bit index arithmetic costs registers.
+EMMY_DEVICE void record_index_fault(long long* faults, int tensor, int position, long long value, int extent,
+                                    bool wrap) {
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(faults), 0ull, 1ull) == 0ull) {
+    faults[1] = tensor;
+    faults[2] = position;
+    faults[3] = value;
+    faults[4] = extent;
+    faults[5] = wrap;
+  }
+}
+
+EMMY_DEVICE int checked_position(long long v, int extent, bool wrap, long long* faults, int tensor, int position) {
+  const long long given = v;
   if (wrap && v < 0) v += extent;
-  return int(v < 0 ? 0 : (v >= extent ? extent - 1 : v));
+  if (v < 0 || v >= extent) {
+    record_index_fault(faults, tensor, position, given, extent, wrap);
+    return v < 0 ? 0 : extent - 1;
+  }
+  return int(v);
 }
 
 template <class I>
-EMMY_DEVICE long long unless_ignored(I value, long long ignore, long long fallback) {
-  return (long long)value == ignore ? fallback : (long long)value;
+EMMY_DEVICE int gather_index(const I* index, int position, int extent, bool wrap, long long* faults, int tensor) {
+  return checked_position((long long)index[position], extent, wrap, faults, tensor, position);
+}
+
+template <class I>
+EMMY_DEVICE int gather_index(const I* index, int position, long long ignore, long long fallback, int extent,
+                             bool wrap, long long* faults, int tensor) {
+  const long long v = (long long)index[position];
+  return checked_position(v == ignore ? fallback : v, extent, wrap, faults, tensor, position);
 }
 
 // numpy's maximum and minimum: NaN wins
 EMMY_DEVICE float maximum(float a, float b) { return (a != a || a > b) ? a : b; }
 EMMY_DEVICE float minimum(float a, float b) { return (a != a || a < b) ? a : b; }
+EMMY_DEVICE long long maximum(long long a, long long b) { return a > b ? a : b; }
+EMMY_DEVICE long long minimum(long long a, long long b) { return a < b ? a : b; }
+EMMY_DEVICE int maximum(int a, int b) { return a > b ? a : b; }
+EMMY_DEVICE int minimum(int a, int b) { return a < b ? a : b; }
+
+// An arg-reduction's (value, position) as one int64 ordered by value, then by the earlier position:
+// a max (min) fold of these keys is argmax (argmin) in one pass (emmy/tensor_ir/scalar_ops.py says
+// why the key is built so). -0 is read as +0; NaN ranks above every value for max, below for min.
+EMMY_DEVICE long long value_key(float x, long long nan_key) {
+  const float y = x + 0.0f;
+  const int bits = __float_as_int(y);
+  return y != y ? nan_key : (long long)(bits >= 0 ? bits : bits ^ 0x7fffffff);
+}
+EMMY_DEVICE long long max_key(float x, long long position) {
+  return value_key(x, 0x7fffffffLL) * 4294967296LL + (4294967295LL - position);
+}
+EMMY_DEVICE long long min_key(float x, long long position) {
+  return value_key(x, -0x80000000LL) * 4294967296LL + position;
+}
+EMMY_DEVICE long long max_key_position(long long key) { return 4294967295LL - (key & 4294967295LL); }
+EMMY_DEVICE long long min_key_position(long long key) { return key & 4294967295LL; }
 
 // Atomic combines of a split reduction's partial results into its output.
 EMMY_DEVICE void atomic_sum(float* p, float v) { atomicAdd(p, v); }

@@ -231,7 +231,7 @@ def test_a_bad_index_is_a_clear_error_and_never_read():
     import torch
 
     from emmy.errors import IndexOutOfRangeError, UnsupportedOpError
-    from emmy.runtime import run_program
+    from emmy.runtime import check_program, run_program
 
     def pick(table, ids):
         return torch.nn.functional.embedding(ids, table)
@@ -239,9 +239,23 @@ def test_a_bad_index_is_a_clear_error_and_never_read():
     table, ids = torch.randn(10, 4), torch.tensor([[1, 9], [0, 3]])
     program = emmy.optimize(pick, table, ids)
     bad = torch.tensor([[1, 9], [10, 3]])
-    for run in (lambda: program.interpret(table, bad), lambda: run_program(program, [table, bad], mode="asan")):
-        with pytest.raises(IndexOutOfRangeError, match=r"input 1 \(ids\): index 10 at \[1, 0\] is outside \[0, 10\)"):
-            run()
+    with pytest.raises(IndexOutOfRangeError, match=r"input 1 \(ids\): index 10 at \[1, 0\] is outside \[0, 10\)"):
+        program.interpret(table, bad)
+    # compiled code clamps the value (ASan-clean) and the kernel records it in the index-fault record
+    for mode in ("plain", "asan"):
+        with pytest.raises(IndexOutOfRangeError, match=r"input 1 \(ids\): index 10 at \[1, 0\] is outside "
+                                                       r"\[0, 10\), .*\(found on the device by kernel k_"):
+            run_program(program, [table, bad], mode=mode)
+    assert "emmy_index_faults" in program.cuda_source
+
+    def select_rows(x, rows):  # negative indices wrap, as in Python: -10 is row 0, -11 is outside
+        return x[rows] * 2
+
+    x, rows = torch.randn(10, 4), torch.tensor([3, -10, 9])
+    program = emmy.optimize(select_rows, x, rows)
+    assert all(c.ok for c in check_program(program, [x, rows]))
+    with pytest.raises(IndexOutOfRangeError, match=r"input 1 \(rows\): index -11 at \[2\] is outside \[-10, 10\)"):
+        run_program(program, [x, torch.tensor([3, -10, -11])])
     with pytest.raises(UnsupportedOpError, match="indices computed inside the program"):
         emmy.optimize(X + "x[x.argmax(0)]")
 
@@ -261,3 +275,42 @@ def test_positions_made_in_the_program_become_rotary_angles():
     program = emmy.optimize(rotary, torch.randn(2, 9, 16))
     assert "aten.arange" in program.ir("torch") and "aten.cos" in program.ir("torch")
     check_against_torch(program)
+
+
+def test_arg_reduction_keys_order_values_then_the_first_position_as_torch_does():
+    """max_key/min_key pack (value, position) into one int64: a plain max (min) of the keys must be
+    torch's argmax (argmin), with ties to the first position, NaN the extreme, -0 equal to +0."""
+    import numpy as np
+    import torch
+
+    from emmy.tensor_ir.scalar_ops import SCALAR_OPS
+
+    rng = np.random.default_rng(3)
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 3.4e38, -3.4e38], np.float32)
+    rows = [rng.choice(special, 12), np.array([-0.0, 0.0, -0.0], np.float32),
+            rng.integers(-2, 3, 40).astype(np.float32), rng.standard_normal(1000).astype(np.float32),
+            np.array([np.nan, 1.0, np.nan], np.float32), np.array([-np.inf, -np.inf], np.float32)]
+    for values in rows:
+        position = np.arange(values.size)
+        for op in ("max", "min"):
+            best = getattr(np, op)(SCALAR_OPS[f"{op}_key"].apply(values, position))
+            found = int(SCALAR_OPS[f"{op}_key_position"].apply(best))
+            expected = int(getattr(torch, f"arg{op}")(torch.from_numpy(values)))
+            assert found == expected, (op, values, found, expected)
+
+
+def test_argmax_is_one_fold_of_keys_and_int64_partials_stay_exact():
+    import torch
+
+    from emmy.runtime import check_program
+    from emmy.tensor_ir.nodes import Reduce
+
+    program = emmy.optimize(X + "x.argmax(-1)", target="sm_90")
+    assert [n.op for n in program.tensor_ir.nodes if isinstance(n, Reduce)] == ["max"]
+    assert "emmy::max_key(" in program.cuda_source
+    # int64 values past 2^24 through the block's shared-memory partials: exact only in int64 registers
+    big = emmy.optimize("x=torch.randint(0, 2**40, (3, 300)); x.max(-1).values", target="sm_90",
+                        knobs="WORK=t128,TILE=f1,REDUCE=coop")
+    assert "__shared__ __align__(16) long long max_i64_partials" in big.cuda_source
+    x = torch.randint(2**40 - 1000, 2**40, (3, 300))
+    assert all(c.ok and c.max_abs == 0 for c in check_program(big, [x]))

@@ -71,7 +71,28 @@ def max_dim(ctx: Context, x, dim, keepdim=False):
         kept = ctx.b.reduce_axes(op, x, [dim], True)
         values = ctx.b.keep_axes(kept, [k for k in range(rank) if k != dim % rank], name=ctx.name)
     assert ctx.b.shape(values) == out.shape
+    if _keyed(ctx, x, dim % rank):
+        return (values, _first_extreme(ctx, x, dim % rank, op, keepdim, suffix="indices"))
     return (values, _position_of(ctx, x, dim % rank, kept, keepdim, suffix="indices"))
+
+
+def _keyed(ctx: Context, x: str, axis: int) -> bool:
+    """Whether an arg-reduction over `axis` folds (value, position) keys in one pass: float values
+    (an f32 key), positions that fit the key's 32 low bits."""
+    return ctx.b.dtype(x).is_float and ctx.b.shape(x)[axis] < 2 ** 32
+
+
+def _first_extreme(ctx: Context, x: str, axis: int, op: str, keepdim: bool, suffix: str) -> str:
+    """The first position along `axis` of x's maximum (op "max") or minimum ("min"), NaN the extreme
+    wherever one occurs as in torch: one max (min) fold of int64 keys packing each value with its
+    position (tensor_ir.scalar_ops), the position unpacked from the winner."""
+    b = ctx.b
+    shape = b.shape(x)
+    positions = ctx.constant(np.arange(shape[axis]), DType.I64)
+    along = b.index_map(positions, shape, [Affine.dim(axis)], suffix="positions")
+    keys = b.elementwise(f"{op}_key", x, along, dtype=DType.I64, suffix="key")
+    best = b.reduce_axes(op, keys, [axis], keepdim, suffix="best")
+    return b.elementwise(f"{op}_key_position", best, dtype=DType.I64, suffix=suffix)
 
 
 def _position_of(ctx: Context, x: str, axis: int, extreme: str, keepdim: bool, suffix: str) -> str:
@@ -134,7 +155,7 @@ def var(ctx: Context, x, dims=None, unbiased_or_none=None, correction=None, keep
 
 @lowers("aten.argmax.default", "aten.argmin.default")
 def argmax(ctx: Context, x, dim=None, keepdim=False):
-    """Index of the first maximum (minimum): the extreme, then the least position holding it. With
+    """Index of the first maximum (minimum), as one fold of (value, position) keys for floats. With
     no `dim` the tensor is read flat, as torch does."""
     op = "max" if "argmax" in str(ctx.node.target) else "min"
     out = ctx.out_type()
@@ -142,8 +163,11 @@ def argmax(ctx: Context, x, dim=None, keepdim=False):
         x = ctx.b.reshape(x, [max(ctx.b.type(x).numel, 1)])
         dim, keepdim = 0, False
     axis = dim % max(len(ctx.b.shape(x)), 1)
-    extreme = ctx.b.reduce_axes(op, x, [axis], True)
-    found = _position_of(ctx, x, axis, extreme, keepdim, suffix="index")
+    if _keyed(ctx, x, axis):
+        found = _first_extreme(ctx, x, axis, op, keepdim, suffix="index")
+    else:  # integers: the extreme, then the least position holding it (two folds)
+        extreme = ctx.b.reduce_axes(op, x, [axis], True)
+        found = _position_of(ctx, x, axis, extreme, keepdim, suffix="index")
     return ctx.b.index_map(found, out.shape, [Affine.dim(k) for k in range(len(out.shape))], name=ctx.name)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from emmy.kernel_ir import nodes as K
 from emmy.kernel_ir.lower import flat_index
-from emmy.kernel_ir.scalar_c import STORAGE, affine_c, buffer_c, literal, statement
+from emmy.kernel_ir.scalar_c import REGISTER, STORAGE, affine_c, buffer_c, literal, statement
 from emmy.dtypes import DType
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
@@ -92,11 +92,11 @@ def _render(n, k: K.KernelIR, types) -> str:
         main = n.extent - n.extent % n.width
         return template.render(n=n, main=main, storage=storage, lines=lines, tail_lines=_lines(n.body, types))
     if isinstance(n, K.WarpShuffle):
-        return template.render(n=n, merge=_merge(n.op, n.accs, ""))
+        return template.render(n=n, merge=_merge(n.op, n.accs, ""), register=REGISTER[n.dtype])
     if isinstance(n, K.TreeHalve):
         identity = _STATE_IDENTITY.get(n.op) or (_IDENTITY[n.op],) * len(n.accs)
-        accs = [(a, literal(i, DType.F32)) for a, i in zip(n.accs, identity)]
-        return template.render(n=n, accs=accs, merge=_merge(n.op, n.accs, "_w"))
+        accs = [(a, literal(i, n.dtype)) for a, i in zip(n.accs, identity)]
+        return template.render(n=n, accs=accs, merge=_merge(n.op, n.accs, "_w"), register=REGISTER[n.dtype])
     if isinstance(n, K.ContractionTile):
         return _render_contraction(n, template, types)
     if isinstance(n, K.MmaTile):

@@ -103,6 +103,7 @@ class WarpShuffle:
     accs: tuple[str, ...]
     smem: str
     length: int = 32
+    dtype: DType = DType.F32  # the accumulators' register type (I64: arg-reduction keys)
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ class TreeHalve:
     smem: str
     length: int
     tid: str = "warp"
+    dtype: DType = DType.F32  # the accumulators' register type
 
 
 @dataclass(frozen=True)

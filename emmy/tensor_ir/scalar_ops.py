@@ -17,7 +17,8 @@ from scipy import special
 class ScalarOp:
     name: str
     arity: int
-    kind: str  # "arith" (float math), "compare" (-> bool), "logic" (bool -> bool), "select", "cast"
+    kind: str  # "arith" (float math), "compare" (-> bool), "logic" (bool -> bool), "select", "cast",
+    # "index" (arg-reduction keys, -> int64)
     apply: Callable[..., np.ndarray]
 
 
@@ -42,6 +43,37 @@ def _quiet(fn):
             return fn(*args)
 
     return run
+
+
+# An arg-reduction as one monoid: a float value and its position packed into one int64 whose order
+# is (value, then the earlier position), so a plain max (min) fold finds the first maximum (minimum).
+# The value's key is its f32 bit pattern made order-preserving as a signed int (negatives' magnitude
+# bits flipped), -0 read as +0 and NaN above every value (below, for min), as torch's argmax and
+# argmin rank them; the position fills the low 32 bits (reversed for max, so that max prefers the
+# earlier one).
+_LOW = 2 ** 32
+
+
+def _value_key(x, nan_key: int) -> np.ndarray:
+    f = np.ascontiguousarray(np.asarray(x, dtype=np.float32) + np.float32(0.0))  # -0 -> +0
+    bits = f.view(np.int32).astype(np.int64)
+    return np.where(np.isnan(f), nan_key, np.where(bits >= 0, bits, bits ^ 0x7FFFFFFF))
+
+
+def _max_key(x, position):
+    return _value_key(x, 2 ** 31 - 1) * _LOW + (_LOW - 1 - np.asarray(position, dtype=np.int64))
+
+
+def _min_key(x, position):
+    return _value_key(x, -2 ** 31) * _LOW + np.asarray(position, dtype=np.int64)
+
+
+def _max_key_position(key):
+    return _LOW - 1 - (np.asarray(key, dtype=np.int64) & (_LOW - 1))
+
+
+def _min_key_position(key):
+    return np.asarray(key, dtype=np.int64) & (_LOW - 1)
 
 
 _TABLE = [
@@ -77,6 +109,10 @@ _TABLE = [
     ScalarOp("logical_or", 2, "logic", np.logical_or),
     ScalarOp("logical_not", 1, "logic", np.logical_not),
     ScalarOp("where", 3, "select", np.where),
+    ScalarOp("max_key", 2, "index", _max_key),
+    ScalarOp("min_key", 2, "index", _min_key),
+    ScalarOp("max_key_position", 1, "index", _max_key_position),
+    ScalarOp("min_key_position", 1, "index", _min_key_position),
     ScalarOp("cast", 1, "cast", lambda x: x),
 ]
 
