@@ -12,6 +12,7 @@ from emmy.affine import Affine, Guard
 from emmy.decompose.registry import Context, lowers
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
+from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
 
 def _axes(ctx: Context, x: str, dims) -> list[int]:
@@ -173,9 +174,9 @@ def argmax(ctx: Context, x, dim=None, keepdim=False):
 
 @lowers("aten.cumsum.default", "aten.cumprod.default")
 def scan(ctx: Context, x, dim, dtype=None):
-    """out[..i..] = the sum (product) of x[..j..] for j <= i: x read through a triangular index map
-    (a new last axis j, guarded by j <= i, filled with the monoid's identity), then reduced over it.
-    Quadratic in the scanned extent, so the scan stays in Tensor IR's three primitives."""
+    """out[..i..] = the sum (product) of x[..j..] for j <= i. A short axis reads x through a
+    triangular index map (a new axis j guarded by j <= i, filled with the identity) and folds it; a
+    long one is a blocked two-pass scan (`_blocked_scan`), O(n*sqrt(n)) work instead of O(n^2)."""
     op = "sum" if "cumsum" in str(ctx.node.target) else "prod"
     out = ctx.out_type()
     acc = out.dtype.accumulator
@@ -184,13 +185,58 @@ def scan(ctx: Context, x, dim, dtype=None):
     if not shape:  # a rank-0 scan is the value itself
         return ctx.b.cast(xf, out.dtype)
     axis = dim % len(shape)
+    name = ctx.name if acc is out.dtype else None
+    if shape[axis] >= BLOCKED_SCAN_FROM:
+        return ctx.b.cast(_blocked_scan(ctx, op, xf, axis, name), out.dtype)
     rank = len(shape)
     index = [Affine.dim(rank) if k == axis else Affine.dim(k) for k in range(rank)]
     upto = Guard(Affine.dim(rank) - Affine.dim(axis), hi=1)  # j - i < 1
-    tri = ctx.b.index_map(xf, (*shape, shape[axis]), index, guards=[upto], fill=0 if op == "sum" else 1,
-                          suffix="prefix")
-    total = ctx.b.reduce_axes(op, tri, [rank], False, name=ctx.name if acc is out.dtype else None)
-    return ctx.b.cast(total, out.dtype)
+    tri = ctx.b.index_map(xf, (*shape, shape[axis]), index, guards=[upto], fill=_identity(op), suffix="prefix")
+    return ctx.b.cast(ctx.b.reduce_axes(op, tri, [rank], False, name=name), out.dtype)
+
+
+BLOCKED_SCAN_FROM = 32  # scanned extents from here on take the blocked form
+
+
+def _identity(op: str) -> int:
+    return int(REDUCE_OPS[op])  # 0 or 1: an int fills integer scans as well as float ones
+
+
+def _blocked_scan(ctx: Context, op: str, x: str, axis: int, name: str | None) -> str:
+    """A scan in chunks of B ~ sqrt(n) along `axis`: (1) each chunk's total; (2) for each chunk the
+    fold of the totals before it (C^2 for C chunks); (3) each element's prefix inside its chunk
+    (n*B), combined with (2) read through i // B. Each pass is an index map and a fold."""
+    import math
+
+    b = ctx.b
+    shape = b.shape(x)
+    rank, n = len(shape), shape[axis]
+    block = math.isqrt(n - 1) + 1
+    chunks = -(-n // block)
+    identity = _identity(op)
+    combine = "add" if op == "sum" else "multiply"
+    at = [Affine.dim(k) for k in range(rank)]  # output coordinates, axis replaced below
+    # (1) totals[.., c] = fold over j < B of x[.., c*B + j], where c*B + j < n
+    element = Affine.dim(axis) * block + Affine.dim(rank)
+    chunked = b.index_map(x, (*shape[:axis], chunks, *shape[axis + 1:], block),
+                          [element if k == axis else at[k] for k in range(rank)],
+                          guards=[Guard(element, hi=n)], fill=identity, suffix="chunk")
+    totals = b.reduce_axes(op, chunked, [rank], False, suffix="chunk_total")
+    # (2) before[.., c] = fold over c' < c of totals[.., c']
+    earlier = b.index_map(totals, (*shape[:axis], chunks, *shape[axis + 1:], chunks),
+                          [Affine.dim(rank) if k == axis else at[k] for k in range(rank)],
+                          guards=[Guard(Affine.dim(rank) - Affine.dim(axis), hi=0)], fill=identity,
+                          suffix="earlier")
+    before = b.reduce_axes(op, earlier, [rank], False, suffix="chunk_before")
+    # (3) within[.., i] = fold over j <= i % B of x[.., (i // B)*B + j]; out = before[i // B] (+) within
+    start = Affine.dim(axis).floordiv(block, (*shape, block)) * block
+    inside = b.index_map(x, (*shape, block), [start + Affine.dim(rank) if k == axis else at[k] for k in range(rank)],
+                         guards=[Guard(start + Affine.dim(rank) - Affine.dim(axis), hi=1)], fill=identity,
+                         suffix="within")
+    within = b.reduce_axes(op, inside, [rank], False, suffix="chunk_prefix")
+    chunk_of = Affine.dim(axis).floordiv(block, shape)
+    carried = b.index_map(before, shape, [chunk_of if k == axis else at[k] for k in range(rank)], suffix="carried")
+    return b.elementwise(combine, carried, within, name=name)
 
 
 @lowers("aten.linalg_vector_norm.default")

@@ -2,7 +2,8 @@
 
 Each index is a quasi-affine expression of loop variables; a variable ranges over its loop
 (0 .. extent - 1), narrowed by the guards of a guarded load (a load made only where
-`lo <= c * a + k < hi` holds needs to be in bounds only there). Intervals go through sums,
+`lo <= c * a + k < hi` holds needs to be in bounds only there); an index that differs from a
+guard's expression by a bounded rest is bounded through the guard (a scan's `start + j <= i`). Intervals go through sums,
 multiples, floor divisions and remainders. An access whose interval leaves its buffer on some
 dimension is reported; emitted kernels must have none (Kernel IR lowering refuses them).
 """
@@ -28,19 +29,25 @@ def out_of_bounds(kernel: Kernel, shapes: dict[str, tuple[int, ...]]) -> list[st
                 where = narrowed(ranges, stmt.expr.guards)
                 if where is not None:  # None: the guards never hold, so the load never happens
                     problems += _check(f"load {stmt.name} = {stmt.expr.buffer}", stmt.expr.buffer,
-                                       stmt.expr.index, where, shapes)
+                                       stmt.expr.index, where, shapes, stmt.expr.guards)
             elif isinstance(stmt, Store):
                 problems += _check(f"store {stmt.buffer}", stmt.buffer, stmt.index, ranges, shapes)
     return problems
 
 
-def _check(what: str, buffer: str, index, ranges: dict, shapes: dict) -> list[str]:
+def _check(what: str, buffer: str, index, ranges: dict, shapes: dict, guards=()) -> list[str]:
     shape = shapes[buffer]
     if len(index) != len(shape):
         return [f"{what}: {len(index)} indices for a buffer of rank {len(shape)}"]
     out = []
     for axis, (expr, size) in enumerate(zip(index, shape)):
         lo, hi = interval(expr, ranges)
+        for g in guards:  # index = guard + rest, so lo_g + min(rest) <= index <= hi_g - 1 + max(rest)
+            rest_lo, rest_hi = interval(expr - g.expr, ranges)
+            if g.hi is not None:
+                hi = min(hi, g.hi - 1 + rest_hi)
+            if g.lo is not None:
+                lo = max(lo, g.lo + rest_lo)
         if lo < 0 or hi >= size:
             out.append(f"{what}[...{expr}...]: axis {axis} reaches {lo}..{hi}, outside 0..{size - 1}")
     return out
