@@ -159,7 +159,17 @@ def run_program(program, inputs=None, device: str = "sim", mode: str | None = No
 
         mode = settings().sim_mode
     module = sim.load(program.cuda_source, "program.cu", mode=mode)
-    for kernel in program.kernel_ir:
+    launch_in_order(module, program, program.kernel_ir, buffers)
+    return {name: from_device(buffers[name], types[name].dtype) for name in loops.outputs}
+
+
+def launch_in_order(module, program, kernels, buffers: dict[str, np.ndarray]) -> None:
+    """Launch `kernels` (Kernel IR of `program`, by name in the simulator `module`) one after another
+    on `buffers`; a bad index value a kernel recorded is raised after its launch."""
+    import emmy.sim as sim
+
+    types = program.buffer_types
+    for kernel in kernels:
         args = [buffers[p.name] for p in kernel.params]
         args += [sim.TensorMap(buffers[buffer].reshape(-1, row), box=(box_rows, box_cols))
                  for buffer, row, box_rows, box_cols in kernel.tensor_maps]
@@ -167,7 +177,6 @@ def run_program(program, inputs=None, device: str = "sim", mode: str | None = No
         if INDEX_FAULTS in buffers:
             raise_recorded_fault(buffers[INDEX_FAULTS], kernel, [n.name for n in program.tensor_ir.inputs],
                                  {name: t.shape for name, t in types.items()})
-    return {name: from_device(buffers[name], types[name].dtype) for name in loops.outputs}
 
 
 def check_program(program, inputs=None, device: str = "sim", mode: str | None = None) -> list[Check]:

@@ -6,6 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# Every program the tests run in the simulator runs under AddressSanitizer unless the caller says
+# otherwise (EMMY_SIM_MODE=plain, or a test's own mode): an out-of-bounds access fails the test.
+os.environ.setdefault("EMMY_SIM_MODE", "asan")
+
 REPO = Path(__file__).resolve().parent.parent
 EMMY = Path(sys.executable).parent / "emmy"  # the installed console script
 

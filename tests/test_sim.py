@@ -146,6 +146,24 @@ def test_a_planted_out_of_bounds_index_is_reported_with_kernel_and_line(cache):
     assert message.endswith("at faults.cu:7")
 
 
+def test_asan_launches_share_one_worker_and_a_fault_only_replaces_it(cache):
+    from emmy.sim.build import asan_runtime
+    from emmy.sim.runner import _workers
+
+    module = load("faults.cu", cache, "asan")
+    fits, out = np.arange(1024, dtype=np.float32), np.zeros(1024, np.float32)  # 4 blocks of 256: in bounds
+    module.launch("add_no_tail_check", grid=4, block=256, args=[fits, fits, out, 1024])
+    first = _workers[asan_runtime()].process.pid
+    module.launch("add_no_tail_check", grid=4, block=256, args=[fits, fits, out, 1024])
+    assert _workers[asan_runtime()].process.pid == first  # no new process per launch
+    short = np.ones(1000, np.float32)
+    with pytest.raises(KernelFault, match="out-of-bounds read"):
+        module.launch("add_no_tail_check", grid=4, block=256, args=[short, short, np.zeros(1000, np.float32), 1000])
+    out[:] = 0
+    module.launch("add_no_tail_check", grid=4, block=256, args=[fits, fits, out, 1024])
+    assert _workers[asan_runtime()].process.pid != first and np.array_equal(out, 2 * fits)
+
+
 def test_a_missing_syncthreads_before_a_shared_read_is_a_reported_race(cache):
     module = load("faults.cu", cache, "racecheck")
     with pytest.raises(KernelFault) as fault:
