@@ -48,6 +48,7 @@ class Budget:
 
 
 SCALE = 10_000  # e-nodes of a program the budgets are stated for
+BAN_ITERATIONS_PER_BUDGETED = 4  # the cap on all iterations, per iteration of the budget
 
 
 @dataclass
@@ -140,7 +141,14 @@ def run_phase(egraph: EGraph, name: str, units, budget: Budget, program_enodes: 
     report.enodes = start_enodes
     enode_budget, second_budget = budget.scaled(program_enodes or start_enodes)
     combined_cache: dict = {}
-    for iteration in range(budget.iterations):
+    # The iterations budget counts iterations that changed the e-graph: one in which every matching
+    # rule was over its limit (banned, then fast-forwarded) rewrote nothing, and how many of those a
+    # big program needs depends on the order bans fall in. A hard cap still bounds them.
+    productive = 0
+    for iteration in range(budget.iterations * BAN_ITERATIONS_PER_BUDGETED):
+        if productive >= budget.iterations:
+            report.stopped_by = "iterations"
+            break
         groups: dict[int, list[int]] = {}
         for index in range(len(units)):
             if scheduler.allowed(index, iteration):
@@ -170,6 +178,7 @@ def run_phase(egraph: EGraph, name: str, units, budget: Budget, program_enodes: 
             else:
                 report.bans[label] = report.bans.get(label, 0) + 1
         report.iterations += 1
+        productive += bool(updated)
         report.enodes = enode_count(egraph)
         report.seconds = time.perf_counter() - start
         if not updated and not scheduler.fast_forward(iteration + 1):
