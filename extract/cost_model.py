@@ -86,8 +86,8 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     tensor_flops = _tensor_flops(shape) if g.mma else 0.0
     rate = target.bf16_tensor_flops if shape.mma == "bf16" else target.tensor_flops
     tensor_s = tensor_flops / rate
-    # the products the tensor cores take over leave the FMA pipes (a multiply and an add each)
-    arith = loop_cost.arith_ops - tensor_flops
+    # the products the tensor cores take over leave the FMA pipes (one FMA each: 2 FLOP)
+    arith = loop_cost.arith_ops - tensor_flops / 2
     if shape.kind == "attention":
         # the Loop IR rescales z at every key; a flash block rescales once per BN keys
         arith -= shape.rows * shape.red * shape.cols * shape.batch * (1 - 1 / g.tile_k)

@@ -28,7 +28,8 @@ class KernelCost:
     bytes_read: float  # distinct bytes each buffer gives the kernel (its first touch, from DRAM)
     bytes_written: float
     ops: float  # weighted: a special function counts EXPENSIVE[op]
-    arith_ops: float = 0.0  # unweighted, on the FMA pipes (adds, multiplies, compares, selects, folds)
+    arith_ops: float = 0.0  # instructions on the FMA pipes (adds, multiplies, compares, selects, folds; a
+    # multiply whose product a sum accumulates and that add are one FMA)
     special_ops: float = 0.0  # unweighted, on the special-function units
     # Every read beyond the first touch, as (bytes, footprint bytes): a row reading its elements
     # again (a sweep after a fold: footprint one row), or rows reading the same elements (a
@@ -91,8 +92,12 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
             elif isinstance(stmt, (Accumulate, Update)):
                 n = trips(deps.get(stmt.acc, set()), loops, shared)
                 ops += n
-                arith += n if isinstance(stmt, Accumulate) else 0
+                # a sum of products is one FMA per term (nvcc contracts the multiply into the add)
+                fused = isinstance(stmt, Accumulate) and stmt.op in ("add", "sum") and stmt.value in products
+                arith += n if isinstance(stmt, Accumulate) and not fused else 0
 
+    products = {s.name for s in _statements(kernel.body)
+                if isinstance(s, Assign) and isinstance(s.expr, Op) and s.expr.op == "multiply"}
     walk(kernel.body, [])
     read, rereads = 0.0, []
     for buffer, reads in loads.items():
@@ -111,6 +116,13 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                 rereads.append((across * size, distinct * size))
     written = kernel.type.numel * kernel.type.dtype.itemsize
     return KernelCost(read, written, ops, arith, special, tuple(rereads))
+
+
+def _statements(body):
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, Loop):
+            yield from _statements(stmt.body)
 
 
 def _product(values) -> float:

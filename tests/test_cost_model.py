@@ -187,3 +187,13 @@ def test_explain_covers_every_workload_and_its_terms_add_up(workload):
         for b in ranked:
             assert b.total_s == pytest.approx(b.launch_s + b.body_s + b.sync_s + b.extra_s)
             assert b.compute_s == max(b.arith_s, b.tensor_s, b.special_s)
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90"])
+def test_an_fp32_matmul_is_priced_at_one_fma_per_multiply_add(target):
+    """A SIMT contraction's FMA-pipe time is its 2*M*N*K FLOP at the FP32 peak (which counts an FMA
+    as 2): the multiply and the add a sum accumulates are one instruction, not two."""
+    program = emmy.optimize("a=torch.randn(4096,4096); b=torch.randn(4096,4096); a @ b", target=target)
+    best = program.explain().kernels[0].ranked[0]
+    bound = 2 * 4096 ** 3 / get_target(target).fp32_flops
+    assert bound <= best.arith_s < 1.1 * bound, (best.arith_s, bound)
