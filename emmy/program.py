@@ -140,7 +140,7 @@ class Program:
                                                      self.buffer_types)[:top + 1]))
                         for k in self.loop_ir.kernels)
         result = self.loop_result
-        return Explanation(self.target.name, sum(tk.seconds for tk in self.tile_ir.kernels), kernels,
+        return Explanation(self.target.title, sum(tk.seconds for tk in self.tile_ir.kernels), kernels,
                            closest_first(result.decisions), tuple(self.warnings), result.search)
 
     @property

@@ -4,7 +4,8 @@ For now a JSON file (EMMY_MEASUREMENTS): a list of rows
 `{"target": "sm_90", "kernel": <signature>, "knobs": "WORK=...,RASTER=", "seconds": 1.2e-5}`, where the
 signature is the kernel's canonical signature (emmy.loop_ir.signature: its operations, dtypes, index
 maps, extents and buffer types; `emmy explain` and `TileKernel.signature` show it). A row applies to
-the exact kernel signature, knob row and target. Rows that
+the exact kernel signature, knob row and GPU (a target given as an architecture, "sm_90", is
+its default GPU, extract.targets.ARCH_DEFAULT_GPU; "h100" is the H100). Rows that
 are malformed are skipped with a warning naming the file and the row; they
 never stop a compile. The measurement database of a later issue fills the
 same lookup.
@@ -16,6 +17,8 @@ import json
 import logging
 from functools import lru_cache
 from pathlib import Path
+
+from emmy.extract.targets import measurement_key
 
 log = logging.getLogger("emmy.extract")
 _FIELDS = {"target": str, "kernel": str, "knobs": str, "seconds": (int, float)}
@@ -50,7 +53,7 @@ class Measurements:
             if problem:
                 log.warning("measurements file %s, row %d skipped: %s", path, index, problem)
                 continue
-            rows[(row["target"], row["kernel"], row["knobs"])] = float(row["seconds"])
+            rows[(measurement_key(row["target"]), row["kernel"], row["knobs"])] = float(row["seconds"])
         return cls(rows)
 
 

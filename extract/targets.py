@@ -1,9 +1,12 @@
 """The GPUs emmy compiles for: identity, features, limits and rates, each
 figure with its source.
 
-A target is one nvcc architecture, described by the first GPU it names (the
-H200 for sm_90, the GPU this project measures on). Figures come from three
-kinds of source, cited per figure in `Target.sources`:
+A target is one GPU and the nvcc architecture it compiles for: `--target h100`
+and `--target h200` both build sm_90 code, priced with each GPU's own memory
+bandwidth and rates. An architecture names its default GPU (ARCH_DEFAULT_GPU:
+sm_80 the A100, sm_89 the L40S, sm_90 the H200, the GPU this project measures
+on, sm_120 the RTX 5090). Figures come from three kinds of source, cited per
+figure in `Target.sources`:
 
 - the CUDA C++ Programming Guide's "technical specifications per compute
   capability" table (shared memory per SM and per block with opt-in, threads
@@ -30,7 +33,7 @@ _KIB = 1024
 class Target:
     name: str  # the nvcc architecture, e.g. "sm_90"
     compute_capability: tuple[int, int]
-    gpus: tuple[str, ...]
+    gpus: tuple[str, ...]  # the GPU whose figures these are, as its maker names it
     sms: int
     smem_per_block: int  # bytes a block may use (opt-in maximum)
     smem_per_sm: int  # bytes
@@ -51,6 +54,16 @@ class Target:
     launch_seconds: float = 3.0e-6  # host-side launch overhead a kernel
     sfu_fraction: float = 1 / 8  # exp/rsqrt/... rate as a fraction of the fp32 FMA rate
     sources: dict = field(default_factory=dict, compare=False)  # figure name -> its source
+    gpu: str = ""  # the GPU's key (`--target` name): h200, h100, a100, ...; keys prices and measurements
+
+    @property
+    def key(self) -> str:
+        """What prices and measurements are kept under: the GPU (two sm_90 GPUs differ)."""
+        return self.gpu or self.name
+
+    @property
+    def title(self) -> str:
+        return f"{self.gpus[0]} ({self.name})" if self.gpus else self.name
 
     @property
     def has_cp_async(self) -> bool:  # cp.async arrived with Ampere (PTX ISA 7.0)
@@ -62,7 +75,7 @@ class Target:
 
     def figures(self) -> list[tuple[str, object, str]]:
         """(name, value, source) for every figure of the table."""
-        skip = {"name", "compute_capability", "gpus", "sources"}
+        skip = {"name", "compute_capability", "gpus", "sources", "gpu"}
         return [(f.name, getattr(self, f.name), self.sources[f.name]) for f in fields(self) if f.name not in skip]
 
 
@@ -80,7 +93,7 @@ _ESTIMATES = {
 }
 
 
-def _target(name, cc, gpus, datasheet: str, *, sms, smem_per_block_kib, smem_per_sm_kib, threads_per_sm,
+def _target(gpu, name, cc, gpus, datasheet: str, *, sms, smem_per_block_kib, smem_per_sm_kib, threads_per_sm,
             blocks_per_sm, bandwidth, fp32, tensor, bf16, l2_mib, l2_bandwidth, boost_ghz, notes=None) -> Target:
     sources = dict(_GUIDE_COMMON) | dict(_ESTIMATES)
     sources |= {key: datasheet for key in ("sms", "dram_bandwidth", "fp32_flops", "tensor_flops",
@@ -88,27 +101,37 @@ def _target(name, cc, gpus, datasheet: str, *, sms, smem_per_block_kib, smem_per
     sources |= notes or {}
     return Target(name, cc, gpus, sms, smem_per_block_kib * _KIB, smem_per_sm_kib * _KIB, threads_per_sm,
                   blocks_per_sm, bandwidth, fp32, tensor, bf16, l2_mib * _KIB * _KIB, l2_bandwidth,
-                  128 * sms * boost_ghz * 1e9, sources=sources)
+                  128 * sms * boost_ghz * 1e9, sources=sources, gpu=gpu)
 
 
-DATASHEET_TARGETS: dict[str, Target] = {
-    t.name: t
+DATASHEET_GPUS: dict[str, Target] = {
+    t.gpu: t
     for t in (
-        _target("sm_80", (8, 0), ("A100",), "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB) and NVIDIA Ampere "
-                "architecture whitepaper", sms=108, smem_per_block_kib=163, smem_per_sm_kib=164,
+        _target("a100", "sm_80", (8, 0), ("A100",), "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB) and NVIDIA "
+                "Ampere architecture whitepaper", sms=108, smem_per_block_kib=163, smem_per_sm_kib=164,
                 threads_per_sm=2048, blocks_per_sm=32, bandwidth=2.039e12, fp32=19.5e12, tensor=312e12,
                 bf16=312e12, l2_mib=40, l2_bandwidth=4.0e12, boost_ghz=1.41),
-        _target("sm_89", (8, 9), ("L40S", "RTX 4090"), "NVIDIA L40S datasheet and NVIDIA Ada Lovelace architecture "
+        _target("l40s", "sm_89", (8, 9), ("L40S",), "NVIDIA L40S datasheet and NVIDIA Ada Lovelace architecture "
                 "whitepaper", sms=142, smem_per_block_kib=99, smem_per_sm_kib=100, threads_per_sm=1536,
                 blocks_per_sm=24, bandwidth=864e9, fp32=91.6e12, tensor=362.05e12, bf16=362.05e12, l2_mib=48,
                 l2_bandwidth=3.0e12, boost_ghz=2.52,
                 notes={"l2_bytes": "TechPowerUp GPU database, L40S (AD102 as configured): 48 MB"}),
-        _target("sm_90", (9, 0), ("H200", "H100"), "NVIDIA H200 Tensor Core GPU datasheet (SXM; compute as H100 "
+        _target("rtx4090", "sm_89", (8, 9), ("RTX 4090",), "NVIDIA Ada Lovelace architecture whitepaper (GeForce "
+                "RTX 4090: 128 SMs, 1008 GB/s, 82.6 TFLOPS FP32, 72 MB L2, 165.2 TFLOPS dense FP16 tensor with "
+                "FP32 accumulate)", sms=128, smem_per_block_kib=99, smem_per_sm_kib=100, threads_per_sm=1536,
+                blocks_per_sm=24, bandwidth=1.008e12, fp32=82.6e12, tensor=165.2e12, bf16=165.2e12, l2_mib=72,
+                l2_bandwidth=3.5e12, boost_ghz=2.52),
+        _target("h200", "sm_90", (9, 0), ("H200",), "NVIDIA H200 Tensor Core GPU datasheet (SXM; compute as H100 "
                 "SXM5 in the NVIDIA H100 datasheet)", sms=132, smem_per_block_kib=227, smem_per_sm_kib=228,
                 threads_per_sm=2048, blocks_per_sm=32, bandwidth=4.8e12, fp32=67e12, tensor=989.4e12,
                 bf16=989.4e12, l2_mib=50, l2_bandwidth=5.5e12, boost_ghz=1.98),
-        _target("sm_120", (12, 0), ("RTX 5090",), "NVIDIA GeForce RTX 5090 specifications and NVIDIA RTX Blackwell "
-                "GPU architecture whitepaper", sms=170, smem_per_block_kib=99, smem_per_sm_kib=100,
+        _target("h100", "sm_90", (9, 0), ("H100",), "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 3.35 TB/s HBM3, "
+                "67 TFLOPS FP32, 989.4 TFLOPS dense FP16/BF16 tensor) and NVIDIA Hopper architecture whitepaper "
+                "(132 SMs, 50 MB L2)", sms=132, smem_per_block_kib=227, smem_per_sm_kib=228, threads_per_sm=2048,
+                blocks_per_sm=32, bandwidth=3.35e12, fp32=67e12, tensor=989.4e12, bf16=989.4e12, l2_mib=50,
+                l2_bandwidth=5.5e12, boost_ghz=1.98),
+        _target("rtx5090", "sm_120", (12, 0), ("RTX 5090",), "NVIDIA GeForce RTX 5090 specifications and NVIDIA RTX "
+                "Blackwell GPU architecture whitepaper", sms=170, smem_per_block_kib=99, smem_per_sm_kib=100,
                 threads_per_sm=1536, blocks_per_sm=32, bandwidth=1.792e12, fp32=104.8e12, tensor=209.5e12,
                 bf16=209.5e12, l2_mib=96, l2_bandwidth=5.0e12, boost_ghz=2.41,
                 notes={"tensor_flops": "NVIDIA RTX Blackwell whitepaper: 419 TFLOPS dense f16 with f16 "
@@ -118,9 +141,13 @@ DATASHEET_TARGETS: dict[str, Target] = {
     )
 }
 
-# Measured ceilings, which replace datasheet figures: (value, source with date).
+# The GPU an architecture names when `--target` is an architecture.
+ARCH_DEFAULT_GPU = {"sm_80": "a100", "sm_89": "l40s", "sm_90": "h200", "sm_120": "rtx5090"}
+DATASHEET_TARGETS: dict[str, Target] = {arch: DATASHEET_GPUS[gpu] for arch, gpu in ARCH_DEFAULT_GPU.items()}
+
+# Measured ceilings, which replace datasheet figures, by GPU: (value, source with date).
 MEASURED: dict[str, dict[str, tuple[float, str]]] = {
-    "sm_90": {
+    "h200": {
         "dram_bandwidth": (4.3e12, "measured device-to-device copy on one H200, about 4.3 TB/s "
                                    "(team measurement recorded in the design brief, section 4, before 2026-12)"),
         "bf16_tensor_flops": (790e12, "measured bf16 matrix product on one H200, about 790 TFLOP/s "
@@ -130,18 +157,29 @@ MEASURED: dict[str, dict[str, tuple[float, str]]] = {
 
 
 def _with_measurements(target: Target) -> Target:
-    measured = MEASURED.get(target.name, {})
+    measured = MEASURED.get(target.gpu, {})
     if not measured:
         return target
     sources = dict(target.sources) | {k: source for k, (_, source) in measured.items()}
     return replace(target, **{k: value for k, (value, _) in measured.items()}, sources=sources)
 
 
-TARGETS: dict[str, Target] = {name: _with_measurements(t) for name, t in DATASHEET_TARGETS.items()}
+GPUS: dict[str, Target] = {gpu: _with_measurements(t) for gpu, t in DATASHEET_GPUS.items()}
+TARGETS: dict[str, Target] = {arch: GPUS[gpu] for arch, gpu in ARCH_DEFAULT_GPU.items()}  # by architecture
+
+
+def measurement_key(target: str) -> str:
+    """A measurement's target as a GPU key: an architecture stands for its default GPU."""
+    name = target.lower().replace(" ", "").replace("-", "")
+    return ARCH_DEFAULT_GPU.get(name, name)
 
 
 def get_target(name: str) -> Target:
-    found = TARGETS.get(name)
+    """A GPU (`h100`, `rtx4090`, ...) or an architecture (`sm_90`: its default GPU)."""
+    key = name.lower().replace(" ", "").replace("-", "") if isinstance(name, str) else name
+    found = TARGETS.get(key) or GPUS.get(key)
     if found is None:
-        raise UnknownTargetError(f"unknown target {name!r}; emmy knows {', '.join(TARGETS)}")
+        raise UnknownTargetError(f"unknown target {name!r}; emmy knows the architectures {', '.join(TARGETS)} "
+                                 f"(each its default GPU: {', '.join(f'{a} {g}' for a, g in ARCH_DEFAULT_GPU.items())}) "
+                                 f"and the GPUs {', '.join(GPUS)}")
     return found

@@ -95,7 +95,7 @@ def test_explain_prints_a_breakdown_whose_terms_sum_to_the_total():
         assert float(d[-2]) == pytest.approx(predicted + float(d[-1]), abs=0.011)
     start = next(i for i, line in enumerate(lines) if line.startswith("=== 0: "))
     lines = lines[start:]
-    assert lines[0].startswith("=== 0: k_rms_norm on sm_90 (signature ")
+    assert lines[0].startswith("=== 0: k_rms_norm on H200 (sm_90) (signature ")
     header = lines[1].split()
     rows = [line.split() for line in lines[2:5]]
     assert float(rows[0][2]) == pytest.approx(predicted, abs=0.011)

@@ -102,7 +102,7 @@ def ranked_rows(kernel: Kernel, shape: KernelShape, rows, target, types: dict) -
     predicted = []
     for row in rows:
         breakdown = predict(shape, row, target, cost)
-        seconds = measurements.lookup(target.name, key, str(row)) if key else None
+        seconds = measurements.lookup(target.key, key, str(row)) if key else None
         if seconds is not None:
             breakdown = dataclasses.replace(breakdown, total_s=seconds, measured=True)
         predicted.append(breakdown)

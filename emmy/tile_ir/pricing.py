@@ -47,7 +47,7 @@ class KernelPricer:
     def _space_key(self, shape) -> tuple:
         from emmy.tile_ir.build import _unnamed
 
-        return (self.target.name, str(self.pins), _unnamed(shape))
+        return (self.target.key, str(self.pins), _unnamed(shape))
 
     def _build_spaces(self, shapes) -> None:
         import dataclasses
@@ -73,7 +73,7 @@ class KernelPricer:
         signature = signature_of(key)
         if not rows:
             return KernelPrice(None, 0.0, 1, signature, "no legal row within the pins")
-        if current().has_signature(self.target.name, signature):  # measured rows: rank them all
+        if current().has_signature(self.target.key, signature):  # measured rows: rank them all
             offered = offered_rows(kernel, shape, rows, types, strict=True)
             best = ranked_rows(kernel, shape, offered, self.target, types)[0] if offered else None
         else:  # the cheapest predicted row the lowering takes: rows are ranked once per shape and cost
