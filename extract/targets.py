@@ -104,6 +104,10 @@ def _target(gpu, name, cc, gpus, datasheet: str, *, sms, smem_per_block_kib, sme
                   128 * sms * boost_ghz * 1e9, sources=sources, gpu=gpu)
 
 
+# The H100 and H200 (SXM) share the GH100 chip's compute, caches and limits; memory differs.
+_HOPPER_SXM = dict(sms=132, smem_per_block_kib=227, smem_per_sm_kib=228, threads_per_sm=2048, blocks_per_sm=32,
+                   fp32=67e12, tensor=989.4e12, bf16=989.4e12, l2_mib=50, l2_bandwidth=5.5e12, boost_ghz=1.98)
+
 DATASHEET_GPUS: dict[str, Target] = {
     t.gpu: t
     for t in (
@@ -122,14 +126,10 @@ DATASHEET_GPUS: dict[str, Target] = {
                 blocks_per_sm=24, bandwidth=1.008e12, fp32=82.6e12, tensor=165.2e12, bf16=165.2e12, l2_mib=72,
                 l2_bandwidth=3.5e12, boost_ghz=2.52),
         _target("h200", "sm_90", (9, 0), ("H200",), "NVIDIA H200 Tensor Core GPU datasheet (SXM; compute as H100 "
-                "SXM5 in the NVIDIA H100 datasheet)", sms=132, smem_per_block_kib=227, smem_per_sm_kib=228,
-                threads_per_sm=2048, blocks_per_sm=32, bandwidth=4.8e12, fp32=67e12, tensor=989.4e12,
-                bf16=989.4e12, l2_mib=50, l2_bandwidth=5.5e12, boost_ghz=1.98),
+                "SXM5 in the NVIDIA H100 datasheet)", bandwidth=4.8e12, **_HOPPER_SXM),
         _target("h100", "sm_90", (9, 0), ("H100",), "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 3.35 TB/s HBM3, "
                 "67 TFLOPS FP32, 989.4 TFLOPS dense FP16/BF16 tensor) and NVIDIA Hopper architecture whitepaper "
-                "(132 SMs, 50 MB L2)", sms=132, smem_per_block_kib=227, smem_per_sm_kib=228, threads_per_sm=2048,
-                blocks_per_sm=32, bandwidth=3.35e12, fp32=67e12, tensor=989.4e12, bf16=989.4e12, l2_mib=50,
-                l2_bandwidth=5.5e12, boost_ghz=1.98),
+                "(132 SMs, 50 MB L2)", bandwidth=3.35e12, **_HOPPER_SXM),
         _target("rtx5090", "sm_120", (12, 0), ("RTX 5090",), "NVIDIA GeForce RTX 5090 specifications and NVIDIA RTX "
                 "Blackwell GPU architecture whitepaper", sms=170, smem_per_block_kib=99, smem_per_sm_kib=100,
                 threads_per_sm=1536, blocks_per_sm=32, bandwidth=1.792e12, fp32=104.8e12, tensor=209.5e12,
