@@ -162,7 +162,7 @@ def main() -> int:
         "flight to keep HBM busy (bandwidth times DRAM latency, a few hundred nanoseconds: megabytes), so "
         "latency, the block-wide reduction and too few blocks for 132 SMs set its time, not bandwidth; peers' "
         "best measured time for this kernel on an RTX 5090 is 2.91 us a launch (median in CUDA-graph batches, "
-        "as the design brief's anchors record it), about ten times its bound there. Where the bound can be approached, the model's prediction approaches it.",
+        "the peers' published figure), about ten times its bound there. Where the bound can be approached, the model's prediction approaches it.",
         "",
         "| rows | MB | chosen row | device us | bound us | x bound |",
         "|---|---|---|---|---|---|",

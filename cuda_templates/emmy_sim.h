@@ -1,5 +1,5 @@
 // emmy_sim.h: the CUDA built-ins for g++, so that an unmodified kernel source
-// runs on the CPU (DESIGN.md section 7). emmy_rt.cuh includes it when the
+// runs on the CPU. emmy_rt.cuh includes it when the
 // compiler is not nvcc; kernel sources include emmy_rt.cuh only.
 //
 // Execution model. Blocks run one after another. The threads of a block are

@@ -1,5 +1,5 @@
 """The knob codec: a schedule is one row of knobs, each value with exactly one
-canonical spelling (DESIGN.md section 5).
+canonical spelling.
 
     WORK    t<N> | w<M>x<N>                  threads per block, or an M x N grid of warps
     TILE    f<N>[/v<V>] | <atom>/f<FM>x<FN>/k<K>

@@ -1,4 +1,4 @@
-"""The reference workloads (DESIGN.md section 9), as `-c` code.
+"""The reference workloads, as `-c` code.
 
 `code` uses the shapes the tests and the suite run; `bench_code`, where the
 benchmark shape differs, the larger one; `sim_code`, where `code` is too much

@@ -1,5 +1,5 @@
 """The analytic cost model: a kernel, one knob row and a target -> a predicted
-time with every term that made it (DESIGN.md section 4).
+time with every term that made it.
 
     total = launch + body + sync + extra
     body  = max(memory / (hiding * spread), compute / (spread * issue)) / tail

@@ -1,4 +1,4 @@
-"""Measured kernel times that replace predictions (DESIGN.md section 4: measurements win).
+"""Measured kernel times that replace predictions (a measurement wins over the model).
 
 For now a JSON file (EMMY_MEASUREMENTS): a list of rows
 `{"target": "sm_90", "kernel": <signature>, "knobs": "WORK=...,RASTER=", "seconds": 1.2e-5}`, where the

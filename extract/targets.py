@@ -149,9 +149,9 @@ DATASHEET_TARGETS: dict[str, Target] = {arch: DATASHEET_GPUS[gpu] for arch, gpu 
 MEASURED: dict[str, dict[str, tuple[float, str]]] = {
     "h200": {
         "dram_bandwidth": (4.3e12, "measured device-to-device copy on one H200, about 4.3 TB/s "
-                                   "(team measurement recorded in the design brief, section 4, before 2026-12)"),
+                                   "(team measurement, before 2026-12)"),
         "bf16_tensor_flops": (790e12, "measured bf16 matrix product on one H200, about 790 TFLOP/s "
-                                      "(team measurement recorded in the design brief, section 4, before 2026-12)"),
+                                      "(team measurement, before 2026-12)"),
     },
 }
 

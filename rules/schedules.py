@@ -1,4 +1,4 @@
-"""Schedule rules: every legal knob row for a kernel (DESIGN.md section 5).
+"""Schedule rules: every legal knob row for a kernel.
 
 The candidate values of each knob are data: relations filled from the
 CANDIDATES table below (a pin or a tuner narrows or widens a knob by filling

@@ -1,5 +1,5 @@
 """The twist: a reduction that reads another reduction over the same axis
-through exp(x - max) becomes one fold (DESIGN.md section 3).
+through exp(x - max) becomes one fold.
 
 sum(exp(s - max(s))) over an axis, the softmax normaliser, is folded with
 state (m, d) into `online_sum`: one pass over s instead of two. A weighted

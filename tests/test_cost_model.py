@@ -1,4 +1,4 @@
-"""Sanity properties of the analytic cost model (DESIGN.md section 4) and `emmy explain`."""
+"""Sanity properties of the analytic cost model and `emmy explain`."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Every reference workload (DESIGN.md section 9) captures, prints and interprets correctly."""
+"""Every reference workload captures, prints and interprets correctly."""
 
 import pytest
 

@@ -1,5 +1,5 @@
 """The CPU simulator: CUDA kernel sources compiled by g++ against
-cuda_templates/emmy_sim.h and run on numpy arrays (DESIGN.md section 7).
+cuda_templates/emmy_sim.h and run on numpy arrays.
 
     module = emmy.sim.load(source, "vector_add.cu")          # built once per content
     module.launch("vector_add", grid=4, block=256, args=[a, b, c, n])
