@@ -191,14 +191,12 @@ class ProgramOnGpu:
 
     def run(self) -> None:
         """Every kernel in order; a bad index value a kernel recorded is raised after its launch."""
-        from emmy.kernel_ir.index_faults import INDEX_FAULTS, raise_recorded_fault
+        from emmy.kernel_ir.index_faults import INDEX_FAULTS, raise_recorded_fault, takes_faults
 
-        inputs = [n.name for n in self.program.tensor_ir.inputs]
-        shapes = {name: t.shape for name, t in self.program.buffer_types.items()}
         for k, argv in zip(self.kernels, self.argvs):
             self.gpu.launch(k.name, k.grid, k.block, k.dynamic_smem, argv)
-            if any(p.name == INDEX_FAULTS for p in k.params):
-                raise_recorded_fault(self.fetch(INDEX_FAULTS), k, inputs, shapes)
+            if takes_faults(k):
+                raise_recorded_fault(self.fetch(INDEX_FAULTS), k, self.program)
 
     def fetch(self, name: str) -> np.ndarray:
         out = np.empty_like(self.host[name])

@@ -14,7 +14,7 @@ import numpy as np
 
 from emmy.dtypes import DType
 from emmy.errors import EmmyError, IndexOutOfRangeError
-from emmy.kernel_ir.index_faults import INDEX_FAULTS, raise_recorded_fault
+from emmy.kernel_ir.index_faults import INDEX_FAULTS, raise_recorded_fault, takes_faults
 
 DEVICES = ("sim", "cuda")
 
@@ -168,15 +168,13 @@ def launch_in_order(module, program, kernels, buffers: dict[str, np.ndarray]) ->
     on `buffers`; a bad index value a kernel recorded is raised after its launch."""
     import emmy.sim as sim
 
-    types = program.buffer_types
     for kernel in kernels:
         args = [buffers[p.name] for p in kernel.params]
         args += [sim.TensorMap(buffers[buffer].reshape(-1, row), box=(box_rows, box_cols))
                  for buffer, row, box_rows, box_cols in kernel.tensor_maps]
         module.launch(kernel.name, grid=kernel.grid, block=kernel.block, args=args, shared_bytes=kernel.dynamic_smem)
-        if INDEX_FAULTS in buffers:
-            raise_recorded_fault(buffers[INDEX_FAULTS], kernel, [n.name for n in program.tensor_ir.inputs],
-                                 {name: t.shape for name, t in types.items()})
+        if takes_faults(kernel):
+            raise_recorded_fault(buffers[INDEX_FAULTS], kernel, program)
 
 
 def check_program(program, inputs=None, device: str = "sim", mode: str | None = None) -> list[Check]:

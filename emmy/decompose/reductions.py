@@ -83,14 +83,18 @@ def _keyed(ctx: Context, x: str, axis: int) -> bool:
     return ctx.b.dtype(x).is_float and ctx.b.shape(x)[axis] < 2 ** 32
 
 
+def _positions_along(ctx: Context, shape, axis: int) -> str:
+    """Each element's position along `axis`, as int64 (arg-reductions' candidates)."""
+    positions = ctx.constant(np.arange(shape[axis]), DType.I64)
+    return ctx.b.index_map(positions, shape, [Affine.dim(axis)], suffix="positions")
+
+
 def _first_extreme(ctx: Context, x: str, axis: int, op: str, keepdim: bool, suffix: str) -> str:
     """The first position along `axis` of x's maximum (op "max") or minimum ("min"), NaN the extreme
     wherever one occurs as in torch: one max (min) fold of int64 keys packing each value with its
     position (tensor_ir.scalar_ops), the position unpacked from the winner."""
     b = ctx.b
-    shape = b.shape(x)
-    positions = ctx.constant(np.arange(shape[axis]), DType.I64)
-    along = b.index_map(positions, shape, [Affine.dim(axis)], suffix="positions")
+    along = _positions_along(ctx, b.shape(x), axis)
     keys = b.elementwise(f"{op}_key", x, along, dtype=DType.I64, suffix="key")
     best = b.reduce_axes(op, keys, [axis], keepdim, suffix="best")
     return b.elementwise(f"{op}_key_position", best, dtype=DType.I64, suffix=suffix)
@@ -105,8 +109,7 @@ def _position_of(ctx: Context, x: str, axis: int, extreme: str, keepdim: bool, s
     hit = b.elementwise("equal", x, b.broadcast_to(extreme, shape), dtype=DType.BOOL)
     if b.dtype(x).is_float:
         hit = b.elementwise("logical_or", hit, b.elementwise("isnan", x, dtype=DType.BOOL), dtype=DType.BOOL)
-    positions = ctx.constant(np.arange(n), DType.I64)
-    along = b.index_map(positions, shape, [Affine.dim(axis)], suffix="positions")
+    along = _positions_along(ctx, shape, axis)
     candidates = b.elementwise("where", hit, along, b.fill(n, shape, DType.I64), dtype=DType.I64)
     first = b.reduce_axes("min", candidates, [axis], keepdim, suffix=suffix)
     return first

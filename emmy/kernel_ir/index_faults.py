@@ -32,16 +32,22 @@ def tensor_code(buffer: str) -> int:
     return zlib.crc32(buffer.encode()) & 0x7FFFFFFF
 
 
-def raise_recorded_fault(record: np.ndarray, kernel: KernelIR, inputs: list[str], shapes: dict) -> None:
-    """Raise IndexOutOfRangeError if `kernel` left a fault in `record`. `inputs`: the program's input
-    names in order; `shapes`: buffer name -> shape, for the element's coordinates."""
+def takes_faults(kernel: KernelIR) -> bool:
+    return any(p.name == INDEX_FAULTS for p in kernel.params)
+
+
+def raise_recorded_fault(record: np.ndarray, kernel: KernelIR, program) -> None:
+    """Raise IndexOutOfRangeError if `kernel` (of emmy.program.Program `program`) left a fault in
+    `record`, naming the input, the element's coordinates and the value."""
     claimed, code, position, value, extent, wraps = (int(v) for v in np.asarray(record, np.int64)[:FAULT_WORDS])
     if not claimed:
         return
+    inputs = [n.name for n in program.tensor_ir.inputs]
     names = [n for n in inputs if tensor_code(n) == code]
     name = names[0] if len(names) == 1 else f"index tensor #{code}"
     where = f"input {inputs.index(name)} ({name})" if name in inputs else name
-    at = [int(i) for i in np.unravel_index(position, shapes[name])] if name in shapes and shapes[name] else []
+    shape = program.buffer_types[name].shape if name in program.buffer_types else ()
+    at = [int(i) for i in np.unravel_index(position, shape)] if shape else []
     axis = f"[{-extent if wraps else 0}, {extent})"
     raise IndexOutOfRangeError(f"{where}: index {value} at {at} is outside {axis}, the axis it indexes "
                                f"(found on the device by kernel {kernel.name})")
