@@ -297,6 +297,40 @@ class Affine:
         return text if (len(self.terms) + (1 if self.const else 0)) <= 1 and "*" not in text else f"({text})"
 
 
+def recombined(expr: Affine) -> Affine:
+    """`expr` with the digits of a reshape put back together: a remainder rewritten as
+    e - q*(e // q) and nested divisions as one ((e // a) // b == e // (a*b)), both exact for any
+    integer e, so a row-major offset such as 4096*(r // 4096) + 64*((r // 64) % 64) + r % 64
+    becomes r. Kept only when it has fewer division or remainder atoms than `expr`."""
+    candidate = _expand(expr)
+    return candidate if _quotients(candidate) < _quotients(expr) else expr
+
+
+def _expand(expr: Affine) -> Affine:
+    out = Affine.constant(expr.const)
+    for atom, c in expr.terms:
+        if isinstance(atom, FloorDiv):
+            value = _divided(_expand(atom.expr), atom.divisor)
+        elif isinstance(atom, Mod):
+            inner = _expand(atom.expr)
+            value = inner - _divided(inner, atom.divisor) * atom.divisor
+        else:
+            value = Affine(((atom, 1),), 0)
+        out = out + value * c
+    return out
+
+
+def _divided(expr: Affine, q: int) -> Affine:
+    if expr.const == 0 and len(expr.terms) == 1 and expr.terms[0][1] == 1 and isinstance(expr.terms[0][0], FloorDiv):
+        inner = expr.terms[0][0]
+        return Affine(((FloorDiv(inner.expr, inner.divisor * q), 1),), 0)
+    return Affine(((FloorDiv(expr, q), 1),), 0)
+
+
+def _quotients(expr: Affine) -> int:
+    return sum(1 + _quotients(atom.expr) for atom, _ in expr.terms if isinstance(atom, (FloorDiv, Mod)))
+
+
 def _lift(value: "Affine | int") -> Affine:
     return value if isinstance(value, Affine) else Affine.constant(int(value))
 

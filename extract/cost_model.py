@@ -32,11 +32,12 @@ from dataclasses import dataclass, fields
 from math import ceil, log2
 
 from emmy.knobs import KnobRow, value_fields
-from emmy.tile_ir.geometry import geometry
+from emmy.tile_ir.geometry import geometry, lane_access
 from emmy.tile_ir.shape import KernelShape
 
 SYNC_STEP = 2.0e-8  # s per barrier or shuffle step of a block
 BASE_REGS = 32  # registers a thread needs besides its accumulators and tiles
+SECTOR_BYTES = 32  # the unit of a global-memory transaction
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,8 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     registers = _registers(shape, row, g)
     spills = registers > target.regs_per_thread
     memory_s = moved / (target.dram_bandwidth * coalescing)
-    if shape.kind in ("map", "row"):  # contractions and attention price their re-reads by their tiles
-        memory_s += reread_seconds(loop_cost.rereads, target)
-    memory_s *= 2.0 if spills else 1.0
+    if lane_access(shape, row) == "strided":  # a 32-byte sector per lane: the extra sectors come through L2
+        memory_s += loop_cost.bytes_read * (max(1, SECTOR_BYTES // isz) - 1) / target.l2_bandwidth
 
     tensor_flops = _tensor_flops(shape) if g.mma else 0.0
     rate = target.bf16_tensor_flops if shape.mma == "bf16" else target.tensor_flops
@@ -109,6 +109,11 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     pipeline = {"smem-async": 0.25, "smem-tma": 0.3}.get(g.stage_how, 0.1 if g.stage_how else 0.0)
     hiding = min(1.0, occupancy / 0.5 + pipeline * g.stage_depth)
     issue = min(1.0, occupancy / (0.125 if g.mma else 0.25))
+    if shape.kind in ("map", "row", "column"):  # contractions and attention price their re-reads by their tiles
+        rows_per_block = 1 if shape.kind == "row" and row.REDUCE else g.threads
+        seconds, again = reread_seconds(loop_cost.rereads, target, min(shape.rows, slots * rows_per_block))
+        memory_s, moved = memory_s + seconds, moved + again
+    memory_s *= 2.0 if spills else 1.0
     compute_s = max(arith_s, tensor_s, special_s)
     body_s = max(memory_s / (hiding * spread), compute_s / (spread * issue)) / tail
 
@@ -139,18 +144,25 @@ def _fragment_prologue_ops(shape: KernelShape, row: KnobRow, g) -> float:
     return a + b - in_loop_ir
 
 
-def reread_seconds(rereads, target) -> float:
-    """Reads beyond an element's first touch, each served by the smallest level its footprint
-    fits: an SM's L1, the L2, else DRAM again (extract/loop_cost.py counts them)."""
-    total = 0.0
-    for moved, footprint in rereads:
-        if footprint <= target.l1_reuse_bytes:
+def reread_seconds(rereads, target, rows_in_flight: int = 1) -> tuple[float, float]:
+    """Reads beyond an element's first touch, each served by the smallest level its working set
+    fits: an SM's L1, the L2, else DRAM again (extract/loop_cost.py counts them). A row's own
+    re-reads (a sweep after its fold) need every row in flight to keep its row: a softmax row of
+    1.5 MB fits the L2 alone, not beside the hundreds of rows the other SMs are reading.
+    Returns (seconds, the bytes read from DRAM again)."""
+    total, from_dram = 0.0, 0.0
+    for moved, footprint, own_row in rereads:
+        # an SM's L1 holds the rows that SM runs; the L2 holds every SM's
+        per_sm = footprint * ceil(rows_in_flight / target.sms) if own_row else footprint
+        everywhere = footprint * rows_in_flight if own_row else footprint
+        if per_sm <= target.l1_reuse_bytes:
             total += moved / target.l1_bandwidth
-        elif footprint <= target.l2_bytes:
+        elif everywhere <= target.l2_bytes:
             total += moved / target.l2_bandwidth
         else:
             total += moved / target.dram_bandwidth
-    return total
+            from_dram += moved
+    return total, from_dram
 
 
 def _tensor_flops(shape: KernelShape) -> float:

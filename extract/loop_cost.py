@@ -35,11 +35,13 @@ class KernelCost:
     # again (a sweep after a fold: footprint one row), or rows reading the same elements (a
     # weight every row reads: footprint the elements read). Where they are served from (L1, L2
     # or DRAM) depends on whether the footprint fits, which the cost model knows per target.
-    rereads: tuple[tuple[float, float], ...] = ()
+    # Each is (bytes, footprint bytes, whether the footprint is one row's: then every row in flight
+    # holds its own, and the cost model multiplies it by the rows a schedule runs at once).
+    rereads: tuple[tuple[float, float, bool], ...] = ()
 
     @property
     def reread_bytes(self) -> float:
-        return sum(b for b, _ in self.rereads)
+        return sum(b for b, _, _ in self.rereads)
 
     @property
     def time(self) -> float:
@@ -111,9 +113,9 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
             across = max(0.0, rows * per_row - distinct)
             again = distinct if i != first else 0.0
             if inner + again > 0:
-                rereads.append(((inner + again) * size, per_row * size))
+                rereads.append(((inner + again) * size, per_row * size, True))
             if across > 0:
-                rereads.append((across * size, distinct * size))
+                rereads.append((across * size, distinct * size, False))
     written = kernel.type.numel * kernel.type.dtype.itemsize
     return KernelCost(read, written, ops, arith, special, tuple(rereads))
 

@@ -22,6 +22,10 @@ and guards the join with one legality condition per clause:
   row after the fold; atomics (`g<N>a`) only for sum/max/min monoids whose
   accumulator is the output.
 
+- column reductions (the fold strided, the outputs contiguous): a thread an
+  output, or 32 outputs a block whose warps split each fold (coop); no
+  vectors, as the fold's elements are a stride apart.
+
 - attention (flash): a block takes BM query rows (16*FM*WM with mma atoms,
   warps side by side over rows, WN = 1; or FLASH_SIMT_ROWS*TILE f<N> rows a
   warp in SIMT), steps over the keys BN at a time (8*FN, or up to 32 in SIMT),
@@ -144,6 +148,19 @@ row_rows = ruleset(
     name="row",
 )
 
+column_rows = ruleset(
+    # a thread an output: lanes along the contiguous outputs (coalesced), serial over the fold;
+    # TILE f<N> is the fold's unroll (loads in flight), never vectors (the fold is strided)
+    rule(kernel(k, "column", rows, cols, red, inner, isz, batch), work_threads(w, threads), tile_simt(t, elems, vec),
+         stage_none(s), reduce_none(r), raster_none(g), eq(vec).to(i64(1)),
+         threads <= rows + 31, elems <= red).then(legal_row(k, w, t, r, s, g)),
+    # 32 outputs a block, a lane each; the block's warps split each fold and combine in shared memory
+    rule(kernel(k, "column", rows, cols, red, inner, isz, batch), work_threads(w, threads), tile_simt(t, elems, vec),
+         stage_none(s), reduce_coop(r), raster_none(g), eq(vec).to(i64(1)),
+         i64(64) <= threads, threads / 32 * elems <= red).then(legal_row(k, w, t, r, s, g)),
+    name="column",
+)
+
 contraction_blocks = ruleset(
     # SIMT: each thread computes `elems` outputs; vector loads along K
     rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), work_threads(w, threads), tile_simt(t, elems, vec),
@@ -235,11 +252,12 @@ attention_rows = ruleset(
     name="attention",
 )
 
-SCHEDULE_RULESETS = (map_rows, row_rows, contraction_blocks, contraction_staging, contraction_rows, attention_rows)
+SCHEDULE_RULESETS = (map_rows, row_rows, column_rows, contraction_blocks, contraction_staging, contraction_rows, attention_rows)
 # For `emmy rules`: each schedule ruleset and what its rules add.
 SCHEDULE_DESCRIPTIONS = {
     "map": "elementwise kernels: threads x elements a thread, vector loads that divide the row",
     "row": "row reductions: a thread a row, a block a row (coop), or split across blocks (g<N>k, g<N>a)",
+    "column": "column reductions: a thread an output, or 32 outputs a block with its warps splitting the fold (coop)",
     "contraction blocks": "matrix products: SIMT blocks, or mma atoms tiled by warps within the extents",
     "contraction staging": "operand staging: none, shared memory, cp.async (sm_80+), TMA (sm_90+) within smem",
     "contraction rows": "launch order (grouped rasterisation) and split-K for matrix products",

@@ -93,6 +93,8 @@ def _render(n, k: K.KernelIR, types) -> str:
         return template.render(n=n, main=main, storage=storage, lines=lines, tail_lines=_lines(n.body, types))
     if isinstance(n, K.WarpShuffle):
         return template.render(n=n, merge=_merge(n.op, n.accs, ""), register=REGISTER[n.dtype])
+    if isinstance(n, K.ColumnCombine):
+        return template.render(n=n, merge=_merge(n.op, n.accs, ""), register=REGISTER[n.dtype])
     if isinstance(n, K.TreeHalve):
         identity = _STATE_IDENTITY.get(n.op) or (_IDENTITY[n.op],) * len(n.accs)
         accs = [(a, literal(i, n.dtype)) for a, i in zip(n.accs, identity)]
@@ -117,7 +119,7 @@ def _render(n, k: K.KernelIR, types) -> str:
         lines = [f"emmy::atomic_{s.atomic}(&{buffer_c(s.buffer)}[{s.index}], {s.value});  // this slice's part"
                  if s.atomic else f"{buffer_c(s.buffer)}[{s.index}] = emmy::from_reg<{STORAGE[s.dtype]}>({s.value});"
                  for s in n.body]
-        return template.render(lines=lines)
+        return template.render(lines=lines, condition=n.condition)
     return template.render(n=n)
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from math import prod
 
-from emmy.affine import Affine, Dim
+from emmy.affine import Affine, Dim, recombined
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
-from emmy.kernel_ir.nodes import (Broadcast, ContractionTile, ElementLoop, Fill, KernelIR, MapElements, MmaTile,
+from emmy.kernel_ir.nodes import (Broadcast, ColumnCombine, ContractionTile, ElementLoop, Fill, KernelIR, MapElements, MmaTile,
                                   OnlyThread, Panel, Param, RowIndex, Scalar, Smem, SplitFinish, Store, Sync, Tile,
                                   TreeHalve, VecLoad, VecStore, WarpShuffle)
 from emmy.kernel_ir.index_faults import INDEX_FAULTS, faults_param
@@ -52,7 +52,7 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
         return _supports_contraction(tile, types, memo)
     if tile.shape.kind == "attention":
         return supports_flash(tile, memo)
-    if tile.shape.kind not in ("map", "row"):
+    if tile.shape.kind not in ("map", "row", "column"):
         return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
     split_ok = tile.shape.kind == "row" and row.REDUCE.endswith("a") and tile.kernel.type.dtype.value == "f32"
     blocking = [f"REDUCE={row.REDUCE}"] if row.REDUCE not in ("", "coop") and not split_ok else []
@@ -60,9 +60,14 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
     if blocking:
         return f"{', '.join(blocking)} {'is' if len(blocking) == 1 else 'are'} not lowered yet"
     # a map recomputes what is hoisted above its loops per element; a row would lose it
-    if tile.shape.kind == "row" and tile.placement.free and tile.kernel.body and \
+    if tile.shape.kind in ("row", "column") and tile.placement.free and tile.kernel.body and \
             not isinstance(tile.kernel.body[0], L.Loop):
         return "statements outside the kernel's free loops are not lowered yet"
+    if tile.geometry.vec > 1 and types is not None:
+        if ("vectors", tile.geometry.vec) not in memo:  # which loads walk contiguously is the kernel's
+            memo[("vectors", tile.geometry.vec)] = _vector_promise(tile, types)
+        if memo[("vectors", tile.geometry.vec)]:
+            return f"TILE={row.TILE}: {memo[('vectors', tile.geometry.vec)]}"
     if split_ok and tile.geometry.split > 1:
         try:
             _row_atomic(tile)
@@ -74,6 +79,24 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
             if (fold.twist, state) not in MERGED:
                 return f"REDUCE={row.REDUCE}: a {fold.twist} fold with {state} state values merges across threads " \
                        "only in registers of one thread yet"
+    return ""
+
+
+def _vector_promise(tile: TileKernel, types: dict) -> str:
+    """Why a map or row kernel would not move TILE's vectors (a row whose knobs promise vectors
+    emits them, or is not offered), or "" when it would."""
+    width = tile.geometry.vec
+    if tile.shape.kind == "map":
+        loops, body = _map_nest(tile.kernel.body)
+        if not loops or loops[-1][1] % width:
+            return f"the innermost extent is not a multiple of {width}, so {width}-wide vectors would straddle rows"
+        if not any(_vector_accesses(body, loops[-1][0], width, types)):
+            return f"no load or store walks a{loops[-1][0]} contiguously from a {width}-aligned start"
+        return ""
+    walks = [(p.var, p.lift + p.combine if isinstance(p, Fold) else p.body) for p in tile.parts
+             if isinstance(p, (Fold, Sweep))]
+    if not any(any(_vector_accesses(body, var, width, types)) for var, body in walks):
+        return f"no load of the row walks its fold contiguously from a {width}-aligned start"
     return ""
 
 
@@ -146,6 +169,8 @@ def lower_kernel(tile: TileKernel, types: dict) -> list[KernelIR]:
         if body.workspace:
             return [main, _finishing_kernel(tile, main, body, types)]
         return [_fill_kernel(tile, types, REDUCE_OPS[body.atomics[0][1]]), main]
+    if tile.shape.kind == "column" and tile.row.REDUCE == "coop":
+        return [_lower_column(tile, types, params)]
     main = _lower_row(tile, types, params)
     if tile.geometry.split == 1:
         return [main]
@@ -209,7 +234,7 @@ def flat_index(buffer: str, index: tuple[Affine, ...], types: dict) -> Affine:
     flat = Affine.constant(0)
     for part, stride in zip(index, strides):
         flat = flat + part * stride
-    return flat
+    return recombined(flat)  # a merged reduction's reshape reads back as one contiguous walk
 
 
 def _vectorizable(flat: Affine, var: int, width: int) -> bool:
@@ -296,6 +321,43 @@ def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
                     tile.shape.describe(), tuple(twists))
 
 
+def _lower_column(tile: TileKernel, types: dict, params) -> KernelIR:
+    """A column reduction, 32 outputs a block: lane l of every warp owns output 32*block + l
+    (consecutive lanes read consecutive addresses), the warps split each fold, and their partial
+    states meet in shared memory. Lanes past the last output repeat it and store nothing."""
+    g = tile.geometry
+    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    rows = prod(e for _, e in loops)
+    warps = g.threads // 32
+    body: list = [RowIndex(tuple(loops), "column")]
+    shared: list[Smem] = []
+    twists = []
+    for part in tile.parts:
+        if isinstance(part, Epilogue):
+            pending = [s for s in part.body if not isinstance(s, L.Store)]
+            stores = [Store(s.buffer, types[s.buffer].dtype, affine_c(flat_index(s.buffer, s.index, types)),
+                            _operand(s.value)) for s in part.body if isinstance(s, L.Store)]
+            body += [Scalar(tuple(pending))] if pending else []
+            body += [OnlyThread(tuple(stores), "threadIdx.x < 32 && row_ok")] if stores else []
+        elif isinstance(part, Fold):
+            body.append(Scalar(part.init))
+            body.append(_element_loop(part.var, part.extent, part.lift + part.combine, types, 1, warps,
+                                      g.elems, "threadIdx.x / 32"))
+            for op, dtype, accs in _fold_groups(part):
+                name = f"{op}_columns" if dtype is DType.F32 else f"{op}_{dtype.value}_columns"
+                memory = Smem(dtype, name, warps * 32 * len(accs))
+                shared += [memory] if memory not in shared else []
+                body.append(ColumnCombine(op, accs, name, warps, dtype))
+            if part.twist:
+                twists.append((part.twist, tuple(i.acc for i in part.init if _in_state(i, part))))
+        else:
+            raise Unsupported(f"kernel {tile.kernel.name}: a column reduction with a sweep is not lowered")
+    extent = max((p.extent for p in tile.parts if isinstance(p, Fold)), default=1)
+    return KernelIR(tile.kernel.name, params, Tile(("row", "col"), extent, rows, g.threads),
+                    (-(-rows // 32), 1, 1), (g.threads, 1, 1), tuple(shared), tuple(body), str(tile.row),
+                    tile.shape.describe(), tuple(twists))
+
+
 def _in_state(init: L.Init, fold: Fold) -> bool:
     return any(isinstance(s, L.Update) and s.acc == init.acc for s in fold.combine)
 
@@ -305,6 +367,18 @@ def _block_combine(fold: Fold, threads: int):
     each group of plain accumulators (by monoid) and for a twisted fold's state."""
     warps = max(1, threads // 32)
     stmts, smem = [], []
+    for op, dtype, accs in _fold_groups(fold):
+        name = f"{op}_partials" if dtype is DType.F32 else f"{op}_{dtype.value}_partials"
+        memory = Smem(dtype, name, warps * len(accs))
+        smem.append(memory)
+        stmts += [WarpShuffle(op, accs, name, dtype=dtype), Sync(), TreeHalve(op, accs, name, warps, dtype=dtype),
+                  Sync(), Broadcast(accs, name), Sync()]
+    return stmts, smem
+
+
+def _fold_groups(fold: Fold) -> list[tuple[str, DType, tuple[str, ...]]]:
+    """A fold's accumulators as they combine across threads: (monoid, register type, accumulators)
+    per group of plain ones, then (twist, f32, state) for a twisted fold's state."""
     state = tuple(i.acc for i in fold.init if _in_state(i, fold))
     register = {i.acc: (DType.F32 if i.dtype.is_float else i.dtype) for i in fold.init}  # scalar_c's Init
     plain = {}
@@ -317,13 +391,7 @@ def _block_combine(fold: Fold, threads: int):
         if (fold.twist, len(state)) not in MERGED:
             raise Unsupported(f"a {fold.twist} fold with {len(state)} state values is not lowered yet")
         groups.append((fold.twist, DType.F32, state))
-    for op, dtype, accs in groups:
-        name = f"{op}_partials" if dtype is DType.F32 else f"{op}_{dtype.value}_partials"
-        memory = Smem(dtype, name, warps * len(accs))
-        smem.append(memory)
-        stmts += [WarpShuffle(op, accs, name, dtype=dtype), Sync(), TreeHalve(op, accs, name, warps, dtype=dtype),
-                  Sync(), Broadcast(accs, name), Sync()]
-    return stmts, smem
+    return groups
 
 
 def _scalar_and_stores(stmts, types, coop: bool, atomic: str = "") -> list:

@@ -34,7 +34,7 @@ class Tile:
 class RowIndex:
     """The free loop variables of the block's row, from the block index (row-major)."""
     vars: tuple[tuple[int, int], ...]  # (loop variable, extent), outermost first
-    source: str = "blockIdx.x"  # or "thread": one row per thread
+    source: str = "blockIdx.x"  # or "thread": one row per thread; "column": 32 rows a block, a lane each
     split: int = 1  # blocks per row (blockIdx.x = row * split + slice)
 
 
@@ -357,12 +357,26 @@ class Store:
 
 @dataclass(frozen=True)
 class OnlyThread:
-    """Statements one thread of the row runs (a row's result, written once)."""
+    """Statements one thread of the row runs (a row's result, written once); `condition` says which
+    (in a column reduction, the first warp's lanes that own an output)."""
     body: tuple
+    condition: str = "threadIdx.x == 0"
+
+
+@dataclass(frozen=True)
+class ColumnCombine:
+    """A column reduction's partial states, one per warp for each of the block's 32 outputs (a lane
+    each), folded across the warps through shared memory `smem`; every thread ends with its
+    lane's combined value."""
+    op: str  # sum | max | min | prod | softmax | welford
+    accs: tuple[str, ...]
+    smem: str
+    warps: int
+    dtype: DType = DType.F32
 
 
 Stmt = Union[RowIndex, Scalar, VecLoad, VecStore, ElementLoop, MapElements, WarpShuffle, Smem, Sync, TreeHalve,
-             Broadcast, Store, OnlyThread, ContractionTile, MmaTile, FlashRows, FlashMma, Fill, SplitFinish]
+             Broadcast, Store, OnlyThread, ColumnCombine, ContractionTile, MmaTile, FlashRows, FlashMma, Fill, SplitFinish]
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ def _tile(k: K.KernelIR) -> str:
 def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
     pad = "  " * depth
     if isinstance(n, K.RowIndex):
-        who = "row = blockIdx.x" if n.source == "blockIdx.x" else "row = blockIdx.x * blockDim.x + threadIdx.x"
+        who = {"blockIdx.x": "row = blockIdx.x", "column": "row = blockIdx.x * 32 + lane (32 outputs a block)"}.get(
+            n.source, "row = blockIdx.x * blockDim.x + threadIdx.x")
         out.append(pad + who + "".join(f"; a{v} in 0..{e}" for v, e in n.vars))
     elif isinstance(n, K.Scalar):
         out += [pad + statement_text(s) for s in n.stmts]
@@ -78,6 +79,8 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
         out.append(pad + "Sync")
     elif isinstance(n, K.TreeHalve):
         out.append(f"{pad}TreeHalve({n.op}, length={n.length}, tid={n.tid}) {n.smem}")
+    elif isinstance(n, K.ColumnCombine):
+        out.append(f"{pad}ColumnCombine({n.op}, warps={n.warps}) {', '.join(n.accs)} via {n.smem}[warp][lane]")
     elif isinstance(n, K.Broadcast):
         out.append(f"{pad}{', '.join(n.accs)} = {n.smem}[0..{len(n.accs)}]")
     elif isinstance(n, K.SplitFinish):
@@ -122,7 +125,7 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
     elif isinstance(n, K.FlashMma):
         _flash_mma(n, pad, out)
     elif isinstance(n, K.OnlyThread):
-        out.append(pad + "thread 0:")
+        out.append(pad + ("thread 0:" if n.condition == "threadIdx.x == 0" else f"threads where {n.condition}:"))
         out += [f"{pad}  {s.buffer}[{s.index}] = {s.value}" for s in n.body]
     else:
         raise TypeError(f"no listing for {type(n).__name__}")

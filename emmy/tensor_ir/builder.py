@@ -199,14 +199,28 @@ class GraphBuilder:
         rank = len(self.shape(x))
         axes = sorted({a % rank for a in axes}) if rank else []
         out = x
-        for k, axis in enumerate(axes):
-            last = k == len(axes) - 1
-            out = self.reduce(op, out, axis, suffix=suffix, name=name if (last and keepdim) else None)
+        runs = _adjacent_runs(axes)
+        for k, run in enumerate(reversed(runs)):  # from the last run, so earlier axes keep their numbers
+            last = k == len(runs) - 1
+            out = self._reduce_run(op, out, run, suffix, name if (last and keepdim) else None)
         if not keepdim:
             out = self.keep_axes(out, [k for k in range(rank) if k not in axes], name=name)
         elif name is not None and out == x:
             out = self.index_map(x, self.shape(x), [Affine.dim(k) for k in range(rank)], name=name)
         return out
+
+    def _reduce_run(self, op: str, x: str, run: Sequence[int], suffix: str | None, name: str | None) -> str:
+        """Reduce over adjacent axes as one: the run merged into one axis by a reshape (a row of
+        their product, read contiguously when they are the trailing axes), reduced, and the kept
+        shape restored with an extent-1 axis for each. One fold of the right length, not a chain
+        of folds each reading the last one's output."""
+        if len(run) == 1:
+            return self.reduce(op, x, run[0], suffix=suffix, name=name)
+        shape = self.shape(x)
+        lo, hi = run[0], run[-1] + 1
+        merged = self.reshape(x, (*shape[:lo], math.prod(shape[lo:hi]), *shape[hi:]), suffix="merged")
+        folded = self.reduce(op, merged, lo, suffix=suffix)
+        return self.reshape(folded, (*shape[:lo], *[1] * (hi - lo), *shape[hi:]), suffix=suffix, name=name)
 
     def fill(self, value: Scalar, shape: Sequence[int], dtype: DType, name: str | None = None) -> str:
         c = self.const(value, dtype)
@@ -234,6 +248,17 @@ def _infer_shape(src: Sequence[int], shape: Sequence[int]) -> tuple[int, ...]:
     if math.prod(shape) != total:
         raise ValueError(f"cannot reshape {tuple(src)} to {tuple(shape)}")
     return tuple(shape)
+
+
+def _adjacent_runs(axes: Sequence[int]) -> list[list[int]]:
+    """Sorted axes grouped into runs of consecutive numbers: [1, 2, 3, 5] -> [[1, 2, 3], [5]]."""
+    runs: list[list[int]] = []
+    for axis in axes:
+        if runs and runs[-1][-1] == axis - 1:
+            runs[-1].append(axis)
+        else:
+            runs.append([axis])
+    return runs
 
 
 def reshape_index(src: Sequence[int], dst: Sequence[int]) -> list[Affine]:

@@ -65,6 +65,11 @@ def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
     elems, vec = tile["elems"], tile.get("vec", 1)
     if shape.kind == "map":
         return Geometry(threads, ceil(shape.rows / (threads * elems)), elems, vec, 0)
+    if shape.kind == "column":
+        if row.REDUCE == "":  # a thread an output, serial over its fold
+            return Geometry(threads, ceil(shape.rows / threads), elems, vec, 0)
+        # 32 outputs a block, a lane each; the block's warps share each output's fold
+        return Geometry(threads, ceil(shape.rows / 32), elems, vec, threads * 4)
     if shape.kind == "row":
         if row.REDUCE == "":  # a thread a row
             return Geometry(threads, ceil(shape.rows / threads), elems, vec, 0)
@@ -75,3 +80,15 @@ def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
     blocks = ceil(shape.rows / side) * ceil(shape.cols / max(1, per_block // side)) * shape.batch * split
     return Geometry(threads, blocks, elems, vec, depth * 2 * SIMT_PANEL * shape.itemsize, split,
                     side, max(1, per_block // side), 32, False, depth, how, group)
+
+
+def lane_access(shape: KernelShape, row: KnobRow) -> str:
+    """How a warp's 32 lanes read global memory under this row: "coalesced" when consecutive lanes
+    read consecutive addresses (each 32-byte sector fetched once), "strided" when they are a stride
+    apart (a sector for each lane's element). Lanes go along the fold in a cooperative row, along
+    the outputs otherwise; contractions and attention stage tiles and are priced by their tiles."""
+    if shape.kind in ("contraction", "attention", "column"):
+        return "coalesced"
+    if shape.kind == "row" and row.REDUCE:
+        return "coalesced" if shape.fold_contiguous else "strided"
+    return "coalesced" if shape.outputs_contiguous else "strided"

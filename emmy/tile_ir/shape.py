@@ -4,6 +4,11 @@
 - row          a reduction per row: `rows` rows of `red` elements (folds of
                several monoids and twisted folds included); `sweep` when the
                row is read again after the fold (RMSNorm's scaling pass).
+- column       a reduction over a non-contiguous axis (x.sum(dim=1) of a 3-D
+               tensor): `rows` outputs, each folding `red` elements that lie
+               a stride apart, while consecutive outputs read consecutive
+               addresses. Threads go along the outputs (coalesced), not along
+               the fold. `cols` is the contiguous output extent.
 - contraction  sum over k of a[.., m, k] * b[.., k, n]: `rows` = M, `cols` = N,
                `red` = K, `batch` the extents both operands share. `mma` when
                both operands are loaded as f16 or bf16 (tensor-core atoms).
@@ -18,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+from emmy.affine import Dim, Mod
 from emmy.dtypes import DType
 from emmy.loop_ir.nodes import Accumulate, Assign, Kernel, Load, Loop, Op, Update, parallel_loops
 
@@ -41,6 +47,10 @@ class KernelShape:
     prologue: bool = False  # contraction: an operand is elementwise work on loads, not a load
     prologue_ops: tuple[int, int] = (0, 0)  # operations per element of the A and B operands' prologues
     free_vars: tuple[int, ...] = ()  # loop variables outside the folds (one output element or row each)
+    # How the kernel's reads walk memory (emmy.tile_ir.geometry.lane_access decides per row whether
+    # a warp's lanes read consecutive addresses): along the fold variable, along the innermost free one.
+    fold_contiguous: bool = True
+    outputs_contiguous: bool = True
     m_vars: tuple[int, ...] = ()  # contraction: free variables only the first operand reads
     n_vars: tuple[int, ...] = ()  # ... only the second operand reads
 
@@ -58,6 +68,8 @@ class KernelShape:
             return f"map of {self.rows} elements"
         if self.kind == "row":
             return f"row reduction {self.rows} x {self.red}" + (" with sweep" if self.sweep else "")
+        if self.kind == "column":
+            return f"column reduction {self.rows} outputs x {self.red}"
         if self.kind == "attention":
             dims = f"{self.rows} queries x {self.red} keys, head {self.inner}, values {self.cols}"
             return f"attention {dims}" + (f" (batch {self.batch})" if self.batch > 1 else "") + \
@@ -69,7 +81,7 @@ class KernelShape:
 
 def kernel_shape(kernel: Kernel) -> KernelShape:
     free, reductions, sweep = [], [], False
-    _walk(kernel.body, free, reductions)
+    _loops(kernel.body, free, reductions)
     loads = [s for s in _statements(kernel.body) if isinstance(s, Assign) and isinstance(s.expr, Load)]
     itemsize = max([s.dtype.itemsize for s in loads] or [kernel.type.dtype.itemsize])
     inner_free = [l for l in free if l[2]]  # free loops inside a reduction's enclosing nest (sweeps)
@@ -77,8 +89,9 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
     if not reductions:
         numel = prod(l[1] for l in free) if free else 1
         inner = free[-1][1] if free else 1
+        along_outputs = _walk(loads, free[-1][0]) if free else "absent"
         return KernelShape(kernel.name, "map", numel, 1, 1, inner, itemsize,
-                           free_vars=tuple(l[0] for l in free))
+                           free_vars=tuple(l[0] for l in free), outputs_contiguous=along_outputs != "strided")
     sweep = bool(inner_free)
     red = max(r.extent for r in reductions)
     stmts = list(_statements(kernel.body))
@@ -99,11 +112,48 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
                            free_vars=tuple(l[0] for l in outer), m_vars=m_vars, n_vars=n_vars,
                            prologue=prologue_ops is not None, prologue_ops=prologue_ops or (0, 0))
     rows = prod(l[1] for l in outer) if outer else 1
-    return KernelShape(kernel.name, "row", rows, 1, red, red, itemsize, sweep=sweep,
-                       epilogue=not output_is_acc, atomic_ok=atomic_ok, free_vars=tuple(l[0] for l in outer))
+    folded = [s for fold in reductions for s in _statements(fold.body)
+              if isinstance(s, Assign) and isinstance(s.expr, Load) and fold.var in _vars(s.expr.index)]
+    along_fold = _walk(folded, *{fold.var for fold in reductions}) if folded else "absent"
+    along_outputs = _walk(folded, outer[-1][0]) if outer and folded else "absent"
+    flags = dict(sweep=sweep, epilogue=not output_is_acc, atomic_ok=atomic_ok, free_vars=tuple(l[0] for l in outer),
+                 fold_contiguous=along_fold != "strided", outputs_contiguous=along_outputs != "strided")
+    if along_fold == "strided" and along_outputs == "contiguous" and not sweep:
+        return KernelShape(kernel.name, "column", rows, outer[-1][1], red, 1, itemsize, **flags)
+    return KernelShape(kernel.name, "row", rows, 1, red, red, itemsize, **flags)
 
 
-def _walk(body, free: list, reductions: list) -> None:
+def _walk(loads, *variables: int) -> str:
+    """How `loads` walk memory as any of `variables` steps: "contiguous" when each load that
+    depends on one reads it as its last index with stride 1 (directly, or as the last digit of a
+    reshape, `v % q`), "absent" when none depends on them, "strided" otherwise."""
+    found = "absent"
+    for load in loads:
+        index = load.expr.index
+        if not _vars(index) & set(variables):
+            continue
+        last = index[-1] if index else None
+        # earlier axes may read the variable only as higher digits of a reshape (v // q)
+        if last is None or not any(_unit_step(atom, c, variables) for atom, c in last.terms) or \
+                any(isinstance(atom, Dim) and atom.index in variables for e in index[:-1] for atom, _ in e.terms):
+            return "strided"
+        found = "contiguous"
+    return found
+
+
+def _unit_step(atom, coefficient: int, variables) -> bool:
+    if coefficient != 1:
+        return False
+    if isinstance(atom, Dim):
+        return atom.index in variables
+    if isinstance(atom, Mod) and atom.divisor >= 8:  # the last digit of a reshape: (v + q*rest) % q
+        steps = [(a, c) for a, c in atom.expr.terms if isinstance(a, Dim) and a.index in variables]
+        rest = [c for a, c in atom.expr.terms if (a, c) not in steps]
+        return len(steps) == 1 and steps[0][1] == 1 and all(c % atom.divisor == 0 for c in rest)
+    return False
+
+
+def _loops(body, free: list, reductions: list) -> None:
     """free: (var, extent, inside-a-row) for every non-reduction loop (emmy.loop_ir.nodes.parallel_loops
     says which own outputs; the rest are sweeps); reductions: the reduction loops."""
     outer = parallel_loops(body)
