@@ -768,10 +768,24 @@ EMMY_SIM_INTERNAL inline void note_race(const Access& other, bool other_wrote, c
 // warp sync between them.
 EMMY_SIM_INTERNAL inline void check_access(Launch& L, const void* address, size_t size, bool write, const void* pc);
 
+// Global buffers whose accesses are counted (emmy_sim_count_reset): bytes read and written by the
+// kernel's threads, before any cache, as the cost model predicts them.
+struct Counted {
+  uintptr_t lo, hi;
+  unsigned long long read, written;
+};
+inline std::vector<Counted>& counted() { static std::vector<Counted> ranges; return ranges; }
+
+EMMY_SIM_INTERNAL inline void count_access(uintptr_t a, size_t size, bool write) {
+  for (Counted& c : counted())
+    if (a >= c.lo && a < c.hi) { (write ? c.written : c.read) += size; return; }
+}
+
 EMMY_SIM_INTERNAL inline void access(const void* address, size_t size, bool write, const void* pc) {
   Launch& L = launch_state;
   if (!L.current || muted) return;
   muted = true;  // the library code the check itself calls is instrumented too
+  count_access(reinterpret_cast<uintptr_t>(address), size, write);
   check_access(L, address, size, write, pc);
   muted = false;
 }
@@ -811,6 +825,20 @@ EMMY_SIM_INTERNAL unsigned long emmy_sim_module_offset(const void* pc) {
                                                         static_cast<const char*>(info.dli_fbase)) : 0ul;
 }
 EMMY_SIM_INTERNAL void emmy_sim_race_reset() { ::emmy_sim::first_race = {}; ::emmy_sim::cells().clear(); }
+// count the next launches' accesses to these n buffers (base address, bytes), from zero
+EMMY_SIM_INTERNAL void emmy_sim_count_reset(const void* const* bases, const unsigned long* bytes, int n) {
+  auto& ranges = ::emmy_sim::counted();
+  ranges.clear();
+  for (int i = 0; i < n; ++i) {
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(bases[i]);
+    ranges.push_back({lo, lo + bytes[i], 0, 0});
+  }
+}
+// bytes read and written in each buffer since emmy_sim_count_reset
+EMMY_SIM_INTERNAL void emmy_sim_counts(unsigned long long* read, unsigned long long* written) {
+  const auto& ranges = ::emmy_sim::counted();
+  for (size_t i = 0; i < ranges.size(); ++i) { read[i] = ranges[i].read; written[i] = ranges[i].written; }
+}
 // found, then (pc, thread, wrote) of the earlier and the later access, the address and the block
 EMMY_SIM_INTERNAL int emmy_sim_race(const void** pcs, unsigned* threads, int* wrote, unsigned* block,
                                      uintptr_t* address) {

@@ -163,18 +163,44 @@ def run_program(program, inputs=None, device: str = "sim", mode: str | None = No
     return {name: from_device(buffers[name], types[name].dtype) for name in loops.outputs}
 
 
-def launch_in_order(module, program, kernels, buffers: dict[str, np.ndarray]) -> None:
+def launch_in_order(module, program, kernels, buffers: dict[str, np.ndarray],
+                    counts: dict | None = None) -> None:
     """Launch `kernels` (Kernel IR of `program`, by name in the simulator `module`) one after another
-    on `buffers`; a bad index value a kernel recorded is raised after its launch."""
+    on `buffers`; a bad index value a kernel recorded is raised after its launch. With `counts` (a
+    race-check module), counts[kernel][buffer] = (bytes read, bytes written) by each launch."""
     import emmy.sim as sim
 
     for kernel in kernels:
         args = [buffers[p.name] for p in kernel.params]
         args += [sim.TensorMap(buffers[buffer].reshape(-1, row), box=(box_rows, box_cols))
                  for buffer, row, box_rows, box_cols in kernel.tensor_maps]
-        module.launch(kernel.name, grid=kernel.grid, block=kernel.block, args=args, shared_bytes=kernel.dynamic_smem)
+        if counts is None:
+            module.launch(kernel.name, grid=kernel.grid, block=kernel.block, args=args,
+                          shared_bytes=kernel.dynamic_smem)
+        else:
+            moved = module.count(kernel.name, grid=kernel.grid, block=kernel.block, args=args,
+                                 shared_bytes=kernel.dynamic_smem)
+            counts[kernel.name] = {p.name: rw for p, rw in zip(kernel.params, moved)}
         if takes_faults(kernel):
             raise_recorded_fault(buffers[INDEX_FAULTS], kernel, program)
+
+
+def count_accesses(program, kernels=None, inputs=None) -> dict[str, dict[str, tuple[int, int]]]:
+    """Run `kernels` (default: the program's Kernel IR) in the simulator's race-check build and say,
+    per kernel and buffer, how many bytes its threads read and wrote (each access counted, before
+    any cache): what the cost model's requested bytes are checked against."""
+    import emmy.sim as sim
+    from emmy.kernel_ir.cuda import program_source
+
+    kernels = program.kernel_ir if kernels is None else kernels
+    buffers = host_buffers(program, check_inputs(program, inputs or program.example_inputs))
+    for kernel in kernels:  # scratch of rows other than the chosen ones (a split's workspace)
+        buffers |= {p.name: np.zeros(p.scratch, p.dtype.numpy) for p in kernel.params if p.name not in buffers}
+    source = program_source(kernels, program.buffer_types, {})
+    module = sim.load(source, "program.cu", mode="racecheck")
+    counts: dict = {}
+    launch_in_order(module, program, kernels, buffers, counts)
+    return counts
 
 
 def check_program(program, inputs=None, device: str = "sim", mode: str | None = None) -> list[Check]:

@@ -6,7 +6,8 @@ cuda_templates/emmy_sim.h and run on numpy arrays.
 
 Arrays are passed by pointer and updated in place; `launch` returns them.
 Modes: "plain", "asan" (out-of-bounds accesses are faults naming the line)
-and "racecheck" (shared-memory races are faults naming both accesses).
+and "racecheck" (shared-memory races are faults naming both accesses; `count` also says
+how many bytes a launch read and wrote in each array).
 Deadlocks at barriers and warp collectives are faults in every mode.
 """
 
@@ -43,6 +44,20 @@ class SimModule:
             run_in_process(self.library, signature, grid, block, args, shared_bytes, self.filename,
                            racecheck=self.mode == "racecheck")
         return pack_arguments(signature, args)[1]
+
+    def count(self, kernel: str, grid, block, args, shared_bytes: int = 0) -> list[tuple[int, int]]:
+        """Launch, and return the bytes the launch's threads read and wrote in each array argument (in
+        argument order), counted access by access before any cache. Race-check builds only: theirs
+        is the build whose every load and store is instrumented."""
+        from emmy.errors import EmmyError
+        from emmy.sim.runner import run_in_process
+
+        if self.mode != "racecheck":
+            raise EmmyError(f"counting accesses needs a racecheck build; {self.filename} is a {self.mode} build")
+        if kernel not in self.kernels:
+            raise EmmyError(f"{self.filename} has no kernel {kernel!r}; kernels: {', '.join(self.kernels)}")
+        return run_in_process(self.library, self.kernels[kernel], grid, block, args, shared_bytes, self.filename,
+                              racecheck=True)
 
 
 def load(source: str, filename: str = "<source>", mode: str = "plain", cache_dir: Path | None = None) -> SimModule:

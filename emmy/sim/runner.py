@@ -102,18 +102,28 @@ def _dim3(value, what: str) -> ctypes.Array:
 
 
 def run_in_process(lib_path: Path, signature: KernelSignature, grid, block, args, shared_bytes: int,
-                   filename: str, racecheck: bool) -> None:
+                   filename: str, racecheck: bool) -> list[tuple[int, int]]:
+    """Launch; in a race-check build, also the bytes the launch read and wrote in each array argument
+    (every access is instrumented there), in argument order. [] otherwise."""
     lib = library(str(lib_path))
     storage, arrays = pack_arguments(signature, args)
     launch = getattr(lib, f"emmy_sim_launch_{signature.name}")
     launch.restype = ctypes.c_int
     if racecheck:
         lib.emmy_sim_race_reset()
+        bases = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
+        sizes = (ctypes.c_ulong * max(1, len(arrays)))(*[a.nbytes for a in arrays])
+        lib.emmy_sim_count_reset(bases, sizes, len(arrays))
     rc = launch(_dim3(grid, "grid"), _dim3(block, "block"), ctypes.c_ulong(shared_bytes), _argv(storage))
     if rc != 0:
         raise KernelFault(f"kernel {signature.name} ({filename}): {lib.emmy_sim_error().decode()}")
-    if racecheck:
-        _check_race(lib, lib_path, signature, filename, arrays)
+    if not racecheck:
+        return []
+    _check_race(lib, lib_path, signature, filename, arrays)
+    read = (ctypes.c_ulonglong * max(1, len(arrays)))()
+    written = (ctypes.c_ulonglong * max(1, len(arrays)))()
+    lib.emmy_sim_counts(read, written)
+    return [(read[i], written[i]) for i in range(len(arrays))]
 
 
 def _check_race(lib, lib_path: Path, signature: KernelSignature, filename: str, arrays) -> None:
