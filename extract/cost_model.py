@@ -62,6 +62,11 @@ class Breakdown:
     extra_s: float
     total_s: float
     measured: bool = False  # total_s is a measurement, not the sum
+    # Bytes the emitted kernel's threads request from global memory, before any cache (the
+    # simulator counts the same: tests/test_geometry.py); 0 where the model does not say (tiles).
+    requested_read: float = 0.0
+    requested_written: float = 0.0
+    requested_by_buffer: tuple[tuple[str, float], ...] = ()  # reads per buffer (a split's atomics aside)
 
     @property
     def compute_s(self) -> float:
@@ -128,8 +133,35 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     elif row.REDUCE and row.REDUCE.endswith("a"):  # the fill kernel that sets the output first
         extra_s = target.launch_seconds + loop_cost.bytes_written / target.dram_bandwidth
     total = target.launch_seconds + body_s + sync_s + extra_s
+    requested = requested_bytes(shape, row, g, loop_cost)
     return Breakdown(shape.kernel, row, moved, memory_s, arith_s, tensor_s, special_s, occupancy, waves, tail,
-                     spread, hiding, registers, spills, body_s, sync_s, target.launch_seconds, extra_s, total)
+                     spread, hiding, registers, spills, body_s, sync_s, target.launch_seconds, extra_s, total,
+                     False, *requested)
+
+
+def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> tuple[float, float, tuple]:
+    """(read, written, read per buffer) in bytes the threads of the kernel this row lowers to
+    request from global memory, for maps, rows and column reductions ((0, 0, ()) for tiled
+    kernels, priced by their tiles): the Loop IR's loads, as each schedule runs them. A map's
+    threads each recompute what the Loop IR hoisted; every thread of a cooperating block computes
+    its row's epilogue (one thread stores it); a column block's lanes past the last output repeat
+    it; a split row's blocks each fold a slice and add into the output (an atomic reads and
+    writes it)."""
+    if shape.kind not in ("map", "row", "column"):
+        return 0.0, 0.0, ()
+    written = loop_cost.bytes_written
+    by_buffer = {b.buffer: b.loop for b in loop_cost.buffers}
+    if shape.kind == "map":
+        by_buffer = {b.buffer: b.element for b in loop_cost.buffers}
+    elif shape.kind == "column" and row.REDUCE == "coop":
+        padded = ceil(shape.rows / 32) * 32 / shape.rows
+        by_buffer = {b.buffer: (b.loop - b.row + b.row * g.threads // 32) * padded for b in loop_cost.buffers}
+    elif shape.kind == "row" and row.REDUCE:
+        by_buffer = {b.buffer: b.loop + b.row * (g.threads * g.split - 1) for b in loop_cost.buffers}
+    read = sum(by_buffer.values())
+    if g.split > 1:  # atomics: each block reads and writes its rows' results
+        read, written = read + written * g.split, written * g.split
+    return read, written, tuple(sorted(by_buffer.items()))
 
 
 def _fragment_prologue_ops(shape: KernelShape, row: KnobRow, g) -> float:

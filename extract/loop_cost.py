@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from emmy.affine import Dim, Gathered
 from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Load, Loop, Masked, Op, Update, parallel_loops
 
 BANDWIDTH = 2.0e12  # bytes/s: an HBM-class GPU (order of magnitude; replaced per target later)
@@ -38,6 +39,10 @@ class KernelCost:
     # Each is (bytes, footprint bytes, whether the footprint is one row's: then every row in flight
     # holds its own, and the cost model multiplies it by the rows a schedule runs at once).
     rereads: tuple[tuple[float, float, bool], ...] = ()
+    # What the Loop IR's loads become in an emitted kernel depends on the schedule (the cost
+    # model's requested_bytes), so they are kept per buffer (BufferLoads): as often as the Loop IR
+    # runs them, how much of that at the level of a row, and what a map's threads load.
+    buffers: tuple["BufferLoads", ...] = ()
 
     @property
     def reread_bytes(self) -> float:
@@ -48,6 +53,22 @@ class KernelCost:
         return (self.bytes_read + self.bytes_written + self.reread_bytes) / BANDWIDTH + self.ops / OP_RATE + LAUNCH
 
 
+@dataclass(frozen=True)
+class BufferLoads:
+    """A buffer's loads in one kernel, in bytes. `loop`: every load as often as the Loop IR runs it
+    (a load under guards only where they hold); `row`: the part at the level of a row (inside only
+    the free loops: a value the row's epilogue reads, which every thread of a cooperating block
+    loads); `element`: each load statement once per output element (what a map's threads load, as
+    each recomputes what the Loop IR hoisted). `index`: the buffer is read inside index
+    expressions (embedding ids), where a compiler may keep a value in a register across a loop
+    that does not change it, so fewer loads may be issued."""
+    buffer: str
+    loop: float
+    row: float
+    element: float
+    index: bool = False
+
+
 def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> KernelCost:
     """buffer_sizes: name -> (elements, bytes per element). Every statement is counted as many times
     as its loops run it; so is every load: the first read of each element is DRAM traffic, the rest
@@ -56,6 +77,9 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
     ops = arith = special = 0.0
     rows_vars = {var for var, _ in parallel_loops(kernel.body)}
     loads: dict[str, list[tuple[float, float, float, float]]] = {}  # buffer -> (reads, distinct, per row, rows)
+    per_buffer: dict[str, list[float]] = {}  # buffer -> [loop bytes, row bytes, load statements, index]
+    vector_state = _keeps_vector_state(kernel)
+    rows_total = _product(extent for _, extent in parallel_loops(kernel.body))
 
     def trips(stmt_deps: set, loops: list[Loop], shared: bool) -> float:
         # Inside a twisted fold (flash attention's), a value need not be recomputed across a
@@ -63,9 +87,21 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
         # that loop's state as a vector of accumulators (z over the head dimension).
         total = 1.0
         for loop in loops:
-            if loop.var in stmt_deps or not shared or loop.reduction or loop.extent > VECTOR_STATE:
+            if loop.var in stmt_deps or not (shared and vector_state) or loop.reduction or \
+                    loop.extent > VECTOR_STATE:
                 total *= loop.extent
         return total
+
+    def note_load(buffer: str, n: float, loops: list[Loop], index: bool) -> None:
+        size = buffer_sizes[buffer][1]
+        entry = per_buffer.setdefault(buffer, [0.0, 0.0, 0.0, 0.0])
+        if all(l.var in rows_vars for l in loops):  # every row loads it, even where the Loop IR hoisted it
+            entry[0] += rows_total * size
+            entry[1] += rows_total * size
+        else:
+            entry[0] += n * size
+        entry[2] += 1
+        entry[3] = max(entry[3], float(index))
 
     def walk(body, loops: list[Loop], shared: bool = False) -> None:
         nonlocal ops, arith, special
@@ -81,7 +117,11 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                     rows = _product(l.extent for l in loops if l.var in rows_vars)
                     per_row = _product(l.extent for l in loops if l.var in index and l.var not in rows_vars)
                     distinct = min(numel, _product(l.extent for l in loops if l.var in index))
-                    loads.setdefault(stmt.expr.buffer, []).append((n, distinct, min(per_row, numel), rows))
+                    n *= _guard_share(stmt.expr.guards, loops)
+                    loads.setdefault(stmt.expr.buffer, []).append((n, min(distinct, n), min(per_row, numel), rows))
+                    note_load(stmt.expr.buffer, n, loops, False)
+                    for gathered in _gathered(stmt.expr.index):  # each read of an index value
+                        note_load(gathered, n, loops, True)
                 elif isinstance(stmt.expr, Op):
                     ops += n * EXPENSIVE.get(stmt.expr.op, 1)
                     if stmt.expr.op in SPECIAL_FUNCTIONS:
@@ -117,7 +157,55 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
             if across > 0:
                 rereads.append((across * size, distinct * size, False))
     written = kernel.type.numel * kernel.type.dtype.itemsize
-    return KernelCost(read, written, ops, arith, special, tuple(rereads))
+    buffers = tuple(BufferLoads(b, loop, row, rows_total * count * buffer_sizes[b][1], bool(index))
+                    for b, (loop, row, count, index) in per_buffer.items())
+    return KernelCost(read, written, ops, arith, special, tuple(rereads), buffers)
+
+
+def _keeps_vector_state(kernel: Kernel) -> bool:
+    """Whether the kernel lowers as attention, whose schedule keeps a twisted fold's state over a
+    short free loop as a vector of accumulators (other kernels recompute what the Loop IR says)."""
+    if not any(isinstance(s, Update) for s in _statements(kernel.body)):
+        return False
+    from emmy.tile_ir.shape import kernel_shape
+
+    return kernel_shape(kernel).kind == "attention"
+
+
+def _gathered(index) -> list[str]:
+    """The index tensors an index expression reads (one read each), nested reads included."""
+    found, todo = [], list(index)
+    while todo:
+        expr = todo.pop()
+        for atom, _ in expr.terms:
+            if isinstance(atom, Gathered):
+                found.append(atom.buffer)
+                todo.extend(atom.index)
+            elif not isinstance(atom, Dim):
+                todo.append(atom.expr)
+    return found
+
+
+def _guard_share(guards, loops: list[Loop]) -> float:
+    """The share of the loops' iterations where every guard holds (a guarded load touches memory
+    only there), counted exactly over the loops the guards name when they are few enough; else 1."""
+    if not guards:
+        return 1.0
+    named = sorted(set().union(*(g.expr.dims() for g in guards)))
+    extents = {l.var: l.extent for l in loops}
+    if any(v not in extents for v in named) or _product(extents[v] for v in named) > 1 << 20:
+        return 1.0
+    import numpy as np
+
+    grids = np.meshgrid(*[np.arange(extents[v]) for v in named], indexing="ij")
+    coords = [None] * (max(named) + 1)
+    for v, grid in zip(named, grids):
+        coords[v] = grid
+    holds = np.ones(grids[0].shape, dtype=bool)
+    for guard in guards:  # a guard reading an index tensor (a data value) is taken to hold
+        if not _gathered([guard.expr]):
+            holds &= np.broadcast_to(guard.holds(coords), holds.shape)
+    return float(holds.mean())
 
 
 def _statements(body):

@@ -278,10 +278,11 @@ class Kernels:
         return self._entry(root, self.region(root))[0]
 
     def types_of(self, kernel: Kernel) -> dict[str, TensorType]:
-        """Buffer name -> type for the buffers a kernel reads and writes."""
+        """Buffer name -> type for the buffers a kernel reads and writes, index tensors included."""
+        from emmy.loop_ir.nodes import kernel_index_tensors
         from emmy.loop_ir.signature import buffers_of
 
-        types = {}
+        types = {name: self.chosen.leaf_types[name] for name in kernel_index_tensors(kernel)}
         for name in buffers_of(kernel):
             if name.startswith("%"):
                 types[name] = self.chosen.view.type(name[1:])

@@ -60,9 +60,9 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
     if blocking:
         return f"{', '.join(blocking)} {'is' if len(blocking) == 1 else 'are'} not lowered yet"
     # a map recomputes what is hoisted above its loops per element; a row would lose it
-    if tile.shape.kind in ("row", "column") and tile.placement.free and tile.kernel.body and \
-            not isinstance(tile.kernel.body[0], L.Loop):
-        return "statements outside the kernel's free loops are not lowered yet"
+    if tile.shape.kind in ("row", "column") and \
+            len(L.row_nest(tile.kernel.body, tile.placement.free)[0]) != len(tile.placement.free):
+        return "free loops that do not nest one inside the other are not lowered yet"
     if tile.geometry.vec > 1 and types is not None:
         if ("vectors", tile.geometry.vec) not in memo:  # which loads walk contiguously is the kernel's
             memo[("vectors", tile.geometry.vec)] = _vector_promise(tile, types)
@@ -220,12 +220,8 @@ def _walk(body):
 
 
 def _free_loops(kernel: L.Kernel, free: tuple[int, ...]) -> tuple[list[tuple[int, int]], tuple]:
-    """The chain of free loops at the top of the kernel and the body inside them."""
-    loops, body = [], kernel.body
-    while len(body) == 1 and isinstance(body[0], L.Loop) and not body[0].reduction and body[0].var in free:
-        loops.append((body[0].var, body[0].extent))
-        body = body[0].body
-    return loops, body
+    """The chain of free loops at the top of the kernel and the body inside them (L.row_nest)."""
+    return L.row_nest(kernel.body, free)
 
 
 def flat_index(buffer: str, index: tuple[Affine, ...], types: dict) -> Affine:

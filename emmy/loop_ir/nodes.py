@@ -129,6 +129,22 @@ def parallel_loops(body: tuple) -> list[tuple[int, int]]:
     return found
 
 
+def row_nest(body: tuple, free) -> tuple[list[tuple[int, int]], tuple]:
+    """The chain of free loops (variables in `free`) that places a kernel's rows, outermost first,
+    and the statements one row runs. Statements the Loop IR hoisted above an inner free loop (a
+    value of the outer row only) are carried into that loop: each row recomputes them, so every
+    free loop is a row index and none runs rows one after another inside a thread."""
+    loops, carried = [], []
+    while True:
+        *before, last = body if body else (None,)
+        if not (isinstance(last, Loop) and not last.reduction and last.var in free
+                and all(isinstance(s, Assign) for s in before)):
+            return loops, tuple(carried) + tuple(body)
+        loops.append((last.var, last.extent))
+        carried += before
+        body = last.body
+
+
 def kernel_index_tensors(kernel: Kernel) -> set[str]:
     """The index tensors a kernel reads inside its index expressions (gathers by ids)."""
     return index_tensors(kernel.body)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from emmy.errors import EmmyError
 from emmy.knobs import KnobRow, check_target
-from emmy.loop_ir.nodes import Accumulate, Init, Kernel, Loop, LoopProgram, Update
+from emmy.loop_ir.nodes import Accumulate, Init, Kernel, Loop, LoopProgram, Update, row_nest
 from emmy.loop_ir.signature import signature
 from emmy.tile_ir.geometry import Geometry, geometry
 from emmy.tile_ir.nodes import Epilogue, Fold, Placement, Sweep, TileKernel, TileProgram
@@ -61,10 +61,17 @@ def offered_rows(kernel: Kernel, shape: KernelShape, rows, types: dict, strict: 
     parts = tuple(_parts(kernel, shape))
     kept, memo = [], {}
     for row in rows:
-        g = geometry(shape, row)
-        if not supports(TileKernel(kernel, shape, row, g, _placement(shape, row, g), parts, 0, 0.0), types, memo):
+        if not supports(tile_kernel(kernel, shape, row, parts), types, memo):
             kept.append(row)
     return tuple(kept) if kept or strict else tuple(rows)
+
+
+def tile_kernel(kernel: Kernel, shape: KernelShape, row: KnobRow, parts: tuple | None = None) -> TileKernel:
+    """The Tile IR kernel a row makes of a Loop IR kernel (unpriced); `parts`, when given, its fold
+    tree (the same for every row of the kernel)."""
+    g = geometry(shape, row)
+    parts = tuple(_parts(kernel, shape)) if parts is None else parts
+    return TileKernel(kernel, shape, row, g, _placement(shape, row, g), parts, 0, 0.0)
 
 
 def supported(kernel: Kernel, shape: KernelShape, row: KnobRow, types: dict, memo: dict) -> bool:
@@ -74,8 +81,7 @@ def supported(kernel: Kernel, shape: KernelShape, row: KnobRow, types: dict, mem
     parts = memo.get("_parts")
     if parts is None:
         parts = memo["_parts"] = tuple(_parts(kernel, shape))
-    g = geometry(shape, row)
-    return not supports(TileKernel(kernel, shape, row, g, _placement(shape, row, g), parts, 0, 0.0), types, memo)
+    return not supports(tile_kernel(kernel, shape, row, parts), types, memo)
 
 
 def _unnamed(shape: KernelShape) -> KernelShape:
@@ -166,9 +172,7 @@ def _placement(shape: KernelShape, row: KnobRow, g: Geometry) -> Placement:
 
 def _parts(kernel: Kernel, shape: KernelShape):
     """The statements inside the free loops, grouped into folds, epilogues and sweeps."""
-    body = kernel.body
-    while len(body) == 1 and isinstance(body[0], Loop) and not body[0].reduction and body[0].var in shape.free_vars:
-        body = body[0].body
+    _, body = row_nest(kernel.body, shape.free_vars)
     inits, pending = [], []
     for stmt in body:
         if isinstance(stmt, Init):

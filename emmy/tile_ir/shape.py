@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from emmy.affine import Dim, Mod
+from emmy.affine import Dim, FloorDiv, Mod
 from emmy.dtypes import DType
 from emmy.loop_ir.nodes import Accumulate, Assign, Kernel, Load, Loop, Op, Update, parallel_loops
 
@@ -133,23 +133,41 @@ def _walk(loads, *variables: int) -> str:
         if not _vars(index) & set(variables):
             continue
         last = index[-1] if index else None
+        higher = index[-2] if len(index) > 1 else None
         # earlier axes may read the variable only as higher digits of a reshape (v // q)
-        if last is None or not any(_unit_step(atom, c, variables) for atom, c in last.terms) or \
+        if last is None or not any(_unit_step(atom, c, variables, higher) for atom, c in last.terms) or \
                 any(isinstance(atom, Dim) and atom.index in variables for e in index[:-1] for atom, _ in e.terms):
             return "strided"
         found = "contiguous"
     return found
 
 
-def _unit_step(atom, coefficient: int, variables) -> bool:
+def _unit_step(atom, coefficient: int, variables, higher=None) -> bool:
     if coefficient != 1:
         return False
     if isinstance(atom, Dim):
         return atom.index in variables
-    if isinstance(atom, Mod) and atom.divisor >= 8:  # the last digit of a reshape: (v + q*rest) % q
+    if isinstance(atom, Mod):  # the last digit of a reshape: (v + q*rest) % q
         steps = [(a, c) for a, c in atom.expr.terms if isinstance(a, Dim) and a.index in variables]
         rest = [c for a, c in atom.expr.terms if (a, c) not in steps]
-        return len(steps) == 1 and steps[0][1] == 1 and all(c % atom.divisor == 0 for c in rest)
+        if not (len(steps) == 1 and steps[0][1] == 1 and all(c % atom.divisor == 0 for c in rest)):
+            return False
+        # a long digit is a long contiguous run by itself; a short one (LayerNorm over (..., 7))
+        # is contiguous only when the axis before carries on with the next digit, v // q
+        return atom.divisor >= 8 or (higher is not None and _carries(higher, atom.expr, atom.divisor))
+    return False
+
+
+def _carries(index, expr, divisor: int) -> bool:
+    """Whether `index` reads `expr // divisor` with coefficient 1, directly or as the lowest digit
+    of a further reshape ((expr // divisor) % q)."""
+    for atom, c in index.terms:
+        if c != 1:
+            continue
+        inner = atom.expr.terms[0][0] if isinstance(atom, Mod) and len(atom.expr.terms) == 1 \
+            and atom.expr.terms[0][1] == 1 and atom.expr.const == 0 else atom
+        if isinstance(inner, FloorDiv) and inner.divisor == divisor and inner.expr == expr:
+            return True
     return False
 
 

@@ -1,0 +1,134 @@
+"""The kernel the cost model prices is the kernel the lowering emits.
+
+For every offered row of every kernel of the reference workloads and of held-out programs
+(LayerNorm over three trailing dims, GroupNorm, a middle-axis sum, a spatial mean), the launch
+the model prices (emmy.tile_ir.geometry: threads a block, blocks, vector width) is the launch
+the Kernel IR makes. For a sample of rows of every map, row and column kernel, the bytes the
+model says the kernel's threads request from global memory (extract/cost_model.requested_bytes)
+are the bytes the simulator counts, access by access, when the emitted CUDA runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from math import prod
+
+import numpy as np
+import pytest
+
+import emmy
+from emmy.extract.cost_model import predict
+from emmy.extract.loop_cost import kernel_cost
+from emmy.kernel_ir import nodes as K
+from emmy.kernel_ir.index_faults import INDEX_FAULTS
+from emmy.kernel_ir.lower import lower_kernel
+from emmy.tile_ir.build import ranked_rows, tile_kernel
+from emmy.tile_ir.shape import kernel_shape
+from emmy.workloads import WORKLOADS
+
+HELD_OUT = {
+    "layer_norm_chw": "x=torch.randn(4,8,16,16); w=torch.randn(8,16,16); b=torch.randn(8,16,16); "
+                      "torch.nn.functional.layer_norm(x,(8,16,16),w,b)",
+    "group_norm": "x=torch.randn(2,8,8,8); w=torch.randn(8); b=torch.randn(8); torch.nn.functional.group_norm(x,4,w,b)",
+    "sum_middle_axis": "x=torch.randn(3,40,70); x.sum(dim=1)",
+    "mean_hw": "x=torch.randn(2,6,9,9); x.mean(dim=(2,3))",
+}
+PROGRAMS = {w.name: w.sim_code or w.code for w in WORKLOADS} | HELD_OUT
+
+
+@functools.lru_cache(maxsize=None)
+def _program(name: str):
+    return emmy.optimize(PROGRAMS[name], target="sm_90")
+
+
+def _vector_widths(node, found: list[int]) -> list[int]:
+    """The widths of every vector load, store and staged panel in a Kernel IR node."""
+    if isinstance(node, (K.VecLoad, K.VecStore, K.Panel)):
+        found.append(node.width)
+    for field in dataclasses.fields(node) if dataclasses.is_dataclass(node) else ():
+        value = getattr(node, field.name)
+        for item in value if isinstance(value, tuple) else (value,):
+            if dataclasses.is_dataclass(item) and not isinstance(item, type):
+                _vector_widths(item, found)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_every_offered_row_launches_the_grid_block_and_vectors_the_model_prices(name):
+    program = _program(name)
+    types, space = program.buffer_types, program.schedule_space()
+    checked = 0
+    for kernel in program.loop_ir.kernels:
+        shape = kernel_shape(kernel)
+        for row in space.rows[kernel.name]:
+            tile = tile_kernel(kernel, shape, row)
+            (main,) = [k for k in lower_kernel(tile, types) if k.name == kernel.name]
+            g = tile.geometry
+            assert main.block == (g.threads, 1, 1), (kernel.name, str(row))
+            assert prod(main.grid) == g.blocks, (kernel.name, str(row), main.grid)
+            if not g.mma and shape.kind != "attention":  # mma fragments and flash tiles have no TILE vectors
+                assert max(_vector_widths(main, []), default=1) == g.vec, (kernel.name, str(row))
+            checked += 1
+    assert checked == sum(len(rows) for rows in space.rows.values()) > 0
+
+
+def _sampled_rows(program, kernel, shape) -> list:
+    """The cheapest row of each (REDUCE, TILE) pair, cheapest first, four at most."""
+    ranked = ranked_rows(kernel, shape, program.schedule_space().rows[kernel.name], program.target,
+                         program.buffer_types)
+    picked, seen = [], set()
+    for breakdown in ranked:
+        if (breakdown.row.REDUCE, breakdown.row.TILE) not in seen:
+            seen.add((breakdown.row.REDUCE, breakdown.row.TILE))
+            picked.append(breakdown.row)
+    return picked[:4]
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_bytes_the_model_requests_are_the_bytes_the_emitted_kernels_move(name):
+    """Counted in the simulator's race-check build, which instruments every load and store. An
+    index tensor (embedding ids) may be read less often than the model says, never more: the
+    compiler keeps an index value in a register across a loop that does not change it."""
+    import emmy.sim as sim
+    from emmy.kernel_ir.cuda import program_source
+    from emmy.runtime import check_inputs, host_buffers, launch_in_order
+
+    program = _program(name)
+    types = program.buffer_types
+    sizes = {n: (t.numel, t.dtype.itemsize) for n, t in types.items()}
+    variants, kernels = [], {k.name: k for k in program.kernel_ir}
+    for kernel in program.loop_ir.kernels:
+        shape = kernel_shape(kernel)
+        if shape.kind not in ("map", "row", "column"):
+            continue
+        cost = kernel_cost(kernel, sizes)
+        for i, row in enumerate(_sampled_rows(program, kernel, shape)):
+            lowered = [dataclasses.replace(k, name=f"{k.name}_row{i}")
+                       for k in lower_kernel(tile_kernel(kernel, shape, row), types)]
+            kernels |= {k.name: k for k in lowered}
+            variants.append((kernel, row, f"{kernel.name}_row{i}", lowered, predict(shape, row, program.target, cost)))
+    if not variants:
+        pytest.skip("no map, row or column kernels")
+    module = sim.load(program_source(list(kernels.values()), types, {}), "counted.cu", mode="racecheck")
+    buffers = host_buffers(program, check_inputs(program, program.example_inputs))
+    for kernel in kernels.values():  # scratch of the sampled rows (a split's workspace)
+        buffers |= {p.name: np.zeros(p.scratch, p.dtype.numpy) for p in kernel.params if p.name not in buffers}
+    launch_in_order(module, program, program.kernel_ir, buffers)  # every buffer a kernel reads is filled
+    for kernel, row, main, lowered, model in variants:
+        counts: dict = {}
+        launch_in_order(module, program, lowered, buffers, counts)
+        moved = {b: rw for b, rw in counts[main].items() if b != INDEX_FAULTS}
+        index_tensors = {b.buffer for b in kernel_cost(kernel, sizes).buffers if b.index}
+        where = (name, kernel.name, str(row))
+        assert sum(w for _, w in moved.values()) == pytest.approx(model.requested_written), where
+        expected = dict(model.requested_by_buffer)
+        atomics = model.requested_read - sum(expected.values())  # a split row's blocks read the output to add
+        if atomics:
+            expected[kernel.output] = expected.get(kernel.output, 0.0) + atomics
+        for buffer in set(expected) | set(moved):
+            read, predicted = moved.get(buffer, (0, 0))[0], expected.get(buffer, 0.0)
+            if buffer in index_tensors:
+                assert 0 < read <= predicted + 1e-6, (*where, buffer, read, predicted)
+            else:
+                assert read == pytest.approx(predicted), (*where, buffer, read, predicted)
