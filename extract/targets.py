@@ -130,6 +130,10 @@ DATASHEET_GPUS: dict[str, Target] = {
         _target("h100", "sm_90", (9, 0), ("H100",), "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 3.35 TB/s HBM3, "
                 "67 TFLOPS FP32, 989.4 TFLOPS dense FP16/BF16 tensor) and NVIDIA Hopper architecture whitepaper "
                 "(132 SMs, 50 MB L2)", bandwidth=3.35e12, **_HOPPER_SXM),
+        _target("h100nvl", "sm_90", (9, 0), ("H100 NVL",), "NVIDIA H100 Tensor Core GPU datasheet (H100 NVL: "
+                "3.9 TB/s HBM3, 60 TFLOPS FP32, 1,671 TFLOPS FP16/BF16 tensor with sparsity, half that dense; "
+                "GH100 with 132 SMs and 50 MB L2 as the SXM5)", bandwidth=3.9e12,
+                **(_HOPPER_SXM | dict(fp32=60e12, tensor=835.5e12, bf16=835.5e12, boost_ghz=1.785))),
         _target("rtx5090", "sm_120", (12, 0), ("RTX 5090",), "NVIDIA GeForce RTX 5090 specifications and NVIDIA RTX "
                 "Blackwell GPU architecture whitepaper", sms=170, smem_per_block_kib=99, smem_per_sm_kib=100,
                 threads_per_sm=1536, blocks_per_sm=32, bandwidth=1.792e12, fp32=104.8e12, tensor=209.5e12,
@@ -147,6 +151,14 @@ DATASHEET_TARGETS: dict[str, Target] = {arch: DATASHEET_GPUS[gpu] for arch, gpu 
 
 # Measured ceilings, which replace datasheet figures, by GPU: (value, source with date).
 MEASURED: dict[str, dict[str, tuple[float, str]]] = {
+    "rtx5090": {
+        # torch.mm reaches more than the estimate of half the f16-accumulate rate, so the estimate
+        # cannot be the ceiling: the best public measurement stands in until the team measures
+        "tensor_flops": (237.63e12, "measured in public: torch.mm f16 on an RTX 5090, 237.63 TFLOPS "
+                                    "(github.com/zzc0721/torch-performance-test-data, database.md, 2025)"),
+        "bf16_tensor_flops": (242.18e12, "measured in public: torch.mm bf16 on an RTX 5090, 242.18 TFLOPS "
+                                         "(github.com/zzc0721/torch-performance-test-data, database.md, 2025)"),
+    },
     "h200": {
         "dram_bandwidth": (4.3e12, "measured device-to-device copy on one H200, about 4.3 TB/s "
                                    "(team measurement, before 2026-12)"),

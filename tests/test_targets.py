@@ -43,7 +43,7 @@ def test_a_gpu_is_a_target_with_its_own_figures_and_an_architecture_names_its_de
     assert (h100.gpu, h100.dram_bandwidth) == ("h100", 3.35e12) and h200.dram_bandwidth == 4.3e12
     assert get_target("rtx4090").name == get_target("l40s").name == "sm_89"
     assert {"h100", "h200", "a100", "l40s", "rtx4090", "rtx5090"} <= set(GPUS)
-    with pytest.raises(Exception, match="unknown target 'v100'.*GPUs a100, l40s, rtx4090, h200, h100, rtx5090"):
+    with pytest.raises(Exception, match="unknown target 'v100'.*GPUs a100, l40s, rtx4090, h200, h100, h100nvl, rtx5090"):
         get_target("v100")
 
 
