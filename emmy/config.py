@@ -23,6 +23,8 @@ class Settings:
     knobs: str  # EMMY_KNOBS: schedule pins, "K=V,..." (see emmy/knobs.py)
     measurements: Path | None = None  # EMMY_MEASUREMENTS: a JSON file of measured kernel times
     sim_mode: str = "plain"  # EMMY_SIM_MODE: the simulator build programs run in (plain, asan, racecheck)
+    lazy_input_bytes: int = 256 << 20  # EMMY_LAZY_INPUT_MB: -c code inputs larger than this are made only
+    # when a run needs their values (compiling needs their shapes)
 
 
 def settings(environ: dict[str, str] | None = None) -> Settings:
@@ -37,6 +39,7 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         knobs=env.get("EMMY_KNOBS", ""),
         measurements=Path(env["EMMY_MEASUREMENTS"]) if env.get("EMMY_MEASUREMENTS") else None,
         sim_mode=_choice(env, "EMMY_SIM_MODE", ("plain", "asan", "racecheck"), "plain"),
+        lazy_input_bytes=_number(env, "EMMY_LAZY_INPUT_MB", int, 256) << 20,
     )
 
 

@@ -46,7 +46,7 @@ def capture(graph, *example_inputs) -> Captured:
         if example_inputs:
             raise EmmyError("-c code makes its own inputs; pass no example inputs with a code string or file")
         code = capture_code(*program_text(graph))
-        program = _export(code.module, code.example_inputs, code.source)
+        program = _export(code.module, code.example_inputs.shaped(), code.source)
         return Captured(exporting.decompose(program), code.source, code.example_inputs)
 
     if isinstance(graph, torch.export.ExportedProgram):

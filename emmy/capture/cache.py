@@ -59,6 +59,9 @@ def store(code: str, program, cache_dir: Path) -> None:
     from emmy.capture.printer import print_torch_ir
     from emmy.dtypes import to_numpy
 
+    if getattr(program.example_inputs, "pending", 0):  # its inputs are too large to keep on disk
+        log.info("capture cache: not storing a capture with inputs over EMMY_LAZY_INPUT_MB")
+        return
     entry = CachedCapture(code, program.tensor_program, tuple(to_numpy(t) for t in program.example_inputs),
                           print_torch_ir(program.captured))
     path = _path(code, cache_dir)

@@ -23,11 +23,13 @@ import ast
 import math
 import sys
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from emmy.capture.errors import explain_export_failure, is_data_dependent
 from emmy.capture.exporting import quiet_torch
 from emmy.capture.source import CODE_FILENAME, Location, Source
+from emmy.config import settings
 from emmy.errors import CodeError, EmmyError
 
 FACTORIES = frozenset(
@@ -204,6 +206,49 @@ def _build_forward(tree: ast.Module, params: list[str]) -> ast.Module:
     return ast.fix_missing_locations(module)
 
 
+class ExampleInputs(Sequence):
+    """The input tensors -c code makes, in order. One larger than EMMY_LAZY_INPUT_MB is made when
+    first read (running or checking the program needs its values; compiling needs only its shape
+    and dtype, so an 8 GB input costs neither the memory nor the time to compile): its factory
+    call runs again with the random-number state it would have had."""
+
+    def __init__(self, shaped: tuple, deferred: dict, label: str):
+        self._values = list(shaped)
+        self._deferred = dict(deferred)  # position -> (random-number state, the factory call)
+        self._label = label
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @property
+    def pending(self) -> int:
+        """How many inputs are not made yet."""
+        return len(self._deferred)
+
+    def shaped(self) -> tuple:
+        """The inputs as torch.export needs them: a deferred one as its fake tensor (shape, dtype)."""
+        return tuple(self._values)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        index = range(len(self))[index]
+        if index in self._deferred:
+            import torch
+
+            state, thunk = self._deferred.pop(index)
+            with torch.random.fork_rng():
+                torch.set_rng_state(state)
+                value = thunk()
+            shaped = self._values[index]
+            if tuple(value.shape) != tuple(shaped.shape) or value.dtype != shaped.dtype:
+                raise CodeError(f"input {index} of the {self._label} came out as {tuple(value.shape)} {value.dtype} "
+                                f"when made again, not {tuple(shaped.shape)} {shaped.dtype}: its factory call reads "
+                                "a name the code changes later")
+            self._values[index] = value
+        return self._values[index]
+
+
 def capture_code(code: str, label: str = "-c code") -> CodeCapture:
     """`label` names the code in messages: "-c code", or "file prog.py" for `-f`."""
     import torch
@@ -221,7 +266,14 @@ def capture_code(code: str, label: str = "-c code") -> CodeCapture:
 
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
+    deferred: dict[int, tuple] = {}
+
     def eager_input(site, thunk):
+        shaped = thunk()  # under the fake mode: shape and dtype, no values, no random numbers drawn
+        if isinstance(shaped, torch.Tensor) and shaped.numel() * shaped.element_size() > settings().lazy_input_bytes:
+            deferred[len(made_inputs)] = (torch.get_rng_state(), thunk)  # made when a run needs its values
+            made_inputs.append((site, shaped))
+            return shaped
         with unset_fake_temporarily():
             value = thunk()
         if isinstance(value, torch.Tensor):
@@ -276,7 +328,7 @@ def capture_code(code: str, label: str = "-c code") -> CodeCapture:
     module = _traced_module(tree, names, made_inputs, made_modules, rewriter.sites, label)
     return CodeCapture(
         module=module,
-        example_inputs=tuple(t for _, t in made_inputs),
+        example_inputs=ExampleInputs(tuple(t for _, t in made_inputs), deferred, label),
         input_names=tuple(names),
         source=source,
     )
