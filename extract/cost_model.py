@@ -123,7 +123,7 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     body_s = max(memory_s / (hiding * spread), compute_s / (spread * issue)) / tail
 
     sync_s = 0.0
-    if row.REDUCE == "coop" or shape.kind == "attention":
+    if row.REDUCE == "coop" or shape.kind == "attention" or (g.split > 1 and shape.kind in ("row", "column")):
         steps = 5 + max(0, int(log2(max(g.threads, 32) // 32)))  # warp shuffles, then the block tree
         sync_s = SYNC_STEP * steps * waves
     extra_s = 0.0
@@ -153,9 +153,9 @@ def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> tuple[flo
     by_buffer = {b.buffer: b.loop for b in loop_cost.buffers}
     if shape.kind == "map":
         by_buffer = {b.buffer: b.element for b in loop_cost.buffers}
-    elif shape.kind == "column" and row.REDUCE == "coop":
+    elif shape.kind == "column" and row.REDUCE:
         padded = ceil(shape.rows / 32) * 32 / shape.rows
-        by_buffer = {b.buffer: (b.loop - b.row + b.row * g.threads // 32) * padded for b in loop_cost.buffers}
+        by_buffer = {b.buffer: (b.loop - b.row + b.row * g.threads // 32 * g.split) * padded for b in loop_cost.buffers}
     elif shape.kind == "row" and row.REDUCE:
         by_buffer = {b.buffer: b.loop + b.row * (g.threads * g.split - 1) for b in loop_cost.buffers}
     read = sum(by_buffer.values())

@@ -23,8 +23,9 @@ and guards the join with one legality condition per clause:
   accumulator is the output.
 
 - column reductions (the fold strided, the outputs contiguous): a thread an
-  output, or 32 outputs a block whose warps split each fold (coop); no
-  vectors, as the fold's elements are a stride apart.
+  output, or 32 outputs a block whose warps split each fold (coop), split
+  across blocks with atomics (`g<N>a`) when the blocks of 32 are fewer than
+  SMs; no vectors, as the fold's elements are a stride apart.
 
 - attention (flash): a block takes BM query rows (16*FM*WM with mma atoms,
   warps side by side over rows, WN = 1; or FLASH_SIMT_ROWS*TILE f<N> rows a
@@ -51,11 +52,15 @@ CANDIDATES = {
     "TILE_SIMT": ((1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 4), (8, 4), (8, 8)),  # (elements, vector width)
     "TILE_MMA_FRAGMENTS": (1, 2, 4),
     "TILE_MMA_K": (1, 2, 4, 8),
-    "REDUCE_SPLITS": (2, 4, 8),
+    "REDUCE_SPLITS": (2, 4, 8, 16, 32, 64),  # contractions and attention take up to MAX_TILE_SPLIT
     "STAGE_PLAIN_DEPTHS": (1, 2),
     "STAGE_PIPELINE_DEPTHS": (2, 3, 4),
     "RASTER_GROUPS": (4, 8),
 }
+# Tiled kernels (contractions, attention) split K at most this many ways: their workspace and
+# finishing kernel grow with the split, and wider splits are not priced against measurements yet.
+# Rows and column reductions, whose split blocks combine atomically, take every REDUCE_SPLITS value.
+MAX_TILE_SPLIT = 8
 ATOM_DTYPE = {"mma_m16n8k16_f16_f32": "f16", "mma_m16n8k16_bf16_f32": "bf16"}
 assert set(ATOM_DTYPE) == set(MMA_ATOMS)
 from emmy.tile_ir.geometry import FLASH_SIMT_KEYS, SIMT_PANEL  # noqa: E402  (one source for rules and geometry)
@@ -158,6 +163,12 @@ column_rows = ruleset(
     rule(kernel(k, "column", rows, cols, red, inner, isz, batch), work_threads(w, threads), tile_simt(t, elems, vec),
          stage_none(s), reduce_coop(r), raster_none(g), eq(vec).to(i64(1)),
          i64(64) <= threads, threads / 32 * elems <= red).then(legal_row(k, w, t, r, s, g)),
+    # few outputs (fewer blocks of 32 than SMs): each block also takes a slice of the fold and
+    # combines its partial results into the output atomically (a fill kernel sets it first)
+    rule(kernel(k, "column", rows, cols, red, inner, isz, batch), kernel_flag(k, "raw"), kernel_flag(k, "atomic"),
+         target(smem, sms, has_async, has_tma), work_threads(w, threads), tile_simt(t, elems, vec), stage_none(s),
+         reduce_split(r, split, "a"), raster_none(g), eq(vec).to(i64(1)), i64(64) <= threads,
+         (rows + 31) / 32 < sms, threads / 32 * elems * split <= red).then(legal_row(k, w, t, r, s, g)),
     name="column",
 )
 
@@ -215,10 +226,10 @@ contraction_rows = ruleset(
          2 * group <= brows).then(legal_row(k, w, t, r, s, g)),
     # split-K: fewer output tiles than SMs, and each split keeps at least two K steps
     rule(staged(k, w, t, s, brows, nblocks, ksteps), target(smem, sms, has_async, has_tma), reduce_split(r, split, "k"),
-         raster_none(g), nblocks < sms, 2 * split <= ksteps).then(legal_row(k, w, t, r, s, g)),
+         raster_none(g), nblocks < sms, 2 * split <= ksteps, split <= i64(MAX_TILE_SPLIT)).then(legal_row(k, w, t, r, s, g)),
     rule(staged(k, w, t, s, brows, nblocks, ksteps), kernel_flag(k, "raw"), kernel_flag(k, "atomic"),
          target(smem, sms, has_async, has_tma), reduce_split(r, split, "a"),
-         raster_none(g), nblocks < sms, 2 * split <= ksteps).then(legal_row(k, w, t, r, s, g)),
+         raster_none(g), nblocks < sms, 2 * split <= ksteps, split <= i64(MAX_TILE_SPLIT)).then(legal_row(k, w, t, r, s, g)),
     name="contraction rows",
 )
 
@@ -248,7 +259,8 @@ attention_rows = ruleset(
     # split-KV: fewer query blocks than SMs, each split keeps at least two key steps
     rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), flash_block(k, w, t, bm, bn),
          target(smem, sms, has_async, has_tma), stage_none(s), reduce_split(r, split, "k"), raster_none(g),
-         (rows + bm - 1) / bm * batch < sms, 2 * split <= red / bn).then(legal_row(k, w, t, r, s, g)),
+         (rows + bm - 1) / bm * batch < sms, 2 * split <= red / bn, split <= i64(MAX_TILE_SPLIT),
+         ).then(legal_row(k, w, t, r, s, g)),
     name="attention",
 )
 
@@ -257,7 +269,8 @@ SCHEDULE_RULESETS = (map_rows, row_rows, column_rows, contraction_blocks, contra
 SCHEDULE_DESCRIPTIONS = {
     "map": "elementwise kernels: threads x elements a thread, vector loads that divide the row",
     "row": "row reductions: a thread a row, a block a row (coop), or split across blocks (g<N>k, g<N>a)",
-    "column": "column reductions: a thread an output, or 32 outputs a block with its warps splitting the fold (coop)",
+    "column": "column reductions: a thread an output, or 32 outputs a block with its warps splitting the fold (coop), "
+              "or that split across blocks too (g<N>a)",
     "contraction blocks": "matrix products: SIMT blocks, or mma atoms tiled by warps within the extents",
     "contraction staging": "operand staging: none, shared memory, cp.async (sm_80+), TMA (sm_90+) within smem",
     "contraction rows": "launch order (grouped rasterisation) and split-K for matrix products",

@@ -12,7 +12,7 @@ from math import ceil
 
 from emmy.egraph.schedules import default_candidates
 from emmy.knobs import KnobRow, value_fields
-from emmy.rules.schedules import ATOM_DTYPE, MAX_ACC_REGS, MAX_FLASH_ACC_REGS
+from emmy.rules.schedules import ATOM_DTYPE, MAX_ACC_REGS, MAX_FLASH_ACC_REGS, MAX_TILE_SPLIT
 from emmy.tile_ir.geometry import FLASH_SIMT_KEYS, SIMT_PANEL
 
 
@@ -56,6 +56,20 @@ def enumerate_rows(shape, target) -> set[KnobRow]:
                     if allowed and shape.rows < target.sms and threads * elems * split <= shape.red:
                         add(w, t, r)
         return out
+    if shape.kind == "column":  # no vectors: the fold's elements are a stride apart
+        for w, threads in threads_of:
+            for t, elems, vec in simt:
+                if vec != 1:
+                    continue
+                if threads <= shape.rows + 31 and elems <= shape.red:
+                    add(w, t)
+                if threads >= 64 and threads // 32 * elems <= shape.red:
+                    add(w, t, "coop")
+                for r, split, mode in splits:
+                    if (mode == "a" and not shape.epilogue and shape.atomic_ok and threads >= 64
+                            and ceil(shape.rows / 32) < target.sms and threads // 32 * elems * split <= shape.red):
+                        add(w, t, r)
+        return out
     if shape.kind == "attention":
         return _flash(shape, target, threads_of, warps_of, simt, mma, stages, splits, vector_ok)
     # contraction: blocks, then staging, then reduce and raster
@@ -91,7 +105,7 @@ def enumerate_rows(shape, target) -> set[KnobRow]:
             for r, split, mode in splits:
                 if mode == "a" and (shape.epilogue or not shape.atomic_ok):
                     continue
-                if nblocks < target.sms and 2 * split <= ksteps:
+                if nblocks < target.sms and 2 * split <= ksteps and split <= MAX_TILE_SPLIT:
                     add(w, t, r, s, "")
     return out
 
@@ -121,6 +135,7 @@ def _flash(shape, target, threads_of, warps_of, simt, mma, stages, splits, vecto
             if feature and smem <= target.smem_per_block:
                 out.add(KnobRow(w, t, "", s, ""))
         for r, split, mode in splits:
-            if mode == "k" and ceil(shape.rows / bm) * shape.batch < target.sms and 2 * split <= shape.red // bn:
+            if (mode == "k" and ceil(shape.rows / bm) * shape.batch < target.sms and 2 * split <= shape.red // bn
+                    and split <= MAX_TILE_SPLIT):
                 out.add(KnobRow(w, t, r, "", ""))
     return out

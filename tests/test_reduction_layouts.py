@@ -75,6 +75,34 @@ def test_reductions_over_a_strided_axis_run_right_under_each_schedule(code, knob
     assert checks and all(c.ok for c in checks), checks
 
 
+@pytest.mark.parametrize("code", [
+    "x=torch.randn(2000,40); x.sum(dim=0)",
+    "x=torch.randn(2000,40); x.amax(dim=0)",
+    "x=torch.randn(4,1001,70); x.sum(dim=1)",  # a fold that no split divides evenly
+])
+@pytest.mark.parametrize("split", [2, 64])
+def test_a_column_split_across_blocks_combines_atomically_and_runs_right(code, split):
+    program = emmy.optimize(code, target="sm_90", knobs=f"REDUCE=g{split}a")
+    (tile,) = program.tile_ir.kernels
+    assert tile.shape.kind == "column" and tile.geometry.split == split
+    assert f"const int slice = blockIdx.x % {split};" in program.cuda_source and "emmy::atomic_" in program.cuda_source
+    for mode in ("asan", "racecheck"):
+        checks = check_program(program, mode=mode)
+        assert checks and all(c.ok for c in checks), (mode, checks)
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_few_outputs_split_their_folds_across_the_gpu_and_are_priced_near_the_bound(gpu):
+    """64 outputs are two blocks of 32: without a split, two SMs would do all the work."""
+    program = emmy.optimize("x=torch.randn(262144,64); x.sum(dim=0)", target=gpu)
+    (tile,) = program.tile_ir.kernels
+    target = get_target(gpu)
+    assert tile.shape.kind == "column" and tile.geometry.split >= 16
+    assert tile.geometry.blocks >= target.sms // 2
+    bound = 262144 * 64 * 4 / target.dram_bandwidth
+    assert bound <= tile.seconds <= 1.6 * bound, (tile.seconds, bound)
+
+
 def test_a_middle_axis_sum_is_a_coalesced_column_reduction_priced_near_its_bound():
     code = "x=torch.randn(16,1024,1023); x.sum(dim=1)"
     for gpu in ("h100", "h200"):

@@ -23,6 +23,10 @@ SMALL_PROGRAMS = {
     "small_attention_f16": "q=torch.randn(1,2,6,8,dtype=torch.float16); k=torch.randn(1,2,6,8,dtype=torch.float16); "
                            "v=torch.randn(1,2,6,8,dtype=torch.float16); F.scaled_dot_product_attention(q, k, v)",
     "small_matmul_f16": "a=torch.randn(8,24,dtype=torch.float16); b=torch.randn(24,8,dtype=torch.float16); a@b",
+    # column reductions: few outputs (splits offered), many, and a mean (an epilogue: no atomics)
+    "column_few": "x=torch.randn(2000,40); x.sum(dim=0)",
+    "column_many": "x=torch.randn(16,1024,1023); x.sum(dim=1)",
+    "column_mean": "x=torch.randn(3000,24); x.mean(dim=0)",
 }
 
 

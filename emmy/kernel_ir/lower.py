@@ -54,7 +54,7 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
         return supports_flash(tile, memo)
     if tile.shape.kind not in ("map", "row", "column"):
         return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
-    split_ok = tile.shape.kind == "row" and row.REDUCE.endswith("a") and tile.kernel.type.dtype.value == "f32"
+    split_ok = tile.shape.kind in ("row", "column") and row.REDUCE.endswith("a") and tile.kernel.type.dtype.value == "f32"
     blocking = [f"REDUCE={row.REDUCE}"] if row.REDUCE not in ("", "coop") and not split_ok else []
     blocking += [f"{knob}={getattr(row, knob)}" for knob in ("STAGE", "RASTER") if getattr(row, knob)]
     if blocking:
@@ -169,9 +169,10 @@ def lower_kernel(tile: TileKernel, types: dict) -> list[KernelIR]:
         if body.workspace:
             return [main, _finishing_kernel(tile, main, body, types)]
         return [_fill_kernel(tile, types, REDUCE_OPS[body.atomics[0][1]]), main]
-    if tile.shape.kind == "column" and tile.row.REDUCE == "coop":
-        return [_lower_column(tile, types, params)]
-    main = _lower_row(tile, types, params)
+    if tile.shape.kind == "column" and tile.row.REDUCE:
+        main = _lower_column(tile, types, params)
+    else:
+        main = _lower_row(tile, types, params)
     if tile.geometry.split == 1:
         return [main]
     return [_fill_kernel(tile, types, REDUCE_OPS[_row_atomic(tile)]), main]
@@ -320,25 +321,28 @@ def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
 def _lower_column(tile: TileKernel, types: dict, params) -> KernelIR:
     """A column reduction, 32 outputs a block: lane l of every warp owns output 32*block + l
     (consecutive lanes read consecutive addresses), the warps split each fold, and their partial
-    states meet in shared memory. Lanes past the last output repeat it and store nothing."""
+    states meet in shared memory. Lanes past the last output repeat it and store nothing. Split
+    (g<N>a): `split` blocks take a slice of the fold each and combine into the output atomically."""
     g = tile.geometry
     loops, _ = _free_loops(tile.kernel, tile.placement.free)
     rows = prod(e for _, e in loops)
     warps = g.threads // 32
-    body: list = [RowIndex(tuple(loops), "column")]
+    atomic = _row_atomic(tile) if g.split > 1 else ""
+    body: list = [RowIndex(tuple(loops), "column", g.split)]
     shared: list[Smem] = []
     twists = []
     for part in tile.parts:
         if isinstance(part, Epilogue):
             pending = [s for s in part.body if not isinstance(s, L.Store)]
             stores = [Store(s.buffer, types[s.buffer].dtype, affine_c(flat_index(s.buffer, s.index, types)),
-                            _operand(s.value)) for s in part.body if isinstance(s, L.Store)]
+                            _operand(s.value), atomic) for s in part.body if isinstance(s, L.Store)]
             body += [Scalar(tuple(pending))] if pending else []
             body += [OnlyThread(tuple(stores), "threadIdx.x < 32 && row_ok")] if stores else []
         elif isinstance(part, Fold):
             body.append(Scalar(part.init))
-            body.append(_element_loop(part.var, part.extent, part.lift + part.combine, types, 1, warps,
-                                      g.elems, "threadIdx.x / 32"))
+            loop = _element_loop(part.var, part.extent, part.lift + part.combine, types, 1, warps, g.elems,
+                                 "threadIdx.x / 32")
+            body.append(dataclasses.replace(loop, split=g.split))
             for op, dtype, accs in _fold_groups(part):
                 name = f"{op}_columns" if dtype is DType.F32 else f"{op}_{dtype.value}_columns"
                 memory = Smem(dtype, name, warps * 32 * len(accs))
@@ -350,7 +354,7 @@ def _lower_column(tile: TileKernel, types: dict, params) -> KernelIR:
             raise Unsupported(f"kernel {tile.kernel.name}: a column reduction with a sweep is not lowered")
     extent = max((p.extent for p in tile.parts if isinstance(p, Fold)), default=1)
     return KernelIR(tile.kernel.name, params, Tile(("row", "col"), extent, rows, g.threads),
-                    (-(-rows // 32), 1, 1), (g.threads, 1, 1), tuple(shared), tuple(body), str(tile.row),
+                    (-(-rows // 32) * g.split, 1, 1), (g.threads, 1, 1), tuple(shared), tuple(body), str(tile.row),
                     tile.shape.describe(), tuple(twists))
 
 

@@ -50,6 +50,8 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
     if isinstance(n, K.RowIndex):
         who = {"blockIdx.x": "row = blockIdx.x", "column": "row = blockIdx.x * 32 + lane (32 outputs a block)"}.get(
             n.source, "row = blockIdx.x * blockDim.x + threadIdx.x")
+        if n.split > 1:
+            who = who.replace("blockIdx.x", f"blockIdx.x / {n.split}") + f", slice = blockIdx.x % {n.split}"
         out.append(pad + who + "".join(f"; a{v} in 0..{e}" for v, e in n.vars))
     elif isinstance(n, K.Scalar):
         out += [pad + statement_text(s) for s in n.stmts]

@@ -68,8 +68,9 @@ def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
     if shape.kind == "column":
         if row.REDUCE == "":  # a thread an output, serial over its fold
             return Geometry(threads, ceil(shape.rows / threads), elems, vec, 0)
-        # 32 outputs a block, a lane each; the block's warps share each output's fold
-        return Geometry(threads, ceil(shape.rows / 32), elems, vec, threads * 4)
+        # 32 outputs a block, a lane each; the block's warps share each output's fold (and
+        # `split` blocks share it under g<N>a)
+        return Geometry(threads, ceil(shape.rows / 32) * split, elems, vec, threads * 4, split)
     if shape.kind == "row":
         if row.REDUCE == "":  # a thread a row
             return Geometry(threads, ceil(shape.rows / threads), elems, vec, 0)
