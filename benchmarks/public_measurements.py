@@ -52,30 +52,32 @@ def _eager_and_compiled(op_class: str, case: str, code: str, eager_ms: float, co
             for impl, ms in (("torch eager", eager_ms), ("torch.compile", compiled_ms))]
 
 
+# Each Liger-Kernel case: (op class, case name, emmy code, ((size, eager ms, torch.compile ms), ...)),
+# the name and code formatted with the size.
+_LIGER_CASES = (
+    # M = 2048 rows, bf16, LlamaRMSNorm (f32 inside), hidden size n
+    ("norm", "RMSNorm 2048 x {n} bf16",
+     "x=torch.randn(2048,{n},dtype=torch.bfloat16); w=torch.randn({n},dtype=torch.bfloat16); "
+     "h=x.float(); h=h*torch.rsqrt(h.pow(2).mean(-1,keepdim=True)+1e-6); w*h.to(torch.bfloat16)",
+     ((1024, 0.060384, 0.009056), (2048, 0.090720, 0.014048), (4096, 0.179520, 0.020960),
+      (8192, 0.326080, 0.034816), (16384, 0.609472, 0.067648), (32768, 1.219264, 0.155904))),
+    # M = 4096 rows, f32, nn.LayerNorm(n, eps=1e-6)
+    ("norm", "LayerNorm 4096 x {n} f32",
+     "x=torch.randn(4096,{n}); w=torch.randn({n}); b=torch.randn({n}); "
+     "torch.nn.functional.layer_norm(x,({n},),w,b,1e-6)",
+     ((1024, 0.023872, 0.016032), (2048, 0.038272, 0.030656), (4096, 0.063008, 0.044736),
+      (8192, 0.140896, 0.085024), (16384, 0.295168, 0.180864))),
+    # 16384 rows of f32 logits over a vocabulary of n, mean cross entropy
+    ("softmax-ce", "cross entropy 16384 x {n} f32",
+     "x=torch.randn(16384,{n}); t=torch.randint(0,{n},(16384,)); torch.nn.functional.cross_entropy(x,t)",
+     ((4096, 0.742431, 0.125824), (8192, 0.921151, 0.287616), (16384, 1.291343, 0.538688),
+      (32768, 2.488831, 1.233952), (65536, 5.395376, 2.654096), (131072, 10.308220, 5.775392))),
+)
+
+
 def _liger() -> list[Measured]:
-    rows = []
-    # (hidden size, eager ms, torch.compile ms): M = 2048 rows, bf16, LlamaRMSNorm (f32 inside)
-    rms = ((1024, 0.060384, 0.009056), (2048, 0.090720, 0.014048), (4096, 0.179520, 0.020960),
-           (8192, 0.326080, 0.034816), (16384, 0.609472, 0.067648), (32768, 1.219264, 0.155904))
-    for h, eager, compiled in rms:
-        code = (f"x=torch.randn(2048,{h},dtype=torch.bfloat16); w=torch.randn({h},dtype=torch.bfloat16); "
-                "h=x.float(); h=h*torch.rsqrt(h.pow(2).mean(-1,keepdim=True)+1e-6); w*h.to(torch.bfloat16)")
-        rows += _eager_and_compiled("norm", f"RMSNorm 2048 x {h} bf16", code, eager, compiled)
-    # (hidden size, eager ms, torch.compile ms): M = 4096 rows, f32, nn.LayerNorm(N, eps=1e-6)
-    ln = ((1024, 0.023872, 0.016032), (2048, 0.038272, 0.030656), (4096, 0.063008, 0.044736),
-          (8192, 0.140896, 0.085024), (16384, 0.295168, 0.180864))
-    for n, eager, compiled in ln:
-        code = (f"x=torch.randn(4096,{n}); w=torch.randn({n}); b=torch.randn({n}); "
-                f"torch.nn.functional.layer_norm(x,({n},),w,b,1e-6)")
-        rows += _eager_and_compiled("norm", f"LayerNorm 4096 x {n} f32", code, eager, compiled)
-    # (vocabulary, eager ms, torch.compile ms): 16384 rows of f32 logits, mean cross entropy
-    ce = ((4096, 0.742431, 0.125824), (8192, 0.921151, 0.287616), (16384, 1.291343, 0.538688),
-          (32768, 2.488831, 1.233952), (65536, 5.395376, 2.654096), (131072, 10.308220, 5.775392))
-    for v, eager, compiled in ce:
-        code = (f"x=torch.randn(16384,{v}); t=torch.randint(0,{v},(16384,)); "
-                "torch.nn.functional.cross_entropy(x,t)")
-        rows += _eager_and_compiled("softmax-ce", f"cross entropy 16384 x {v} f32", code, eager, compiled)
-    return rows
+    return [row for op_class, case, code, table in _LIGER_CASES for n, eager, compiled in table
+            for row in _eager_and_compiled(op_class, case.format(n=n), code.format(n=n), eager, compiled)]
 
 
 _MM = "a=torch.randn({n},{n}{d}); b=torch.randn({n},{n}{d}); a@b"

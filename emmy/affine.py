@@ -94,13 +94,19 @@ Atom = Union[Dim, FloorDiv, Mod, Gathered]
 
 def gathered_buffers(exprs) -> set[str]:
     """The index tensors read by the Gathered atoms in `exprs` (nested ones included)."""
-    found: set[str] = set()
+    return set(gathered_reads(exprs))
+
+
+def gathered_reads(exprs) -> list[str]:
+    """The index tensor of each Gathered atom in `exprs`, nested ones included: one entry per
+    read, so a tensor read twice is listed twice."""
+    found: list[str] = []
     todo = list(exprs)
     while todo:
         expr = todo.pop()
         for atom, _ in expr.terms:
             if isinstance(atom, Gathered):
-                found.add(atom.buffer)
+                found.append(atom.buffer)
                 todo.extend(atom.index)
             elif not isinstance(atom, Dim):
                 todo.append(atom.expr)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emmy.affine import Dim, Gathered
+from emmy.affine import gathered_reads
 from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Load, Loop, Masked, Op, Update, parallel_loops
 
 BANDWIDTH = 2.0e12  # bytes/s: an HBM-class GPU (order of magnitude; replaced per target later)
@@ -120,7 +120,7 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                     n *= _guard_share(stmt.expr.guards, loops)
                     loads.setdefault(stmt.expr.buffer, []).append((n, min(distinct, n), min(per_row, numel), rows))
                     note_load(stmt.expr.buffer, n, loops, False)
-                    for gathered in _gathered(stmt.expr.index):  # each read of an index value
+                    for gathered in gathered_reads(stmt.expr.index):  # each read of an index value
                         note_load(gathered, n, loops, True)
                 elif isinstance(stmt.expr, Op):
                     ops += n * EXPENSIVE.get(stmt.expr.op, 1)
@@ -172,20 +172,6 @@ def _keeps_vector_state(kernel: Kernel) -> bool:
     return kernel_shape(kernel).kind == "attention"
 
 
-def _gathered(index) -> list[str]:
-    """The index tensors an index expression reads (one read each), nested reads included."""
-    found, todo = [], list(index)
-    while todo:
-        expr = todo.pop()
-        for atom, _ in expr.terms:
-            if isinstance(atom, Gathered):
-                found.append(atom.buffer)
-                todo.extend(atom.index)
-            elif not isinstance(atom, Dim):
-                todo.append(atom.expr)
-    return found
-
-
 def _guard_share(guards, loops: list[Loop]) -> float:
     """The share of the loops' iterations where every guard holds (a guarded load touches memory
     only there), counted exactly over the loops the guards name when they are few enough; else 1."""
@@ -203,7 +189,7 @@ def _guard_share(guards, loops: list[Loop]) -> float:
         coords[v] = grid
     holds = np.ones(grids[0].shape, dtype=bool)
     for guard in guards:  # a guard reading an index tensor (a data value) is taken to hold
-        if not _gathered([guard.expr]):
+        if not gathered_reads([guard.expr]):
             holds &= np.broadcast_to(guard.holds(coords), holds.shape)
     return float(holds.mean())
 
