@@ -694,15 +694,19 @@ static constexpr int warpSize = 32;
 #define __threadfence() ((void)0)
 #define __threadfence_block() ((void)0)
 
-// Atomics: one fiber runs at a time, so a plain read-modify-write is atomic.
-template <class T> EMMY_SIM_INLINE T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
-template <class T> EMMY_SIM_INLINE T atomicSub(T* p, T v) { T old = *p; *p = old - v; return old; }
-template <class T> EMMY_SIM_INLINE T atomicMax(T* p, T v) { T old = *p; *p = old < v ? v : old; return old; }
-template <class T> EMMY_SIM_INLINE T atomicMin(T* p, T v) { T old = *p; *p = v < old ? v : old; return old; }
-template <class T> EMMY_SIM_INLINE T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
-template <class T> EMMY_SIM_INLINE T atomicCAS(T* p, T compare, T v) { T old = *p; if (old == compare) *p = v; return old; }
-template <class T> EMMY_SIM_INLINE T atomicOr(T* p, T v) { T old = *p; *p = old | v; return old; }
-template <class T> EMMY_SIM_INLINE T atomicAnd(T* p, T v) { T old = *p; *p = old & v; return old; }
+// Atomics: one fiber runs at a time, so a plain read-modify-write is atomic. They are not
+// race-checked (atomics do not race) but are counted: a read and a write of the element.
+namespace emmy_sim { inline void count_atomic(const void* address, size_t size); }
+#define EMMY_SIM_RMW(p) ::emmy_sim::count_atomic(p, sizeof(T))
+template <class T> EMMY_SIM_INLINE T atomicAdd(T* p, T v) { EMMY_SIM_RMW(p); T old = *p; *p = old + v; return old; }
+template <class T> EMMY_SIM_INLINE T atomicSub(T* p, T v) { EMMY_SIM_RMW(p); T old = *p; *p = old - v; return old; }
+template <class T> EMMY_SIM_INLINE T atomicMax(T* p, T v) { EMMY_SIM_RMW(p); T old = *p; *p = old < v ? v : old; return old; }
+template <class T> EMMY_SIM_INLINE T atomicMin(T* p, T v) { EMMY_SIM_RMW(p); T old = *p; *p = v < old ? v : old; return old; }
+template <class T> EMMY_SIM_INLINE T atomicExch(T* p, T v) { EMMY_SIM_RMW(p); T old = *p; *p = v; return old; }
+template <class T> EMMY_SIM_INLINE T atomicCAS(T* p, T compare, T v) { EMMY_SIM_RMW(p); T old = *p; if (old == compare) *p = v; return old; }
+template <class T> EMMY_SIM_INLINE T atomicOr(T* p, T v) { EMMY_SIM_RMW(p); T old = *p; *p = old | v; return old; }
+template <class T> EMMY_SIM_INLINE T atomicAnd(T* p, T v) { EMMY_SIM_RMW(p); T old = *p; *p = old & v; return old; }
+#undef EMMY_SIM_RMW
 
 namespace emmy_sim {
 
@@ -779,6 +783,12 @@ inline std::vector<Counted>& counted() { static std::vector<Counted> ranges; ret
 EMMY_SIM_INTERNAL inline void count_access(uintptr_t a, size_t size, bool write) {
   for (Counted& c : counted())
     if (a >= c.lo && a < c.hi) { (write ? c.written : c.read) += size; return; }
+}
+
+// An atomic read-modify-write, counted as a read and a write.
+inline void count_atomic(const void* address, size_t size) {
+  count_access(reinterpret_cast<uintptr_t>(address), size, false);
+  count_access(reinterpret_cast<uintptr_t>(address), size, true);
 }
 
 EMMY_SIM_INTERNAL inline void access(const void* address, size_t size, bool write, const void* pc) {
@@ -891,4 +901,8 @@ EMMY_SIM_INTERNAL void __tsan_func_exit() {}
 EMMY_SIM_INTERNAL void __tsan_vptr_update(void**, void*) {}
 EMMY_SIM_INTERNAL void __tsan_vptr_read(void**) {}
 }
+#else
+namespace emmy_sim {
+inline void count_atomic(const void*, size_t) {}  // only race-check builds count accesses
+}  // namespace emmy_sim
 #endif  // EMMY_SIM_RACECHECK
