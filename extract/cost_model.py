@@ -146,10 +146,18 @@ def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> tuple[flo
     threads each recompute what the Loop IR hoisted; every thread of a cooperating block computes
     its row's epilogue (one thread stores it); a column block's lanes past the last output repeat
     it; a split row's blocks each fold a slice and add into the output (an atomic reads and
-    writes it)."""
+    writes it), or (g<N>k) leave their partial states in a workspace that a finishing kernel,
+    a thread a row, merges before the row's epilogue: both kernels' bytes, the workspace's
+    under "<kernel>_workspace"."""
     if shape.kind not in ("map", "row", "column"):
         return 0.0, 0.0, ()
     written = loop_cost.bytes_written
+    if shape.kind == "row" and g.split > 1 and row.REDUCE.endswith("k"):
+        workspace = loop_cost.accumulators * shape.rows * g.split * 4
+        by_buffer = {b.buffer: b.loop - b.row + (b.row - b.row_after) * g.threads * g.split + b.row
+                     for b in loop_cost.buffers}
+        by_buffer[f"{shape.kernel}_workspace"] = workspace  # written by the folding blocks, read by the finish
+        return sum(by_buffer.values()), written + workspace, tuple(sorted(by_buffer.items()))
     by_buffer = {b.buffer: b.loop for b in loop_cost.buffers}
     if shape.kind == "map":
         by_buffer = {b.buffer: b.element for b in loop_cost.buffers}
@@ -159,7 +167,7 @@ def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> tuple[flo
     elif shape.kind == "row" and row.REDUCE:
         by_buffer = {b.buffer: b.loop + b.row * (g.threads * g.split - 1) for b in loop_cost.buffers}
     read = sum(by_buffer.values())
-    if g.split > 1:  # atomics: each block reads and writes its rows' results
+    if g.split > 1:  # atomics (g<N>a): each block reads and writes its rows' results
         read, written = read + written * g.split, written * g.split
     return read, written, tuple(sorted(by_buffer.items()))
 

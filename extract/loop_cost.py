@@ -43,6 +43,7 @@ class KernelCost:
     # model's requested_bytes), so they are kept per buffer (BufferLoads): as often as the Loop IR
     # runs them, how much of that at the level of a row, and what a map's threads load.
     buffers: tuple["BufferLoads", ...] = ()
+    accumulators: int = 0  # the folds' accumulators (what a split row leaves in its workspace per slice)
 
     @property
     def reread_bytes(self) -> float:
@@ -61,12 +62,14 @@ class BufferLoads:
     loads); `element`: each load statement once per output element (what a map's threads load, as
     each recomputes what the Loop IR hoisted). `index`: the buffer is read inside index
     expressions (embedding ids), where a compiler may keep a value in a register across a loop
-    that does not change it, so fewer loads may be issued."""
+    that does not change it, so fewer loads may be issued. `row_after`: the row-level bytes
+    loaded after a fold (a split row's finishing kernel loads them, its folding blocks do not)."""
     buffer: str
     loop: float
     row: float
     element: float
     index: bool = False
+    row_after: float = 0.0  # the part of `row` after the row's fold (its epilogue's loads)
 
 
 def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> KernelCost:
@@ -77,7 +80,7 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
     ops = arith = special = 0.0
     rows_vars = {var for var, _ in parallel_loops(kernel.body)}
     loads: dict[str, list[tuple[float, float, float, float]]] = {}  # buffer -> (reads, distinct, per row, rows)
-    per_buffer: dict[str, list[float]] = {}  # buffer -> [loop bytes, row bytes, load statements, index]
+    per_buffer: dict[str, list[float]] = {}  # buffer -> [loop, row, load statements, index, row after a fold]
     vector_state = _keeps_vector_state(kernel)
     rows_total = _product(extent for _, extent in parallel_loops(kernel.body))
 
@@ -92,23 +95,25 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                 total *= loop.extent
         return total
 
-    def note_load(buffer: str, n: float, loops: list[Loop], index: bool) -> None:
+    def note_load(buffer: str, n: float, loops: list[Loop], index: bool, after_fold: bool) -> None:
         size = buffer_sizes[buffer][1]
-        entry = per_buffer.setdefault(buffer, [0.0, 0.0, 0.0, 0.0])
+        entry = per_buffer.setdefault(buffer, [0.0, 0.0, 0.0, 0.0, 0.0])
         if all(l.var in rows_vars for l in loops):  # every row loads it, even where the Loop IR hoisted it
             entry[0] += rows_total * size
             entry[1] += rows_total * size
+            entry[4] += rows_total * size if after_fold else 0.0
         else:
             entry[0] += n * size
         entry[2] += 1
         entry[3] = max(entry[3], float(index))
 
-    def walk(body, loops: list[Loop], shared: bool = False) -> None:
+    def walk(body, loops: list[Loop], shared: bool = False, after_fold: bool = False) -> None:
         nonlocal ops, arith, special
         for stmt in body:
             if isinstance(stmt, Loop):
                 twisted = stmt.reduction and any(isinstance(s, Update) for s in stmt.body)
-                walk(stmt.body, loops + [stmt], shared or twisted)
+                walk(stmt.body, loops + [stmt], shared or twisted, after_fold)
+                after_fold = after_fold or stmt.reduction
             elif isinstance(stmt, Assign):
                 n = trips(deps.get(stmt.name, set()), loops, shared)
                 if isinstance(stmt.expr, Load):
@@ -119,9 +124,9 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                     distinct = min(numel, _product(l.extent for l in loops if l.var in index))
                     n *= _guard_share(stmt.expr.guards, loops)
                     loads.setdefault(stmt.expr.buffer, []).append((n, min(distinct, n), min(per_row, numel), rows))
-                    note_load(stmt.expr.buffer, n, loops, False)
+                    note_load(stmt.expr.buffer, n, loops, False, after_fold)
                     for gathered in gathered_reads(stmt.expr.index):  # each read of an index value
-                        note_load(gathered, n, loops, True)
+                        note_load(gathered, n, loops, True, after_fold)
                 elif isinstance(stmt.expr, Op):
                     ops += n * EXPENSIVE.get(stmt.expr.op, 1)
                     if stmt.expr.op in SPECIAL_FUNCTIONS:
@@ -157,9 +162,10 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
             if across > 0:
                 rereads.append((across * size, distinct * size, False))
     written = kernel.type.numel * kernel.type.dtype.itemsize
-    buffers = tuple(BufferLoads(b, loop, row, rows_total * count * buffer_sizes[b][1], bool(index))
-                    for b, (loop, row, count, index) in per_buffer.items())
-    return KernelCost(read, written, ops, arith, special, tuple(rereads), buffers)
+    buffers = tuple(BufferLoads(b, loop, row, rows_total * count * buffer_sizes[b][1], bool(index), after)
+                    for b, (loop, row, count, index, after) in per_buffer.items())
+    accumulators = sum(1 for s in _statements(kernel.body) if isinstance(s, Init))
+    return KernelCost(read, written, ops, arith, special, tuple(rereads), buffers, accumulators)
 
 
 def _keeps_vector_state(kernel: Kernel) -> bool:

@@ -115,6 +115,11 @@ def _render(n, k: K.KernelIR, types) -> str:
                                epilogue=_lines(n.epilogue, types))
     if isinstance(n, K.Fill):
         return template.render(n=n, value=literal(n.value, DType.F32), storage=STORAGE[n.dtype])
+    if isinstance(n, K.WorkspaceMerge):
+        slots, groups = iter(range(sum(len(accs) for _, accs in n.groups))), []
+        for op, accs in n.groups:
+            groups.append((_merge(op, accs, ""), [(acc, next(slots)) for acc in accs]))
+        return template.render(n=n, groups=groups)
     if isinstance(n, K.OnlyThread):
         lines = [f"emmy::atomic_{s.atomic}(&{buffer_c(s.buffer)}[{s.index}], {s.value});  // this slice's part"
                  if s.atomic else f"{buffer_c(s.buffer)}[{s.index}] = emmy::from_reg<{STORAGE[s.dtype]}>({s.value});"

@@ -17,7 +17,7 @@ from emmy.dtypes import DType
 from emmy.errors import EmmyError
 from emmy.kernel_ir.nodes import (Broadcast, ColumnCombine, ContractionTile, ElementLoop, Fill, KernelIR, MapElements, MmaTile,
                                   OnlyThread, Panel, Param, RowIndex, Scalar, Smem, SplitFinish, Store, Sync, Tile,
-                                  TreeHalve, VecLoad, VecStore, WarpShuffle)
+                                  TreeHalve, VecLoad, VecStore, WarpShuffle, WorkspaceMerge)
 from emmy.kernel_ir.index_faults import INDEX_FAULTS, faults_param
 from emmy.kernel_ir.lower_flash import lower_flash, supports_flash
 from emmy.kernel_ir.lower_mma import lower_mma, supports_mma
@@ -55,7 +55,8 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
     if tile.shape.kind not in ("map", "row", "column"):
         return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
     split_ok = tile.shape.kind in ("row", "column") and row.REDUCE.endswith("a") and tile.kernel.type.dtype.value == "f32"
-    blocking = [f"REDUCE={row.REDUCE}"] if row.REDUCE not in ("", "coop") and not split_ok else []
+    workspace_ok = tile.shape.kind == "row" and row.REDUCE.endswith("k")
+    blocking = [f"REDUCE={row.REDUCE}"] if row.REDUCE not in ("", "coop") and not (split_ok or workspace_ok) else []
     blocking += [f"{knob}={getattr(row, knob)}" for knob in ("STAGE", "RASTER") if getattr(row, knob)]
     if blocking:
         return f"{', '.join(blocking)} {'is' if len(blocking) == 1 else 'are'} not lowered yet"
@@ -73,7 +74,11 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
             _row_atomic(tile)
         except Unsupported as why:
             return f"REDUCE={row.REDUCE}: {why}"
-    if row.REDUCE == "coop" or split_ok:  # folds merged across threads: the runtime header's merges
+    if workspace_ok and tile.geometry.split > 1:
+        why = _workspace_split(tile)
+        if why:
+            return f"REDUCE={row.REDUCE}: {why}"
+    if row.REDUCE == "coop" or split_ok or workspace_ok:  # folds merged across threads: the runtime header's merges
         for fold in (p for p in tile.parts if isinstance(p, Fold) and p.twist):
             state = len([i for i in fold.init if _in_state(i, fold)])
             if (fold.twist, state) not in MERGED:
@@ -169,6 +174,8 @@ def lower_kernel(tile: TileKernel, types: dict) -> list[KernelIR]:
         if body.workspace:
             return [main, _finishing_kernel(tile, main, body, types)]
         return [_fill_kernel(tile, types, REDUCE_OPS[body.atomics[0][1]]), main]
+    if tile.shape.kind == "row" and tile.geometry.split > 1 and tile.row.REDUCE.endswith("k"):
+        return _lower_row_workspace(tile, types, params)
     if tile.shape.kind == "column" and tile.row.REDUCE:
         main = _lower_column(tile, types, params)
     else:
@@ -190,6 +197,69 @@ def _row_atomic(tile: TileKernel) -> str:
     if any(not i.dtype.is_float for i in fold.init):  # the runtime header's atomics combine floats
         raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs float accumulators")
     return monoids.pop()
+
+
+def _workspace_split(tile: TileKernel) -> str:
+    """Why a row cannot split its fold over blocks that hand their partial states on through a
+    workspace (REDUCE=g<N>k), or "": one fold, nothing stored before it, nothing swept after it
+    (a sweep would need the whole row's result in every block), float accumulators (the
+    workspace is f32)."""
+    folds = [p for p in tile.parts if isinstance(p, Fold)]
+    if len(folds) != 1:
+        return f"a workspace split needs one fold, not {len(folds)}"
+    if any(isinstance(p, Sweep) for p in tile.parts):
+        return "a row swept after its fold cannot split it across blocks"
+    before = tile.parts[:tile.parts.index(folds[0])]
+    if any(isinstance(s, L.Store) for p in before for s in p.body):
+        return "a row that stores before its fold cannot split it across blocks"
+    if any(not i.dtype.is_float for i in folds[0].init):
+        return "a workspace split needs float accumulators (the workspace is f32)"
+    return ""
+
+
+def _lower_row_workspace(tile: TileKernel, types: dict, params) -> list[KernelIR]:
+    """A row split over `split` blocks (REDUCE=g<N>k): each block folds a whole-step slice,
+    combines it across its threads and leaves its partial state in a workspace
+    ([accumulator][row][slice]); a finishing kernel, a thread a row, merges the partial states in
+    slice order and runs the row's epilogue. Statements before the fold run in both."""
+    g = tile.geometry
+    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    rows, split, threads = prod(e for _, e in loops), g.split, g.threads
+    (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
+    before, after = tile.parts[:tile.parts.index(fold)], tile.parts[tile.parts.index(fold) + 1:]
+    groups = _fold_groups(fold)
+    accs = [acc for _, _, group in groups for acc in group]
+    workspace = f"{tile.kernel.name}_workspace"
+    plain = tuple(p for p in params if p.name != INDEX_FAULTS)
+    faults = tuple(p for p in params if p.name == INDEX_FAULTS)
+    body: list = [RowIndex(tuple(loops), "blockIdx.x", split)]
+    for part in before:
+        body += _scalar_and_stores(part.body, types, True)
+    body.append(Scalar(fold.init))
+    loop = _element_loop(fold.var, fold.extent, fold.lift + fold.combine, types, g.vec, threads,
+                         max(1, g.elems // max(1, g.vec)), "threadIdx.x")
+    body.append(dataclasses.replace(loop, split=split))
+    combine, shared = _block_combine(fold, threads)
+    body += combine
+    body.append(OnlyThread(tuple(Store(workspace, DType.F32, f"({slot} * {rows} + row) * {split} + slice", acc)
+                                 for slot, acc in enumerate(accs))))
+    twists = ((fold.twist, tuple(i.acc for i in fold.init if _in_state(i, fold))),) if fold.twist else ()
+    main = KernelIR(tile.kernel.name, (*plain, Param(workspace, DType.F32, True, len(accs) * split * rows), *faults),
+                    Tile(("row", "col"), fold.extent, rows, threads), (rows * split, 1, 1), (threads, 1, 1),
+                    tuple(shared), tuple(body), str(tile.row), tile.shape.describe(), twists)
+    finish_body: list = [RowIndex(tuple(loops), "thread")]
+    for part in before:
+        finish_body += _scalar_and_stores(part.body, types, False)
+    finish_body.append(WorkspaceMerge(tuple((op, group) for op, _, group in groups), workspace, split, rows))
+    for part in after:
+        finish_body += _scalar_and_stores(part.body, types, False)
+    block = min(256, -(-rows // 32) * 32)
+    finish = KernelIR(f"{tile.kernel.name}_finish",
+                      (*plain, Param(workspace, DType.F32, False, len(accs) * split * rows), *faults),
+                      Tile(("row", "col"), 1, rows, 1), (-(-rows // block), 1, 1), (block, 1, 1), (),
+                      tuple(finish_body), str(tile.row), f"{tile.shape.describe()}: the {split} partial states merged",
+                      twists)
+    return [main, finish]
 
 
 def _fill_kernel(tile: TileKernel, types: dict, identity: float) -> KernelIR:

@@ -380,6 +380,17 @@ Stmt = Union[RowIndex, Scalar, VecLoad, VecStore, ElementLoop, MapElements, Warp
 
 
 @dataclass(frozen=True)
+class WorkspaceMerge:
+    """A row split with a workspace (REDUCE=g<N>k): the `split` partial states of the thread's
+    row, laid out [accumulator][row][slice] in `workspace`, merged in slice order by each group's
+    monoid or twist; the thread then holds what the whole row's fold would have."""
+    groups: tuple[tuple[str, tuple[str, ...]], ...]  # (monoid or twist, accumulators), workspace order
+    workspace: str
+    split: int
+    rows: int
+
+
+@dataclass(frozen=True)
 class KernelIR:
     name: str
     params: tuple[Param, ...]

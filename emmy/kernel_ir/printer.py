@@ -89,6 +89,9 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
         out.append(f"{pad}each output: " + ", ".join(f"{a} = {op} over {n.split} partials in {n.workspace}"
                                                      for a, op in n.accs))
         out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+    elif isinstance(n, K.WorkspaceMerge):
+        out.append(f"{pad}this row: " + ", ".join(f"({', '.join(accs)}) = {op} over {n.split} partials"
+                                                  for op, accs in n.groups) + f" in {n.workspace}")
     elif isinstance(n, K.Fill):
         out.append(f"{pad}{n.buffer}[0..{n.total}] = {n.value}")
     elif isinstance(n, K.ContractionTile):
