@@ -223,6 +223,14 @@ class BoundarySearch:
             other = None if forms is None else forms[1] if chosen.choice[cid].id == forms[0].id else forms[0]
             if other is not None and not any(chosen.reaches(child, cid) for child in other.children):
                 group(*(Move("form", cid, node=other, fuse_new=fuse_new) for fuse_new in (True, False)))
+        # Several reductions one kernel reads, fused into it together: each alone can cost more
+        # (its producer kernels stay) where all at once saves their launches and round trips
+        # (GroupNorm's two statistics into its normalizing sweep).
+        for root in sorted(self.kernels.live_roots()):
+            cuts = tuple(sorted(c for c in self.kernels.region(root) & self.kernels.boundaries
+                                if c != root and flippable(c) and any(chosen.is_heavy(m) for m in self.kernels.region(c))))
+            if len(cuts) >= 2:
+                group(Move("boundary", root, cuts, what=f"the reductions {self.name(root)} reads, fused into it"))
         return groups
 
     # -- applying and undoing ----------------------------------------------------
