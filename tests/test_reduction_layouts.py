@@ -103,6 +103,46 @@ def test_few_outputs_split_their_folds_across_the_gpu_and_are_priced_near_the_bo
     assert bound <= tile.seconds <= 1.6 * bound, (tile.seconds, bound)
 
 
+@pytest.mark.parametrize("code", [
+    "x=torch.randn(8,5000); x.var(dim=-1)",  # a twisted (Welford) state merged across blocks
+    "x=torch.randn(3,7001); x.mean(dim=-1)",  # an epilogue after the fold
+    "x=torch.randn(4,3000); x.logsumexp(dim=-1)",
+    "x=torch.randn(3,9000); w=torch.randn(3); x.mean(-1)*w",  # a load in the epilogue
+    "x=torch.randn(3,9000); m=torch.randn(3,1); ((x-m)**2).sum(-1)",  # a row-level load before the fold
+])
+@pytest.mark.parametrize("split", [2, 64])
+def test_a_row_split_through_a_workspace_merges_its_partial_states_and_runs_right(code, split):
+    program = emmy.optimize(code, target="sm_90", knobs=f"REDUCE=g{split}k")
+    names = [k.name for k in program.kernel_ir]
+    assert all(f"{t.kernel.name}_finish" in names for t in program.tile_ir.kernels), names
+    assert f"const int row = blockIdx.x / {split}, slice = blockIdx.x % {split};" in program.cuda_source
+    for mode in ("asan", "racecheck"):
+        checks = check_program(program, mode=mode)
+        assert checks and all(c.ok for c in checks), (mode, checks)
+
+
+def test_few_long_rows_with_an_epilogue_split_across_the_gpu_and_are_priced_near_the_bound():
+    """8 rows of 1M: one block a row would leave 124 of the H100's 132 SMs idle (the variance's
+    epilogue rules out atomics, so the blocks hand their Welford states on through a workspace)."""
+    program = emmy.optimize("x=torch.randn(8,1<<20); x.var(dim=-1)", target="h100")
+    (tile,) = program.tile_ir.kernels
+    target = get_target("h100")
+    assert tile.row.REDUCE.endswith("k") and tile.geometry.blocks >= target.sms
+    bound = 8 * (1 << 20) * 4 / target.dram_bandwidth
+    assert bound <= tile.seconds <= 1.8 * bound, (tile.seconds, bound)
+
+
+def test_the_search_fuses_several_reductions_into_their_reader_at_once():
+    """GroupNorm's sum and sum of squares each cost more fused alone than materialized (with
+    split rows they are cheap kernels), but fused together into the normalizing sweep they save
+    both kernels: one move that fuses every reduction a kernel reads finds it."""
+    program = emmy.optimize("x=torch.randn(2,64,128,128); torch.nn.functional.group_norm(x,8)", target="h100")
+    assert len(program.tile_ir.kernels) == 1
+    decisions = program.explain().decisions
+    singles = [d for d in decisions if d.kind == "boundary" and d.chosen == "fused"]
+    assert singles and all(d.delta_seconds > 0 for d in singles)  # materializing any one back costs more
+
+
 def test_a_middle_axis_sum_is_a_coalesced_column_reduction_priced_near_its_bound():
     code = "x=torch.randn(16,1024,1023); x.sum(dim=1)"
     for gpu in ("h100", "h200"):
