@@ -18,7 +18,8 @@ local search over moves, each priced by re-lowering only the kernels it changes:
    fused keeps SIMT, materialized lets the matmul take tensor cores); materialize or fuse
    shared elementwise work; switch a fold
    between its one-pass and multi-pass form, with the folds that come alive either fused
-   or materialized.
+   or materialized; fuse every reduction a kernel reads into it at once (each alone may
+   cost more while all together remove their kernels).
 3. A move is kept when it lowers the price; rounds repeat until none does (or the round
    limit or the time budget runs out, which the report says). Each move touches the kernels
    whose region holds the classes it changes, and kernel prices are memoized by signature,
