@@ -62,11 +62,6 @@ class Breakdown:
     extra_s: float
     total_s: float
     measured: bool = False  # total_s is a measurement, not the sum
-    # Bytes the emitted kernel's threads request from global memory, before any cache (the
-    # simulator counts the same: tests/test_geometry.py); 0 where the model does not say (tiles).
-    requested_read: float = 0.0
-    requested_written: float = 0.0
-    requested_by_buffer: tuple[tuple[str, float], ...] = ()  # reads per buffer (a split's atomics aside)
 
     @property
     def compute_s(self) -> float:
@@ -133,15 +128,23 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     elif row.REDUCE and row.REDUCE.endswith("a"):  # the fill kernel that sets the output first
         extra_s = target.launch_seconds + loop_cost.bytes_written / target.dram_bandwidth
     total = target.launch_seconds + body_s + sync_s + extra_s
-    requested = requested_bytes(shape, row, g, loop_cost)
     return Breakdown(shape.kernel, row, moved, memory_s, arith_s, tensor_s, special_s, occupancy, waves, tail,
-                     spread, hiding, registers, spills, body_s, sync_s, target.launch_seconds, extra_s, total,
-                     False, *requested)
+                     spread, hiding, registers, spills, body_s, sync_s, target.launch_seconds, extra_s, total)
 
 
-def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> tuple[float, float, tuple]:
-    """(read, written, read per buffer) in bytes the threads of the kernel this row lowers to
-    request from global memory, for maps, rows and column reductions ((0, 0, ()) for tiled
+@dataclass(frozen=True)
+class RequestedBytes:
+    """Bytes the emitted kernel's threads request from global memory, before any cache (the
+    simulator counts the same: tests/test_geometry.py)."""
+    read: float
+    written: float
+    by_buffer: tuple[tuple[str, float], ...]  # reads per buffer (a split's atomics aside)
+
+
+def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> RequestedBytes:
+    """What the threads of the kernel this row lowers to request from global memory (not part
+    of `predict`, which prices every row: the check of the model's bytes asks for it), for maps,
+    rows and column reductions (zero for tiled
     kernels, priced by their tiles): the Loop IR's loads, as each schedule runs them. A map's
     threads each recompute what the Loop IR hoisted; every thread of a cooperating block computes
     its row's epilogue (one thread stores it); a column block's lanes past the last output repeat
@@ -150,14 +153,14 @@ def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> tuple[flo
     a thread a row, merges before the row's epilogue: both kernels' bytes, the workspace's
     under "<kernel>_workspace"."""
     if shape.kind not in ("map", "row", "column"):
-        return 0.0, 0.0, ()
+        return RequestedBytes(0.0, 0.0, ())
     written = loop_cost.bytes_written
     if shape.kind == "row" and g.split > 1 and row.REDUCE.endswith("k"):
         workspace = loop_cost.accumulators * shape.rows * g.split * 4
         by_buffer = {b.buffer: b.loop - b.row + (b.row - b.row_after) * g.threads * g.split + b.row
                      for b in loop_cost.buffers}
         by_buffer[f"{shape.kernel}_workspace"] = workspace  # written by the folding blocks, read by the finish
-        return sum(by_buffer.values()), written + workspace, tuple(sorted(by_buffer.items()))
+        return RequestedBytes(sum(by_buffer.values()), written + workspace, tuple(sorted(by_buffer.items())))
     by_buffer = {b.buffer: b.loop for b in loop_cost.buffers}
     if shape.kind == "map":
         by_buffer = {b.buffer: b.element for b in loop_cost.buffers}
@@ -169,7 +172,7 @@ def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> tuple[flo
     read = sum(by_buffer.values())
     if g.split > 1:  # atomics (g<N>a): each block reads and writes its rows' results
         read, written = read + written * g.split, written * g.split
-    return read, written, tuple(sorted(by_buffer.items()))
+    return RequestedBytes(read, written, tuple(sorted(by_buffer.items())))
 
 
 def _fragment_prologue_ops(shape: KernelShape, row: KnobRow, g) -> float:

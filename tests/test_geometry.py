@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 
 import emmy
-from emmy.extract.cost_model import predict
+from emmy.extract.cost_model import requested_bytes
 from emmy.extract.loop_cost import kernel_cost
 from emmy.kernel_ir import nodes as K
 from emmy.kernel_ir.index_faults import INDEX_FAULTS
 from emmy.kernel_ir.lower import lower_kernel
 from emmy.tile_ir.build import ranked_rows, tile_kernel
+from emmy.tile_ir.geometry import geometry
 from emmy.tile_ir.shape import kernel_shape
 from emmy.workloads import WORKLOADS
 
@@ -112,7 +113,8 @@ def test_the_bytes_the_model_requests_are_the_bytes_the_emitted_kernels_move(nam
             lowered = [dataclasses.replace(k, name=f"{k.name}_row{i}")
                        for k in lower_kernel(tile_kernel(kernel, shape, row), types)]
             kernels |= {k.name: k for k in lowered}
-            variants.append((kernel, row, f"{kernel.name}_row{i}", lowered, predict(shape, row, program.target, cost)))
+            variants.append((kernel, row, f"{kernel.name}_row{i}", lowered,
+                             requested_bytes(shape, row, geometry(shape, row), cost)))
     if not variants:
         pytest.skip("no map, row or column kernels")
     module = sim.load(program_source(list(kernels.values()), types, {}), "counted.cu", mode="racecheck")
@@ -132,9 +134,9 @@ def test_the_bytes_the_model_requests_are_the_bytes_the_emitted_kernels_move(nam
                         moved[b] = (moved.get(b, (0, 0))[0] + r, moved.get(b, (0, 0))[1] + w)
         index_tensors = {b.buffer for b in kernel_cost(kernel, sizes).buffers if b.index}
         where = (name, kernel.name, str(row))
-        assert sum(w for _, w in moved.values()) == pytest.approx(model.requested_written), where
-        expected = dict(model.requested_by_buffer)
-        atomics = model.requested_read - sum(expected.values())  # a split row's blocks read the output to add
+        assert sum(w for _, w in moved.values()) == pytest.approx(model.written), where
+        expected = dict(model.by_buffer)
+        atomics = model.read - sum(expected.values())  # a split row's blocks read the output to add
         if atomics:
             expected[kernel.output] = expected.get(kernel.output, 0.0) + atomics
         for buffer in set(expected) | set(moved):
