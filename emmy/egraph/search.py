@@ -227,9 +227,11 @@ class BoundarySearch:
         # Several reductions one kernel reads, fused into it together: each alone can cost more
         # (its producer kernels stay) where all at once saves their launches and round trips
         # (GroupNorm's two statistics into its normalizing sweep).
-        for root in sorted(self.kernels.live_roots()):
-            cuts = tuple(sorted(c for c in self.kernels.region(root) & self.kernels.boundaries
-                                if c != root and flippable(c) and any(chosen.is_heavy(m) for m in self.kernels.region(c))))
+        regions = self.kernels.regions  # every live kernel's, kept up to date by the moves
+        for root in sorted(regions):
+            cuts = tuple(sorted(c for c in regions[root] & self.kernels.boundaries
+                                if c != root and c in regions and flippable(c)
+                                and any(chosen.is_heavy(m) for m in regions[c])))
             if len(cuts) >= 2:
                 group(Move("boundary", root, cuts, what=f"the reductions {self.name(root)} reads, fused into it"))
         return groups
