@@ -59,7 +59,7 @@ CANDIDATES = {
 }
 # Tiled kernels (contractions, attention) split K at most this many ways: their workspace and
 # finishing kernel grow with the split, and wider splits are not priced against measurements yet.
-# Rows and column reductions, whose split blocks combine atomically, take every REDUCE_SPLITS value.
+# Rows and column reductions, whose partial results are one state per row, take every REDUCE_SPLITS value.
 MAX_TILE_SPLIT = 8
 ATOM_DTYPE = {"mma_m16n8k16_f16_f32": "f16", "mma_m16n8k16_bf16_f32": "bf16"}
 assert set(ATOM_DTYPE) == set(MMA_ATOMS)

@@ -74,7 +74,7 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
             _row_atomic(tile)
         except Unsupported as why:
             return f"REDUCE={row.REDUCE}: {why}"
-    if workspace_ok and tile.geometry.split > 1:
+    if workspace_ok:
         why = _workspace_split(tile)
         if why:
             return f"REDUCE={row.REDUCE}: {why}"
@@ -199,6 +199,11 @@ def _row_atomic(tile: TileKernel) -> str:
     return monoids.pop()
 
 
+def workspace_name(kernel: str) -> str:
+    """The scratch buffer a split kernel's blocks leave their partial results in."""
+    return f"{kernel}_workspace"
+
+
 def _workspace_split(tile: TileKernel) -> str:
     """Why a row cannot split its fold over blocks that hand their partial states on through a
     workspace (REDUCE=g<N>k), or "": one fold, nothing stored before it, nothing swept after it
@@ -229,7 +234,7 @@ def _lower_row_workspace(tile: TileKernel, types: dict, params) -> list[KernelIR
     before, after = tile.parts[:tile.parts.index(fold)], tile.parts[tile.parts.index(fold) + 1:]
     groups = _fold_groups(fold)
     accs = [acc for _, _, group in groups for acc in group]
-    workspace = f"{tile.kernel.name}_workspace"
+    workspace, size = workspace_name(tile.kernel.name), len(accs) * split * rows
     plain = tuple(p for p in params if p.name != INDEX_FAULTS)
     faults = tuple(p for p in params if p.name == INDEX_FAULTS)
     body: list = [RowIndex(tuple(loops), "blockIdx.x", split)]
@@ -244,7 +249,7 @@ def _lower_row_workspace(tile: TileKernel, types: dict, params) -> list[KernelIR
     body.append(OnlyThread(tuple(Store(workspace, DType.F32, f"({slot} * {rows} + row) * {split} + slice", acc)
                                  for slot, acc in enumerate(accs))))
     twists = ((fold.twist, tuple(i.acc for i in fold.init if _in_state(i, fold))),) if fold.twist else ()
-    main = KernelIR(tile.kernel.name, (*plain, Param(workspace, DType.F32, True, len(accs) * split * rows), *faults),
+    main = KernelIR(tile.kernel.name, (*plain, Param(workspace, DType.F32, True, size), *faults),
                     Tile(("row", "col"), fold.extent, rows, threads), (rows * split, 1, 1), (threads, 1, 1),
                     tuple(shared), tuple(body), str(tile.row), tile.shape.describe(), twists)
     finish_body: list = [RowIndex(tuple(loops), "thread")]
@@ -255,7 +260,7 @@ def _lower_row_workspace(tile: TileKernel, types: dict, params) -> list[KernelIR
         finish_body += _scalar_and_stores(part.body, types, False)
     block = min(256, -(-rows // 32) * 32)
     finish = KernelIR(f"{tile.kernel.name}_finish",
-                      (*plain, Param(workspace, DType.F32, False, len(accs) * split * rows), *faults),
+                      (*plain, Param(workspace, DType.F32, False, size), *faults),
                       Tile(("row", "col"), 1, rows, 1), (-(-rows // block), 1, 1), (block, 1, 1), (),
                       tuple(finish_body), str(tile.row), f"{tile.shape.describe()}: the {split} partial states merged",
                       twists)
@@ -588,7 +593,7 @@ def split_outputs(tile: TileKernel, monoids, epilogue, params, batch_total: int,
             raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one accumulator stored raw")
         return monoids, "", params
     if split > 1:  # [accumulator][split][batch][M][N]
-        workspace = f"{tile.kernel.name}_workspace"
+        workspace = workspace_name(tile.kernel.name)
         return (), workspace, (*params, Param(workspace, DType.F32, True, len(monoids) * split * batch_total * outputs))
     return (), "", params
 
