@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FORMULA = ("total = launch + body + sync + extra; body = max(mem / (hide * spread), compute / (spread * issue)) "
-           "/ tail; compute = max(fma, mma, sfu)")
+           "/ tail; compute = max(fma, mma, sfu, issue)")
 
 _COLUMNS = (
     ("total us", lambda b: f"{b.total_s * 1e6:.2f}"),
@@ -24,6 +24,7 @@ _COLUMNS = (
     ("fma us", lambda b: f"{b.arith_s * 1e6:.2f}"),
     ("mma us", lambda b: f"{b.tensor_s * 1e6:.2f}"),
     ("sfu us", lambda b: f"{b.special_s * 1e6:.2f}"),
+    ("issue us", lambda b: f"{b.issue_s * 1e6:.2f}"),
     ("occ", lambda b: f"{b.occupancy:.2f}"),
     ("waves", lambda b: str(b.waves)),
     ("tail", lambda b: f"{b.tail:.2f}"),

@@ -2,7 +2,8 @@
 canonical spelling.
 
     WORK    t<N> | w<M>x<N>                  threads per block, or an M x N grid of warps
-    TILE    f<N>[/v<V>] | <atom>/f<FM>x<FN>/k<K>
+    TILE    f<N>[/v<V>] | r<RM>x<RN> | <atom>/f<FM>x<FN>/k<K>
+                                             r: an RM x RN register micro-tile a thread (SIMT contractions)
     REDUCE  (empty) | coop | g<N>a | g<N>k
     STAGE   (empty) | d<D>/smem | d<D>/smem-async | d<D>/smem-tma
     RASTER  (empty) | gm<G>
@@ -24,14 +25,17 @@ from emmy.errors import EmmyError
 
 MMA_ATOMS = ("mma_m16n8k16_f16_f32", "mma_m16n8k16_bf16_f32")
 VECTOR_WIDTHS = (2, 4, 8)
+MICRO_SIDES = (4, 8)  # a micro-tile's sides: whole 4-wide shared-memory vectors, at most 64 accumulators
 _NUMBER = r"[1-9][0-9]*"  # no leading zeros: one spelling per value
 
 _FORMS = {
     "WORK": (rf"t(?P<threads>{_NUMBER})|w(?P<warps_m>{_NUMBER})x(?P<warps_n>{_NUMBER})", "t<N> or w<M>x<N>"),
     "TILE": (
         rf"f(?P<elems>{_NUMBER})(/v(?P<vec>{_NUMBER}))?"
+        rf"|r(?P<micro_m>{_NUMBER})x(?P<micro_n>{_NUMBER})"
         rf"|(?P<atom>{'|'.join(MMA_ATOMS)})/f(?P<frag_m>{_NUMBER})x(?P<frag_n>{_NUMBER})/k(?P<k_chunks>{_NUMBER})",
-        f"f<N>[/v<V>] or <atom>/f<FM>x<FN>/k<K> with atom {' | '.join(MMA_ATOMS)}",
+        f"f<N>[/v<V>], r<RM>x<RN> (RM, RN of {MICRO_SIDES}) or <atom>/f<FM>x<FN>/k<K> with atom "
+        f"{' | '.join(MMA_ATOMS)}",
     ),
     "REDUCE": (rf"|coop|g(?P<split>{_NUMBER})(?P<mode>[ak])", "(empty), coop, g<N>a or g<N>k"),
     "STAGE": (rf"|d(?P<depth>{_NUMBER})/(?P<how>smem|smem-async|smem-tma)",
@@ -82,6 +86,9 @@ def parse_value(knob: str, value: str) -> str:
             raise _value_error(knob, value, f"vector width must be one of {VECTOR_WIDTHS}")
         if groups["elems"] % groups["vec"]:
             raise _value_error(knob, value, "elements per thread must be a multiple of the vector width")
+    if knob == "TILE" and "micro_m" in groups:
+        if groups["micro_m"] not in MICRO_SIDES or groups["micro_n"] not in MICRO_SIDES:
+            raise _value_error(knob, value, f"a micro-tile's sides must be one of {MICRO_SIDES}")
     if knob == "REDUCE" and groups.get("split") == 1:
         raise _value_error(knob, value, "a split reduction needs at least 2 blocks")
     return value

@@ -11,9 +11,14 @@ time with every term that made it.
   for maps and rows, every re-read the loop nest makes (a sweep reading its
   row again, a weight every row reads) at the bandwidth of the level its
   footprint fits in (L1, L2, DRAM);
+- contractions: every block's A and B panels pass through the L2; DRAM
+  serves A and B once when they fit the L2, else what each wave of blocks
+  in flight needs (its panels), else every panel read;
 - compute: the slowest of the FMA pipes (operations of the Loop IR kernel,
-  counted per loop they depend on), the tensor cores (the products an mma
-  tile takes over) and the special-function units (exp, rsqrt, ...);
+  counted per loop they depend on; an FMA is one), the tensor cores (the
+  products an mma tile takes over), the special-function units (exp,
+  rsqrt, ...) and, for SIMT contractions, instruction issue (FMAs, shared
+  loads and index math share the schedulers' one instruction a clock);
 - occupancy: blocks resident per SM from threads, shared memory and
   registers (an estimate from the tile's accumulators); `hiding` is the share
   of memory latency that resident warps or a cp.async/TMA pipeline hide;
@@ -49,6 +54,7 @@ class Breakdown:
     arith_s: float  # FMA pipes
     tensor_s: float  # tensor cores
     special_s: float  # special-function units
+    issue_s: float  # every instruction through the schedulers (SIMT contractions: FMAs, shared loads, index math)
     occupancy: float  # resident threads over the SM's maximum
     waves: int
     tail: float  # fill of the last wave
@@ -65,7 +71,7 @@ class Breakdown:
 
     @property
     def compute_s(self) -> float:
-        return max(self.arith_s, self.tensor_s, self.special_s)
+        return max(self.arith_s, self.tensor_s, self.special_s, self.issue_s)
 
     def terms(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("kernel", "row")}
@@ -103,6 +109,12 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     # blocks an SM actually holds: at most what fits, and no more than the grid gives it
     occupancy = min(resident, ceil(g.blocks / target.sms)) * g.threads / target.threads_per_sm
     slots = target.sms * resident
+    issue_s = 0.0
+    if shape.kind == "contraction":  # panels re-read through L2; DRAM serves what a wave's panels miss
+        moved, through_l2 = _contraction_traffic(shape, g, loop_cost, target, slots)
+        memory_s = max(moved / (target.dram_bandwidth * coalescing), through_l2 / target.l2_bandwidth)
+        if not g.mma:
+            issue_s = simt_contraction_instructions(shape, g, loop_cost) / target.issue_rate
     waves = ceil(g.blocks / slots)
     tail = g.blocks / (waves * min(g.blocks, slots))
     spread = min(1.0, 2.0 * min(g.blocks, target.sms) / target.sms)  # an SM draws up to twice its share
@@ -114,7 +126,7 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
         seconds, again = reread_seconds(loop_cost.rereads, target, min(shape.rows, slots * rows_per_block))
         memory_s, moved = memory_s + seconds, moved + again
     memory_s *= 2.0 if spills else 1.0
-    compute_s = max(arith_s, tensor_s, special_s)
+    compute_s = max(arith_s, tensor_s, special_s, issue_s)
     body_s = max(memory_s / (hiding * spread), compute_s / (spread * issue)) / tail
 
     sync_s = 0.0
@@ -128,7 +140,7 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     elif row.REDUCE and row.REDUCE.endswith("a"):  # the fill kernel that sets the output first
         extra_s = target.launch_seconds + loop_cost.bytes_written / target.dram_bandwidth
     total = target.launch_seconds + body_s + sync_s + extra_s
-    return Breakdown(shape.kernel, row, moved, memory_s, arith_s, tensor_s, special_s, occupancy, waves, tail,
+    return Breakdown(shape.kernel, row, moved, memory_s, arith_s, tensor_s, special_s, issue_s, occupancy, waves, tail,
                      spread, hiding, registers, spills, body_s, sync_s, target.launch_seconds, extra_s, total)
 
 
@@ -219,13 +231,6 @@ def _tensor_flops(shape: KernelShape) -> float:
 def _bytes(shape: KernelShape, g, loop_cost) -> float:
     isz = shape.itemsize
     base = loop_cost.bytes_read + loop_cost.bytes_written
-    if shape.kind == "contraction":
-        a = shape.rows * shape.red * shape.batch * isz * ceil(shape.cols / g.tile_n)
-        b = shape.red * shape.cols * shape.batch * isz * ceil(shape.rows / g.tile_m)
-        reuse = 0.7 if g.raster_group else 1.0
-        if not g.stage_depth:
-            reuse *= 1.5  # operands fetched per warp rather than once per block
-        return max(base, (a + b) * reuse + loop_cost.bytes_written)
     if shape.kind == "attention":
         q = shape.rows * shape.inner * shape.batch * isz
         kv = shape.red * (shape.inner + shape.cols) * shape.batch * isz * ceil(shape.rows / g.tile_m)
@@ -233,8 +238,67 @@ def _bytes(shape: KernelShape, g, loop_cost) -> float:
     return base
 
 
+L2_SHARE = 0.5  # share of the L2 whole operands can count on staying in from wave to wave (estimate)
+SIMT_INDEX_OPS = 3  # index and guard instructions per output per K step of a strided SIMT contraction
+
+
+def _contraction_traffic(shape: KernelShape, g, loop_cost, target, slots: int) -> tuple[float, float]:
+    """(bytes from DRAM, bytes through L2) of a tiled contraction. Every block reads its A panel
+    (BM x K) and B panel (K x BN) through the L2. The blocks in flight at once (a wave, walking the
+    tiles row-major or in groups of `raster` tile rows) step along K together, so the blocks sharing
+    a panel read each slice of it while it is in the L2: DRAM serves each wave its distinct panels
+    once, and serves A and B once when both fit the L2 (and stay there from wave to wave)."""
+    isz = shape.itemsize
+    a_once = shape.rows * shape.red * shape.batch * isz
+    b_once = shape.red * shape.cols * shape.batch * isz
+    tiles_m, tiles_n = ceil(shape.rows / g.tile_m), ceil(shape.cols / g.tile_n)
+    panels = a_once * tiles_n + b_once * tiles_m
+    if not g.stage_depth:
+        panels *= 1.5  # operands fetched per warp rather than once per block
+    rest = max(0.0, loop_cost.bytes_read + loop_cost.bytes_written - a_once - b_once)  # epilogue reads, C
+    wave = min(g.blocks, slots)
+    if g.raster_group:
+        wave_m = min(g.raster_group, tiles_m)
+        wave_n = min(tiles_n, ceil(wave / wave_m))
+    else:
+        wave_n = min(tiles_n, wave)
+        wave_m = ceil(wave / tiles_n)
+    matrices = max(1, ceil(wave_m / tiles_m))
+    working = matrices * (min(wave_m, tiles_m) * g.tile_m + wave_n * g.tile_n) * shape.red * isz
+    if a_once + b_once <= target.l2_bytes * L2_SHARE:
+        from_dram = a_once + b_once
+    else:
+        from_dram = max(a_once + b_once, min(panels, ceil(g.blocks / wave) * working))
+    return from_dram + rest, panels + rest
+
+
+def simt_contraction_instructions(shape: KernelShape, g, loop_cost) -> float:
+    """Thread-instructions of a SIMT contraction. A micro-tiled thread's K step is its products'
+    FMA-pipe work, (RM + RN) / 4 shared-memory vector loads and a loop step; its block's panel fill
+    adds a global load, a shared store and index math per 4 elements. A strided thread reads both
+    operands from shared memory for every output and recomputes its indices and guards."""
+    products = shape.rows * shape.cols * shape.red * shape.batch
+    per_product = loop_cost.arith_ops / products if products else 0.0
+    if g.micro_m:
+        steps = g.blocks * g.threads * shape.red / g.split  # thread K steps over the grid
+        return steps * sum(micro_step_instructions(g, per_product).values())
+    return products * (per_product + 2 + SIMT_INDEX_OPS)
+
+
+def micro_step_instructions(g, per_product: float = 1.0) -> dict[str, float]:
+    """A micro-tiled thread's instructions per K step, by kind (tests/test_nvcc.py holds them
+    against the SASS nvcc emits): its products' FMA-pipe work, one 4-wide shared load per 4 rows
+    or columns, and the rest: the loop step and, spread over the chunk's MICRO_K steps, the
+    thread's share of the panel fill (a global load, a shared store and index math per 4 elements)."""
+    fill = (g.tile_m + g.tile_n) * g.tile_k / 4 / g.threads
+    return {"fma": g.micro_m * g.micro_n * per_product, "shared_loads": (g.micro_m + g.micro_n) / 4,
+            "other": 1 + (fill * 4 + 4) / g.tile_k}
+
+
 def _registers(shape: KernelShape, row: KnobRow, g) -> int:
     tile = value_fields("TILE", row.TILE or "f1")
+    if "micro_m" in tile:  # accumulators, this K step's operands, the fill's vectors
+        return BASE_REGS + g.micro_m * g.micro_n + 2 * (g.micro_m + g.micro_n)
     if "atom" in tile:
         fm, fn = tile["frag_m"], tile["frag_n"]
         if shape.kind == "attention":  # S tile and the O accumulators (z over the value dimension)

@@ -53,6 +53,7 @@ class Target:
     max_threads_per_block: int = 1024
     launch_seconds: float = 3.0e-6  # host-side launch overhead a kernel
     sfu_fraction: float = 1 / 8  # exp/rsqrt/... rate as a fraction of the fp32 FMA rate
+    clock_hz: float = 0.0  # boost clock: the instruction issue rate below
     sources: dict = field(default_factory=dict, compare=False)  # figure name -> its source
     gpu: str = ""  # the GPU's key (`--target` name): h200, h100, a100, ...; keys prices and measurements
 
@@ -64,6 +65,12 @@ class Target:
     @property
     def title(self) -> str:
         return f"{self.gpus[0]} ({self.name})" if self.gpus else self.name
+
+    @property
+    def issue_rate(self) -> float:
+        """Thread-instructions a second: each SM's four schedulers issue one warp instruction a clock.
+        An FMA pipe as wide as the issue (128 lanes an SM) leaves no slot for loads or index math."""
+        return 4 * 32 * self.sms * self.clock_hz
 
     @property
     def has_cp_async(self) -> bool:  # cp.async arrived with Ampere (PTX ISA 7.0)
@@ -88,6 +95,8 @@ _ESTIMATES = {
                     "others scaled from their DRAM bandwidth and L2 size)",
     "l1_bandwidth": "estimate: 128 bytes per clock per SM at the boost clock, until measured",
     "l1_reuse_bytes": "estimate: the share of an SM's L1 (128-256 KB, CUDA guide) a block's re-reads can count on",
+    "clock_hz": "the GPU's boost clock (its datasheet or whitepaper); four warp schedulers an SM each issue one "
+                "warp instruction a clock (CUDA C++ Programming Guide, compute capability 7.x and later)",
     "sfu_fraction": CUDA_GUIDE + " (arithmetic instruction throughput: 16 special-function results per "
                     "SM per clock against 128 fp32 FMAs)",
 }
@@ -101,7 +110,7 @@ def _target(gpu, name, cc, gpus, datasheet: str, *, sms, smem_per_block_kib, sme
     sources |= notes or {}
     return Target(name, cc, gpus, sms, smem_per_block_kib * _KIB, smem_per_sm_kib * _KIB, threads_per_sm,
                   blocks_per_sm, bandwidth, fp32, tensor, bf16, l2_mib * _KIB * _KIB, l2_bandwidth,
-                  128 * sms * boost_ghz * 1e9, sources=sources, gpu=gpu)
+                  128 * sms * boost_ghz * 1e9, clock_hz=boost_ghz * 1e9, sources=sources, gpu=gpu)
 
 
 # The H100 and H200 (SXM) share the GH100 chip's compute, caches and limits; memory differs.

@@ -12,6 +12,9 @@ and guards the join with one legality condition per clause:
 - threads: whole warps, at most 1024 a block (the WORK candidates hold only
   such values), and no block wider than the problem (idle blocks);
 - vector loads: the width divides the contiguous extent and moves at most 16 bytes;
+- register micro-tiles (SIMT, `r<RM>x<RN>`): a block of 64, 128 or 256
+  threads laid out (micro_layout) TX along N by TY along M, a BM = TY*RM by
+  BN = TX*RN tile within the extents, always staged (MICRO_K of K at a time);
 - tensor cores: an mma atom's dtype matches the operands; the block tile
   (16*FM*WM x 8*FN*WN, K step 16*KC) fits the extents and K divides into
   steps (M and N tails are masked); at most 64 accumulator registers a thread;
@@ -50,6 +53,7 @@ CANDIDATES = {
     "WORK_THREADS": (32, 64, 128, 256, 512, 1024),
     "WORK_WARPS": ((1, 1), (1, 2), (2, 1), (2, 2), (2, 4), (4, 2), (4, 4)),
     "TILE_SIMT": ((1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 4), (8, 4), (8, 8)),  # (elements, vector width)
+    "TILE_MICRO": ((4, 4), (8, 4), (4, 8), (8, 8)),  # (RM, RN) register micro-tiles of SIMT contractions
     "TILE_MMA_FRAGMENTS": (1, 2, 4),
     "TILE_MMA_K": (1, 2, 4, 8),
     "REDUCE_SPLITS": (2, 4, 8, 16, 32, 64),  # contractions and attention take up to MAX_TILE_SPLIT
@@ -63,7 +67,8 @@ CANDIDATES = {
 MAX_TILE_SPLIT = 8
 ATOM_DTYPE = {"mma_m16n8k16_f16_f32": "f16", "mma_m16n8k16_bf16_f32": "bf16"}
 assert set(ATOM_DTYPE) == set(MMA_ATOMS)
-from emmy.tile_ir.geometry import FLASH_SIMT_KEYS, SIMT_PANEL  # noqa: E402  (one source for rules and geometry)
+from emmy.tile_ir.geometry import (FLASH_SIMT_KEYS, MICRO_K, MICRO_THREADS, SIMT_PANEL,  # noqa: E402
+                                   micro_layout)  # one source for rules and geometry
 MAX_ACC_REGS = 64
 MAX_FLASH_ACC_REGS = 128  # S tile + O accumulators a thread, flash attention
 
@@ -80,6 +85,10 @@ def tile_simt_spelling(elems: int, vec: int) -> str:
     return f"f{elems}" + (f"/v{vec}" if vec > 1 else "")
 
 
+def tile_micro_spelling(rm: int, rn: int) -> str:
+    return f"r{rm}x{rn}"
+
+
 def tile_mma_spelling(atom: str, fm: int, fn: int, kc: int) -> str:
     return f"{atom}/f{fm}x{fn}/k{kc}"
 
@@ -94,6 +103,8 @@ work_threads = relation("work_threads", String, i64)
 work_warps = relation("work_warps", String, i64, i64)
 tile_simt = relation("tile_simt", String, i64, i64)
 tile_mma = relation("tile_mma", String, String, i64, i64, i64)  # spelling, dtype, FM, FN, KC
+tile_micro = relation("tile_micro", String, i64, i64)  # spelling, RM, RN
+micro_threads = relation("micro_threads", i64, i64, i64)  # threads, along N, along M (geometry.micro_layout)
 reduce_split = relation("reduce_split", String, i64, String)  # spelling, blocks, a | k
 stage_plain = relation("stage_plain", String, i64)  # d<D>/smem
 stage_async = relation("stage_async", String, i64)  # d<D>/smem-async
@@ -106,6 +117,7 @@ raster_group = relation("raster_group", String, i64)
 # Intermediate relations: a block shape, then a staged block, then rows.
 simt_block = relation("simt_block", Term, String, String, i64)  # kernel, WORK, TILE, outputs per block
 mma_block = relation("mma_block", Term, String, String, i64, i64, i64)  # kernel, WORK, TILE, BM, BN, BK
+micro_block = relation("micro_block", Term, String, String, i64, i64)  # kernel, WORK, TILE, BM, BN
 staged = relation("staged", Term, String, String, String, i64, i64, i64)  # + STAGE, rows of blocks, blocks, K steps
 flash_block = relation("flash_block", Term, String, String, i64, i64)  # kernel, WORK, TILE, BM, BN
 legal_row = relation("legal_row", Term, String, String, String, String, String)
@@ -115,10 +127,16 @@ kind, w, t, r, s, g, dt = vars_("kind w t r s g dt", String)
 rows, cols, red, inner, isz, batch = vars_("rows cols red inner isz batch", i64)
 threads, elems, vec, wm, wn, fm, fn, kc, depth, split, group = vars_(
     "threads elems vec wm wn fm fn kc depth split group", i64)
+rm, rn, tx, ty = vars_("rm rn tx ty", i64)
 bm, bn, bk, smem, sms, has_async, has_tma, per_block, brows, nblocks, ksteps = vars_(
     "bm bn bk smem sms has_async has_tma per_block brows nblocks ksteps", i64)
 
 _K = kernel(k, kind, rows, cols, red, inner, isz, batch)
+
+
+def micro_thread_facts() -> list:
+    """How each micro-tile block size lays its threads out (one formula: geometry.micro_layout)."""
+    return [micro_threads(n, *micro_layout(n)) for n in MICRO_THREADS]
 
 
 def _vector_ok(extent, vector, itemsize):
@@ -182,6 +200,10 @@ contraction_blocks = ruleset(
          work_warps(w, wm, wn), tile_mma(t, dt, fm, fn, kc),
          16 * fm * wm <= rows, 8 * fn * wn <= cols, 16 * kc <= red, eq(red % (16 * kc)).to(i64(0)),
          fm * fn * 4 <= i64(MAX_ACC_REGS)).then(mma_block(k, w, t, 16 * fm * wm, 8 * fn * wn, 16 * kc)),
+    # SIMT register micro-tiles: TY x TX threads, each RM x RN outputs
+    rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), work_threads(w, threads),
+         micro_threads(threads, tx, ty), tile_micro(t, rm, rn), ty * rm <= rows, tx * rn <= cols,
+         i64(MICRO_K) <= red).then(micro_block(k, w, t, ty * rm, tx * rn)),
     name="contraction blocks",
 )
 
@@ -199,6 +221,17 @@ def _simt_staged(stage_atom, feature_guard):
                 ).then(_SIMT_STAGED)
 
 
+_MICRO_STAGED = staged(k, w, t, s, (rows + bm - 1) / bm, ((rows + bm - 1) / bm) * ((cols + bn - 1) / bn) * batch,
+                       red / MICRO_K)
+
+
+def _micro_staged(stage_atom, feature_guard):
+    return rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), micro_block(k, w, t, bm, bn),
+                target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
+                depth * (bm + bn) * MICRO_K * isz <= smem,
+                ).then(_MICRO_STAGED)
+
+
 def _mma_staged(stage_atom, feature_guard):
     return rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), mma_block(k, w, t, bm, bn, bk),
                 target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
@@ -213,6 +246,8 @@ contraction_staging = ruleset(
         _MMA_STAGED),
     _simt_staged(stage_plain(s, depth), []),
     _simt_staged(stage_async(s, depth), [eq(has_async).to(i64(1))]),
+    _micro_staged(stage_plain(s, depth), []),
+    _micro_staged(stage_async(s, depth), [eq(has_async).to(i64(1))]),
     _mma_staged(stage_plain(s, depth), []),
     _mma_staged(stage_async(s, depth), [eq(has_async).to(i64(1))]),
     _mma_staged(stage_tma(s, depth), [eq(has_tma).to(i64(1))]),
@@ -271,8 +306,8 @@ SCHEDULE_DESCRIPTIONS = {
     "row": "row reductions: a thread a row, a block a row (coop), or split across blocks (g<N>k, g<N>a)",
     "column": "column reductions: a thread an output, or 32 outputs a block with its warps splitting the fold (coop), "
               "or that split across blocks too (g<N>a)",
-    "contraction blocks": "matrix products: SIMT blocks, or mma atoms tiled by warps within the extents",
-    "contraction staging": "operand staging: none, shared memory, cp.async (sm_80+), TMA (sm_90+) within smem",
+    "contraction blocks": "matrix products: SIMT blocks, register micro-tiles, or mma atoms tiled by warps within the extents",
+    "contraction staging": "operand staging: none (not for micro-tiles), shared memory, cp.async (sm_80+), TMA (sm_90+) within smem",
     "contraction rows": "launch order (grouped rasterisation) and split-K for matrix products",
     "attention": "flash attention: query-row blocks, mma or SIMT, K/V staging, split-KV",
 }

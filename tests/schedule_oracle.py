@@ -13,7 +13,7 @@ from math import ceil
 from emmy.egraph.schedules import default_candidates
 from emmy.knobs import KnobRow, value_fields
 from emmy.rules.schedules import ATOM_DTYPE, MAX_ACC_REGS, MAX_FLASH_ACC_REGS, MAX_TILE_SPLIT
-from emmy.tile_ir.geometry import FLASH_SIMT_KEYS, SIMT_PANEL
+from emmy.tile_ir.geometry import FLASH_SIMT_KEYS, MICRO_K, MICRO_THREADS, SIMT_PANEL, micro_layout
 
 
 def _parsed(knob):
@@ -25,7 +25,8 @@ def enumerate_rows(shape, target) -> set[KnobRow]:
     reduces, stages, rasters = _parsed("REDUCE"), _parsed("STAGE"), _parsed("RASTER")
     threads_of = [(w, f["threads"]) for w, f in works if "threads" in f]
     warps_of = [(w, f["warps_m"], f["warps_n"]) for w, f in works if "warps_m" in f]
-    simt = [(t, f["elems"], f.get("vec", 1)) for t, f in tiles if "atom" not in f]
+    simt = [(t, f["elems"], f.get("vec", 1)) for t, f in tiles if "elems" in f]
+    micro = [(t, f["micro_m"], f["micro_n"]) for t, f in tiles if "micro_m" in f]
     mma = [(t, ATOM_DTYPE[f["atom"]], f["frag_m"], f["frag_n"], f["k_chunks"]) for t, f in tiles if "atom" in f]
     splits = [(r, f["split"], f["mode"]) for r, f in reduces if "split" in f]
     out: set[KnobRow] = set()
@@ -73,13 +74,22 @@ def enumerate_rows(shape, target) -> set[KnobRow]:
     if shape.kind == "attention":
         return _flash(shape, target, threads_of, warps_of, simt, mma, stages, splits, vector_ok)
     # contraction: blocks, then staging, then reduce and raster
-    blocks = []  # (work, tile, smem bytes per stage depth, rows of blocks, blocks, K steps, pipelines allowed)
+    blocks = []  # (work, tile, smem bytes per stage depth, rows of blocks, blocks, K steps, kind)
     for w, threads in threads_of:
         for t, elems, vec in simt:
             per_block = threads * elems
             if per_block <= shape.rows * shape.cols * shape.batch + 31 and vector_ok(shape.red, vec):
                 blocks.append((w, t, 2 * SIMT_PANEL * shape.itemsize, 1,
-                               ceil(shape.rows * shape.cols * shape.batch / per_block), shape.red // 32, False))
+                               ceil(shape.rows * shape.cols * shape.batch / per_block), shape.red // 32, "simt"))
+        if threads not in MICRO_THREADS:
+            continue
+        along_n, along_m = micro_layout(threads)
+        for t, rm, rn in micro:  # register micro-tiles: always staged
+            bm, bn = along_m * rm, along_n * rn
+            if bm <= shape.rows and bn <= shape.cols and MICRO_K <= shape.red:
+                brows = ceil(shape.rows / bm)
+                blocks.append((w, t, (bm + bn) * MICRO_K * shape.itemsize, brows,
+                               brows * ceil(shape.cols / bn) * shape.batch, shape.red // MICRO_K, "micro"))
     if shape.mma:
         for w, wm, wn in warps_of:
             for t, dtype, fm, fn, kc in mma:
@@ -88,9 +98,10 @@ def enumerate_rows(shape, target) -> set[KnobRow]:
                         and shape.red % bk == 0 and fm * fn * 4 <= MAX_ACC_REGS):
                     brows = ceil(shape.rows / bm)
                     blocks.append((w, t, (bm * bk + bk * bn) * shape.itemsize, brows,
-                                   brows * ceil(shape.cols / bn) * shape.batch, shape.red // bk, True))
-    for w, t, smem_per_depth, brows, nblocks, ksteps, is_mma in blocks:
-        staged = [""]
+                                   brows * ceil(shape.cols / bn) * shape.batch, shape.red // bk, "mma"))
+    for w, t, smem_per_depth, brows, nblocks, ksteps, block_kind in blocks:
+        staged = [] if block_kind == "micro" else [""]
+        is_mma = block_kind == "mma"
         for s, f in stages:
             if not s:
                 continue

@@ -28,14 +28,15 @@ class ScheduleSpace:
 
 def default_candidates() -> dict[str, list[str]]:
     """Every default candidate spelling per knob."""
-    from emmy.rules.schedules import (ATOM_DTYPE, CANDIDATES, tile_mma_spelling, tile_simt_spelling,
-                                 work_threads_spelling, work_warps_spelling)
+    from emmy.rules.schedules import (ATOM_DTYPE, CANDIDATES, tile_micro_spelling, tile_mma_spelling,
+                                      tile_simt_spelling, work_threads_spelling, work_warps_spelling)
 
     c = CANDIDATES
     return {
         "WORK": [work_threads_spelling(t) for t in c["WORK_THREADS"]]
         + [work_warps_spelling(m, n) for m, n in c["WORK_WARPS"]],
         "TILE": [tile_simt_spelling(e, v) for e, v in c["TILE_SIMT"]]
+        + [tile_micro_spelling(m, n) for m, n in c["TILE_MICRO"]]
         + [tile_mma_spelling(a, fm, fn, kc) for a in ATOM_DTYPE for fm in c["TILE_MMA_FRAGMENTS"]
            for fn in c["TILE_MMA_FRAGMENTS"] for kc in c["TILE_MMA_K"]],
         "REDUCE": ["", "coop"] + [f"g{n}{m}" for n in c["REDUCE_SPLITS"] for m in "ak"],
@@ -72,6 +73,8 @@ def _candidate_facts(values: dict[str, list[str]]) -> list:
         f = value_fields("TILE", value)
         if "atom" in f:
             facts.append(R.tile_mma(value, R.ATOM_DTYPE[f["atom"]], f["frag_m"], f["frag_n"], f["k_chunks"]))
+        elif "micro_m" in f:
+            facts.append(R.tile_micro(value, f["micro_m"], f["micro_n"]))
         else:
             facts.append(R.tile_simt(value, f["elems"], f.get("vec", 1)))
     for value in values["REDUCE"]:
@@ -87,7 +90,7 @@ def _candidate_facts(values: dict[str, list[str]]) -> list:
             facts.append(relation(value, f["depth"]))
     for value in values["RASTER"]:
         facts.append(R.raster_none(value) if value == "" else R.raster_group(value, value_fields("RASTER", value)["group"]))
-    return facts
+    return facts + R.micro_thread_facts()
 
 
 def _kernel_facts(shape: KernelShape, root) -> list:

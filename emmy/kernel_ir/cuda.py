@@ -12,6 +12,7 @@ from emmy.kernel_ir import nodes as K
 from emmy.kernel_ir.lower import flat_index
 from emmy.kernel_ir.scalar_c import REGISTER, STORAGE, affine_c, buffer_c, literal, statement
 from emmy.dtypes import DType
+from emmy.loop_ir import nodes as L
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
 _IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "prod": 1.0}
@@ -149,7 +150,7 @@ def _render_contraction(n: K.ContractionTile, template, types) -> str:
         outer = "mm" if p.side == "a" else "nn"
         row, col = (outer, "kk") if p.k_fast else ("kk", outer)
         element = f"{p.name}_panel[(stage * {p.rows} + {row}) * {p.cols} + {col}]"
-        load_from[p.name] = element
+        load_from[p.name] = f"{p.name}_reg[{'r' if p.side == 'a' else 'c'}]" if n.micro_m else element
         stmt = next(s for s in n.lift if getattr(s, "name", None) == p.name)
         index = affine_c(flat_index(stmt.expr.buffer, stmt.expr.index, types))
         panels.append({"p": p, "index": index, "storage": STORAGE[p.dtype], **panel_copy(p, n.how),
@@ -158,7 +159,13 @@ def _render_contraction(n: K.ContractionTile, template, types) -> str:
                        "outer_start": "m0" if p.side == "a" else "n0"})
     accs = [i.acc for i in n.inits]
     inits = {i.acc: literal(REDUCE_OPS[i.op], DType.F32) for i in n.inits}
-    return template.render(
+    extra = {}
+    if n.micro_m:
+        template = _environment().get_template("ContractionMicro.j2")
+        ragged = total(n.m_vars) % n.bm or total(n.n_vars) % n.bn
+        from_global = any(isinstance(getattr(s, "expr", None), L.Load) and s.name not in load_from for s in n.lift)
+        extra = {"TX": n.threads_n, "TY": n.bm // n.micro_m, "guard_products": bool(ragged and from_global)}
+    return template.render(**extra,
         atomic_stores=_atomic_stores(n, types), n=n, M=total(n.m_vars), N=total(n.n_vars), tiles_n=-(-total(n.n_vars) // n.bn),
         tiles_m=-(-total(n.m_vars) // n.bm), m_dec=_decomposition(n.m_vars), n_dec=_decomposition(n.n_vars),
         b_dec=_decomposition(n.batch_vars), panels=panels, accs=accs, inits=inits,
@@ -193,7 +200,6 @@ _WARP_MONOID = {"sum": "Sum", "max": "Max", "min": "Min"}
 
 def _render_flash(n: K.FlashRows, template, types) -> str:
     from emmy.kernel_ir.lower import MONOID
-    from emmy.loop_ir import nodes as L
 
     load_from, panels, offset = {}, [], 0
     for p in n.panels:

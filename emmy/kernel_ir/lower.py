@@ -25,6 +25,7 @@ from emmy.kernel_ir.scalar_c import affine_c
 from emmy.loop_ir import nodes as L
 from emmy.loop_ir.bounds import out_of_bounds
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
+from emmy.tile_ir.geometry import micro_layout
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
 
 # the twisted states the runtime header can merge across threads (emmy::merge_softmax, merge_welford)
@@ -135,19 +136,19 @@ def _supports_contraction(tile: TileKernel, types: dict | None, memo: dict) -> s
     if folds[0].twist:
         return "a twisted contraction fold is not lowered yet"
     if g.stage_depth and types is not None:
-        key = ("panels", g.tile_m, g.tile_n, g.tile_k, g.vec)  # what the panels depend on besides the kernel
+        key = ("panels", g.tile_m, g.tile_n, g.tile_k, g.vec, g.micro_m)  # what they depend on besides the kernel
         if key not in memo:
             loops, _ = _free_loops(tile.kernel, tile.placement.free)
             m_vars = tuple((v, e) for v, e in loops if v in tile.shape.m_vars)
             n_vars = tuple((v, e) for v, e in loops if v in tile.shape.n_vars)
             batch = tuple((v, e) for v, e in loops if v not in tile.shape.m_vars and v not in tile.shape.n_vars)
-            panels = _simt_panels(tile, folds[0], m_vars, n_vars, batch, types)
+            panels = (_micro_panels if g.micro_m else _simt_panels)(tile, folds[0], m_vars, n_vars, batch, types)
             memo[key] = (len(panels), sum(p.rows * p.cols * p.dtype.itemsize for p in panels))
         count, per_stage = memo[key]
         if g.stage_depth * per_stage > STATIC_SMEM:
             return (f"STAGE={row.STAGE}: its {count} panels need {g.stage_depth * per_stage} bytes of static "
                     f"shared memory ({STATIC_SMEM} at most)")
-    if g.vec > 1 and types is not None:
+    if g.vec > 1 and not g.micro_m and types is not None:  # a micro-tile's TILE promises no global vectors
         if ("vectors", g.vec) not in memo:  # which operands are contiguous along K is the kernel's
             memo[("vectors", g.vec)] = bool(_vector_accesses(folds[0].lift, folds[0].var, g.vec, types)[0])
         if not memo[("vectors", g.vec)]:
@@ -533,11 +534,14 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
     (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
     epilogue = tuple(s for p in tile.parts if isinstance(p, Epilogue) for s in p.body)
     bm, bn, bk = g.tile_m, g.tile_n, g.tile_k
-    panels = _simt_panels(tile, fold, m_vars, n_vars, batch, types)
+    if g.micro_m:
+        panels = _micro_panels(tile, fold, m_vars, n_vars, batch, types)
+    else:
+        panels = _simt_panels(tile, fold, m_vars, n_vars, batch, types)
     vectors = ()
     if g.vec > 1 and not g.stage_depth:  # operands contiguous along K: a vector of K at a time per output
         vectors, _ = _vector_accesses(fold.lift, fold.var, g.vec, types)
-    if g.vec > 1 and not any(p.width > 1 for p in panels) and not vectors:
+    if g.vec > 1 and not g.micro_m and not any(p.width > 1 for p in panels) and not vectors:
         raise Unsupported(f"kernel {tile.kernel.name} ({tile.row}): no operand is contiguous along K, so "
                           f"TILE={tile.row.TILE}'s vector loads cannot be kept")
     m_total, n_total = prod(e for _, e in m_vars), prod(e for _, e in n_vars)
@@ -547,20 +551,17 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
                                                m_total * n_total)
     body = ContractionTile(m_vars, n_vars, batch, fold.var, fold.extent, bm, bn, bk, g.elems, g.stage_depth,
                            g.stage_how, tuple(panels), fold.init, fold.lift, fold.combine, epilogue, g.split, atomics,
-                           workspace, g.raster_group, g.vec if vectors else 1, vectors)
+                           workspace, g.raster_group, g.vec if vectors else 1, vectors, g.micro_m, g.micro_n,
+                           micro_layout(g.threads)[0] if g.micro_m else 0)
     shared = tuple(Smem(p.dtype, f"{p.name}_panel", g.stage_depth * p.rows * p.cols) for p in panels)
     return KernelIR(tile.kernel.name, params, Tile(("m", "n"), bk, m_total * n_total, g.threads),
                     (tiles, prod(e for _, e in batch) or 1, g.split), (g.threads, 1, 1), shared, (body,), str(tile.row),
                     shape.describe())
 
 
-def _simt_panels(tile: TileKernel, fold: Fold, m_vars, n_vars, batch, types: dict) -> list[Panel]:
-    """The shared-memory panels of a staged SIMT contraction: one per load of the fold that walks
-    K and one side's outputs (an operand prologue with several loads on a side stages each)."""
-    g = tile.geometry
-    panels = []
-    if not g.stage_depth:
-        return panels
+def _panel_loads(fold: Fold, m_vars, n_vars, batch, types: dict):
+    """(Loop IR load, its flat index, side) for each load of the fold that walks K and one side's
+    outputs, the loads a staged contraction reads from shared memory."""
     m_set, n_set = {v for v, _ in m_vars}, {v for v, _ in n_vars}
     for stmt in fold.lift:
         if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)) or stmt.expr.guards:
@@ -572,11 +573,46 @@ def _simt_panels(tile: TileKernel, fold: Fold, m_vars, n_vars, batch, types: dic
         side = "a" if deps - {fold.var} and deps - {fold.var} <= m_set else \
             "b" if deps - {fold.var} and deps - {fold.var} <= n_set else ""
         if side:
-            width = g.vec if g.vec > 1 and _vectorizable(flat, fold.var, g.vec) else 1
-            k_fast = side == "a" or width > 1
-            rows, cols = ((g.tile_m if side == "a" else g.tile_n), g.tile_k) if k_fast else (g.tile_k, g.tile_n)
-            panels.append(Panel(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side, rows, cols,
-                                k_fast, width))
+            yield stmt, flat, side
+
+
+def _micro_panels(tile: TileKernel, fold: Fold, m_vars, n_vars, batch, types: dict) -> list[Panel]:
+    """A micro-tiled contraction's panels, K-major (MICRO_K rows of BM or BN), so that a thread's
+    4 consecutive rows or columns are one shared-memory vector. A panel fills 4 elements at a time
+    along its outputs where the source is contiguous there (each vector inside one output row), else
+    4 along K where the source is contiguous along K (stored transposed), else one at a time."""
+    g, panels = tile.geometry, []
+    for stmt, flat, side in _panel_loads(fold, m_vars, n_vars, batch, types):
+        outer = m_vars if side == "a" else n_vars
+        inner_var, inner_extent = outer[-1]
+        cols = g.tile_m if side == "a" else g.tile_n
+        itemsize = types[stmt.expr.buffer].dtype.itemsize
+        fits = MICRO_VECTOR * itemsize <= 16
+        along_outer = fits and inner_extent % MICRO_VECTOR == 0 and _vectorizable(flat, inner_var, MICRO_VECTOR)
+        along_k = (not along_outer and fits and fold.extent % MICRO_VECTOR == 0
+                   and _vectorizable(flat, fold.var, MICRO_VECTOR))
+        width = MICRO_VECTOR if along_outer or along_k else 1
+        panels.append(Panel(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side, g.tile_k, cols,
+                            False, width, along_k))
+    return panels
+
+
+MICRO_VECTOR = 4  # elements a micro-tile's shared-memory loads and panel fills move at once
+
+
+def _simt_panels(tile: TileKernel, fold: Fold, m_vars, n_vars, batch, types: dict) -> list[Panel]:
+    """The shared-memory panels of a staged SIMT contraction: one per load of the fold that walks
+    K and one side's outputs (an operand prologue with several loads on a side stages each)."""
+    g = tile.geometry
+    panels = []
+    if not g.stage_depth:
+        return panels
+    for stmt, flat, side in _panel_loads(fold, m_vars, n_vars, batch, types):
+        width = g.vec if g.vec > 1 and _vectorizable(flat, fold.var, g.vec) else 1
+        k_fast = side == "a" or width > 1
+        rows, cols = ((g.tile_m if side == "a" else g.tile_n), g.tile_k) if k_fast else (g.tile_k, g.tile_n)
+        panels.append(Panel(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side, rows, cols,
+                            k_fast, width))
     return panels
 
 

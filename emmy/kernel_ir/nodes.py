@@ -143,12 +143,15 @@ class Panel:
     cols: int
     k_fast: bool = True
     width: int = 1
+    fill_along_k: bool = False  # K along the rows, yet filled `width` along K (the source's contiguous axis)
 
 
 @dataclass(frozen=True)
 class ContractionTile:
     """A block's BM x BN tile of a SIMT contraction: each thread owns `per_thread` outputs (strided
-    by the block size); K advances BK at a time through the staged panels (plain loads or cp.async,
+    by the block size, or with `micro_m` an RM x RN micro-tile: rows in runs of 4, the runs 4*TY
+    apart, columns likewise, so that every K step loads RM + RN panel elements in 4-wide vectors
+    into registers for RM * RN products; its panels are K-major); K advances BK at a time through the staged panels (plain loads or cp.async,
     `depth` buffers), then each output's epilogue runs and stores. Loop IR statements keep their
     names: an accumulator `acc` is one register per owned output."""
     m_vars: tuple[tuple[int, int], ...]  # (variable, extent), row-major
@@ -173,6 +176,9 @@ class ContractionTile:
     raster: int = 0  # > 0: blocks walk the output tiles in groups of this many tile rows (L2 reuse)
     k_width: int = 1  # unstaged: K taken this many at a time, `vectors` loaded whole (contiguous along K)
     vectors: tuple[VecLoad, ...] = ()
+    micro_m: int = 0  # > 0: each thread owns an RM x RN register micro-tile instead of strided outputs
+    micro_n: int = 0
+    threads_n: int = 0  # micro-tiles: threads along N (the rest along M)
 
 
 @dataclass(frozen=True)

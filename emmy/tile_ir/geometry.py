@@ -15,6 +15,15 @@ from emmy.tile_ir.shape import KernelShape
 
 SIMT_PANEL = 64 * 32  # elements of a SIMT contraction's shared-memory panel (rules/schedules.py)
 FLASH_SIMT_KEYS = 32  # keys a SIMT flash-attention block steps over at once
+MICRO_K = 8  # K a register micro-tiled contraction stages at a time
+MICRO_THREADS = (64, 128, 256)  # block sizes a micro-tiled contraction lays out (micro_layout)
+
+
+def micro_layout(threads: int) -> tuple[int, int]:
+    """(threads along N, threads along M) of a micro-tiled contraction's block: 16 lanes along N
+    (two rows of a warp share each A vector, 16 B vectors fill a 256-byte B row), 8 under 128 threads."""
+    along_n = 16 if threads >= 128 else 8
+    return along_n, threads // along_n
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,8 @@ class Geometry:
     stage_depth: int = 0
     stage_how: str = ""  # smem | smem-async | smem-tma
     raster_group: int = 0
+    micro_m: int = 0  # TILE r<RM>x<RN>: the outputs a thread holds, RM rows by RN columns
+    micro_n: int = 0
 
 
 @lru_cache(maxsize=65536)  # the schedule search asks for the same (shape, row) many times
@@ -62,6 +73,14 @@ def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
         smem = depth * (bm * bk + bk * bn) * shape.itemsize
         return Geometry(threads, blocks, tile["frag_m"] * tile["frag_n"], 1, smem, split, bm, bn, bk, True,
                         depth, how, group)
+    if "micro_m" in tile:  # SIMT contraction, register micro-tiles, K staged MICRO_K at a time
+        rm, rn = tile["micro_m"], tile["micro_n"]
+        along_n, along_m = micro_layout(threads)
+        bm, bn = along_m * rm, along_n * rn
+        blocks = ceil(shape.rows / bm) * ceil(shape.cols / bn) * shape.batch * split
+        smem = depth * (bm + bn) * MICRO_K * shape.itemsize
+        # panels fill 16 bytes at a time where the source is contiguous (the TILE promises no vectors)
+        return Geometry(threads, blocks, rm * rn, 4, smem, split, bm, bn, MICRO_K, False, depth, how, group, rm, rn)
     elems, vec = tile["elems"], tile.get("vec", 1)
     if shape.kind == "map":
         return Geometry(threads, ceil(shape.rows / (threads * elems)), elems, vec, 0)
