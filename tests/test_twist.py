@@ -6,6 +6,7 @@ import torch
 
 import emmy
 from emmy.loop_ir.nodes import Accumulate, Loop, Update
+from emmy.runtime import check_program
 
 SPELLINGS = {
     "softmax": "x=torch.randn(4,64); torch.softmax(x, -1)",
@@ -153,3 +154,18 @@ def test_full_size_attention_tile_ir_shows_the_twisted_contraction(code):
     assert lines[fold + 1].startswith("│ init     (m, d, z) = (-inf, 0.0, 0.0)")
     assert "│ output   z / d" in lines
     assert any(line.startswith("flash ") and "(m, d, z) in registers" in line for line in lines)
+
+
+@pytest.mark.parametrize("code", ["x=torch.randn(8,256,1024); x.var(dim=(1,2))",
+                                  "x=torch.randn(8,4,64,256); x.std(dim=(1,2,3), keepdim=True)"])
+def test_a_variance_over_adjacent_axes_is_one_welford_pass(code):
+    """The centred squares are folded over the merged axis (not reshaped after squaring), so the
+    mean and the sum of squares fold in one pass: one kernel reading x once."""
+    program = emmy.optimize(code)
+    (kernel,) = program.loop_ir.kernels
+    assert any(sum(isinstance(s, Update) for s in loop.body) == 3 for loop in _loops(kernel.body))  # n, mean, m2
+    small = code.replace("(8,256,1024)", "(3,20,70)").replace("(8,4,64,256)", "(2,3,20,14)")
+    small_program = emmy.optimize(small)
+    assert all(c.ok for c in check_program(small_program, mode="asan"))
+    (ours,), (reference,) = small_program.interpret(stage="loop"), small_program.interpret()
+    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)

@@ -131,8 +131,18 @@ def mean(ctx: Context, x, dims=None, keepdim=False, dtype=None):
 
 def variance_of(ctx: Context, xf: str, axes: list[int], correction: float, keepdim: bool,
                 name: str | None = None) -> str:
-    """sum((x - mean)^2) / (N - correction), keeping the reduced axes when asked."""
+    """sum((x - mean)^2) / (N - correction), keeping the reduced axes when asked. Adjacent axes
+    (LayerNorm over (C, H, W)) are read as one merged axis throughout, so the centred squares
+    are one fold over one axis, which the twist rules can fold with the mean in one pass (Welford)."""
     b = ctx.b
+    shape = b.shape(xf)
+    run = sorted({a % len(shape) for a in axes}) if shape else []
+    if len(run) > 1 and run == list(range(run[0], run[-1] + 1)):
+        lo, hi = run[0], run[-1] + 1
+        merged = b.reshape(xf, (*shape[:lo], int(np.prod(shape[lo:hi])), *shape[hi:]), suffix="merged")
+        v = variance_of(ctx, merged, [lo], correction, keepdim=True)
+        kept = (*shape[:lo], *[1] * (hi - lo) * keepdim, *shape[hi:])
+        return b.reshape(v, kept, suffix="var", name=name)
     m = mean_of(ctx, xf, axes, keepdim=True)
     centred = b.elementwise("subtract", xf, b.broadcast_to(m, b.shape(xf)), suffix="centred")
     squares = b.elementwise("multiply", centred, centred, suffix="sq")
