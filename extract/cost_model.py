@@ -17,8 +17,11 @@ time with every term that made it.
 - compute: the slowest of the FMA pipes (operations of the Loop IR kernel,
   counted per loop they depend on; an FMA is one), the tensor cores (the
   products an mma tile takes over), the special-function units (exp,
-  rsqrt, ...) and, for SIMT contractions, instruction issue (FMAs, shared
-  loads and index math share the schedulers' one instruction a clock);
+  rsqrt, ...) and instruction issue (the schedulers' one warp instruction
+  a clock): for maps and reductions the FMA-pipe work plus the index
+  math of their loads and stores (a floor division or modulo by a constant
+  is 2-3 integer instructions, once per iteration of the loops it walks),
+  for SIMT contractions FMAs, shared loads and index math;
 - occupancy: blocks resident per SM from threads, shared memory and
   registers (an estimate from the tile's accumulators); `hiding` is the share
   of memory latency that resident warps or a cp.async/TMA pipeline hide;
@@ -115,6 +118,8 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
         memory_s = max(moved / (target.dram_bandwidth * coalescing), through_l2 / target.l2_bandwidth)
         if not g.mma:
             issue_s = simt_contraction_instructions(shape, g, loop_cost) / target.issue_rate
+    elif shape.kind in ("map", "row", "column"):  # the FMA-pipe work and the index math share the issue
+        issue_s = (max(0.0, arith) + loop_cost.index_ops) / target.issue_rate
     waves = ceil(g.blocks / slots)
     tail = g.blocks / (waves * min(g.blocks, slots))
     spread = min(1.0, 2.0 * min(g.blocks, target.sms) / target.sms)  # an SM draws up to twice its share

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emmy.affine import gathered_reads
-from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Load, Loop, Masked, Op, Update, parallel_loops
+from emmy.affine import FloorDiv, Gathered, Mod, gathered_reads
+from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Load, Loop, Masked, Op, Store, Update,
+                                parallel_loops)
 
 BANDWIDTH = 2.0e12  # bytes/s: an HBM-class GPU (order of magnitude; replaced per target later)
 OP_RATE = 2.0e13  # scalar ops/s
@@ -22,6 +23,11 @@ LAUNCH = 3.0e-6  # s per kernel
 EXPENSIVE = {"exp": 4, "log": 4, "sqrt": 4, "rsqrt": 4, "sigmoid": 4, "tanh": 4, "erf": 4, "divide": 4, "power": 8,
              "cos": 4, "sin": 4, "log1p": 4, "expm1": 4}
 SPECIAL_FUNCTIONS = set(EXPENSIVE)  # the SFU's work
+# Integer instructions of an index's floor division or modulo by a constant, as nvcc compiles them
+# (a high multiply and a shift; a modulo adds a multiply-subtract): reshapes and transposes of
+# non-power-of-two extents put them on every element.
+INDEX_DIVIDE_OPS = 2
+INDEX_MODULO_OPS = 3
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class KernelCost:
     # runs them, how much of that at the level of a row, and what a map's threads load.
     buffers: tuple["BufferLoads", ...] = ()
     accumulators: int = 0  # the folds' accumulators (what a split row leaves in its workspace per slice)
+    index_ops: float = 0.0  # integer instructions of the loads' and stores' floor divisions and modulos
 
     @property
     def reread_bytes(self) -> float:
@@ -107,13 +114,30 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
         entry[2] += 1
         entry[3] = max(entry[3], float(index))
 
+    index_ops = 0.0
+
+    def note_index(index) -> None:
+        # a division or modulo runs once per iteration of the loops down to the innermost one
+        # its operand walks: one that depends on outer loops only is hoisted out of the inner ones
+        nonlocal index_ops
+        for atom, weight in _divisions(index):
+            walked = atom.expr.dims()
+            depth = max((i + 1 for i, l in enumerate(loops_now) if l.var in walked), default=0)
+            index_ops += weight * _product(l.extent for l in loops_now[:depth])
+
+    loops_now: list[Loop] = []
+
     def walk(body, loops: list[Loop], shared: bool = False, after_fold: bool = False) -> None:
-        nonlocal ops, arith, special
+        nonlocal ops, arith, special, loops_now
+        loops_now = loops
         for stmt in body:
             if isinstance(stmt, Loop):
                 twisted = stmt.reduction and any(isinstance(s, Update) for s in stmt.body)
                 walk(stmt.body, loops + [stmt], shared or twisted, after_fold)
+                loops_now = loops
                 after_fold = after_fold or stmt.reduction
+            elif isinstance(stmt, Store):
+                note_index(stmt.index)
             elif isinstance(stmt, Assign):
                 n = trips(deps.get(stmt.name, set()), loops, shared)
                 if isinstance(stmt.expr, Load):
@@ -125,6 +149,7 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                     n *= _guard_share(stmt.expr.guards, loops)
                     loads.setdefault(stmt.expr.buffer, []).append((n, min(distinct, n), min(per_row, numel), rows))
                     note_load(stmt.expr.buffer, n, loops, False, after_fold)
+                    note_index(stmt.expr.index)
                     for gathered in gathered_reads(stmt.expr.index):  # each read of an index value
                         note_load(gathered, n, loops, True, after_fold)
                 elif isinstance(stmt.expr, Op):
@@ -165,7 +190,26 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
     buffers = tuple(BufferLoads(b, loop, row, rows_total * count * buffer_sizes[b][1], bool(index), after)
                     for b, (loop, row, count, index, after) in per_buffer.items())
     accumulators = sum(1 for s in _statements(kernel.body) if isinstance(s, Init))
-    return KernelCost(read, written, ops, arith, special, tuple(rereads), buffers, accumulators)
+    return KernelCost(read, written, ops, arith, special, tuple(rereads), buffers, accumulators, index_ops)
+
+
+def _divisions(index) -> list:
+    """(FloorDiv or Mod atom, its integer instructions) for every division in index expressions,
+    nested ones and those inside a gathered coordinate's index included."""
+    found = []
+    pending = list(index)
+    while pending:
+        expr = pending.pop()
+        for atom, _ in expr.terms:
+            if isinstance(atom, FloorDiv):
+                found.append((atom, INDEX_DIVIDE_OPS))
+                pending.append(atom.expr)
+            elif isinstance(atom, Mod):
+                found.append((atom, INDEX_MODULO_OPS))
+                pending.append(atom.expr)
+            elif isinstance(atom, Gathered):
+                pending.extend(atom.index)
+    return found
 
 
 def _keeps_vector_state(kernel: Kernel) -> bool:

@@ -199,3 +199,25 @@ def test_an_fp32_matmul_is_priced_at_one_fma_per_multiply_add(target):
     best = program.explain().kernels[0].ranked[0]
     bound = 2 * 4096 ** 3 / get_target(target).fp32_flops
     assert bound <= best.arith_s < 1.1 * bound, (best.arith_s, bound)
+
+
+def test_index_math_is_counted_where_it_runs_and_shares_the_issue_with_the_fma_work():
+    """A floor division or modulo in an index runs once per iteration of the loops down to the
+    innermost one it walks (2 and 3 integer instructions), and the model issues it beside the
+    kernel's FMA-pipe work; a plain elementwise kernel has none."""
+    from extract.loop_cost import INDEX_DIVIDE_OPS, INDEX_MODULO_OPS, buffer_sizes, kernel_cost
+
+    permuted = emmy.optimize("x=torch.randn(30,100,99); x.permute(2,0,1).reshape(99,3000) + 1", target="h100")
+    (kernel,) = permuted.loop_ir.kernels
+    cost = kernel_cost(kernel, buffer_sizes(permuted.loop_ir))
+    assert cost.index_ops == 99 * 3000 * (INDEX_DIVIDE_OPS + INDEX_MODULO_OPS)  # a1 // 100, a1 % 100 per element
+    best = permuted.explain().kernels[0].ranked[0]
+    assert best.issue_s == pytest.approx((cost.arith_ops + cost.index_ops) / get_target("h100").issue_rate)
+    plain = emmy.optimize("x=torch.randn(30,100,99); x + 1", target="h100")
+    (kernel,) = plain.loop_ir.kernels
+    assert kernel_cost(kernel, buffer_sizes(plain.loop_ir)).index_ops == 0
+    # a division by an outer loop only is hoisted: once per row, not per element
+    rows = emmy.optimize("x=torch.randn(600,64); w=torch.randn(6); x * w.repeat_interleave(100).unsqueeze(1)",
+                         target="h100")
+    (kernel,) = rows.loop_ir.kernels  # w[a0 // 100] loads once per row a0
+    assert kernel_cost(kernel, buffer_sizes(rows.loop_ir)).index_ops == 600 * INDEX_DIVIDE_OPS
