@@ -607,6 +607,8 @@ EMMY_SIM_INLINE void exchange(unsigned mask, int line, const char* what, const O
 
 EMMY_SIM_INLINE void syncthreads(int line) { wait_here(State::barrier, line, "__syncthreads"); }
 
+inline void count_copy(const void* source, size_t bytes);  // race-check builds count what a copy reads
+
 EMMY_SIM_INTERNAL inline void issue_copy(void* dst, const void* src, unsigned bytes, unsigned source_bytes) {
   mute(true);
   me().pending.push_back({dst, src, bytes, source_bytes});
@@ -629,6 +631,7 @@ EMMY_SIM_INTERNAL inline void complete_copies(Thread& t, size_t keep) {
     const Thread::AsyncCopy& c = t.pending[i];
     const unsigned read = c.source_bytes < c.bytes ? c.source_bytes : c.bytes;
     std::memcpy(c.dst, c.src, read);
+    count_copy(c.src, read);
     std::memset(static_cast<char*>(c.dst) + read, 0, c.bytes - read);  // the zero-filled rest
   }
   t.pending.erase(t.pending.begin(), t.pending.begin() + long(done));
@@ -791,6 +794,11 @@ inline void count_atomic(const void* address, size_t size) {
   count_access(reinterpret_cast<uintptr_t>(address), size, true);
 }
 
+// A cp.async copy's global read (counted when it completes: the same bytes).
+inline void count_copy(const void* source, size_t bytes) {
+  count_access(reinterpret_cast<uintptr_t>(source), bytes, false);
+}
+
 EMMY_SIM_INTERNAL inline void access(const void* address, size_t size, bool write, const void* pc) {
   Launch& L = launch_state;
   if (!L.current || muted) return;
@@ -904,5 +912,6 @@ EMMY_SIM_INTERNAL void __tsan_vptr_read(void**) {}
 #else
 namespace emmy_sim {
 inline void count_atomic(const void*, size_t) {}  // only race-check builds count accesses
+inline void count_copy(const void*, size_t) {}
 }  // namespace emmy_sim
 #endif  // EMMY_SIM_RACECHECK

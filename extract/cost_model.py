@@ -114,7 +114,7 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     slots = target.sms * resident
     issue_s = 0.0
     if shape.kind == "contraction":  # panels re-read through L2; DRAM serves what a wave's panels miss
-        moved, through_l2 = _contraction_traffic(shape, g, loop_cost, target, slots)
+        moved, through_l2 = contraction_traffic(shape, g, loop_cost, target, slots)
         memory_s = max(moved / (target.dram_bandwidth * coalescing), through_l2 / target.l2_bandwidth)
         if not g.mma:
             issue_s = simt_contraction_instructions(shape, g, loop_cost) / target.issue_rate
@@ -247,7 +247,7 @@ L2_SHARE = 0.5  # share of the L2 whole operands can count on staying in from wa
 SIMT_INDEX_OPS = 3  # index and guard instructions per output per K step of a strided SIMT contraction
 
 
-def _contraction_traffic(shape: KernelShape, g, loop_cost, target, slots: int) -> tuple[float, float]:
+def contraction_traffic(shape: KernelShape, g, loop_cost, target, slots: int) -> tuple[float, float]:
     """(bytes from DRAM, bytes through L2) of a tiled contraction. Every block reads its A panel
     (BM x K) and B panel (K x BN) through the L2. The blocks in flight at once (a wave, walking the
     tiles row-major or in groups of `raster` tile rows) step along K together, so the blocks sharing
