@@ -64,6 +64,10 @@ CASES = [
     ("aten.var.correction", X + "x.var(-1)"),
     ("aten.var.correction", X + "x.var(0, unbiased=False, keepdim=True)"),
     ("aten.prod.dim_int", X + "x.prod(-1)"),
+    ("aten.var_mean.correction", X + "torch.var_mean(x, dim=-1)"),
+    ("aten.var_mean.correction", "x=torch.randn(3,5,7,9); torch.var_mean(x, dim=(1,2), keepdim=True, correction=0)"),
+    ("aten.var_mean.correction", X + "torch.std_mean(x, dim=0, unbiased=False)"),  # var_mean, then sqrt
+    ("aten.var_mean.correction", "x=torch.randn(30,70).half(); torch.std_mean(x)"),
     # matrix products
     ("aten.mm.default", "a=torch.randn(5,7); b=torch.randn(7,3); a @ b"),
     ("aten.bmm.default", "a=torch.randn(2,5,7); b=torch.randn(2,7,3); torch.bmm(a, b)"),
@@ -197,6 +201,7 @@ def test_the_added_ops_run_right_in_the_simulator(dtype):
             "a = F.leaky_relu(a, 0.2) + F.elu(x) + F.hardtanh(x, -0.5, 0.5) + F.softplus(x) + F.selu(x); "
             "a = torch.where(torch.isnan((x - 1).log()), -1.0, a) + torch.flip(x, (-1,)); "
             "a = F.group_norm(a, 2, w) + torch.linalg.vector_norm(x, dim=(-1, -2), keepdim=True); "
+            "a = a + torch.var_mean(x, dim=(-1, -2), keepdim=True)[0]; "
             "torch.tril(a)")
     program = emmy.optimize(code, target="sm_90")
     assert all(c.ok for c in check_program(program, mode="asan"))

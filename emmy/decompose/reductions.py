@@ -167,6 +167,20 @@ def var(ctx: Context, x, dims=None, unbiased_or_none=None, correction=None, keep
     return ctx.b.cast(v, out.dtype)
 
 
+@lowers("aten.var_mean.correction")
+def var_mean(ctx: Context, x, dims=None, *, correction=None, keepdim=False):
+    """(variance, mean) as torch.var_mean (torch.std_mean arrives as var_mean and a sqrt): the
+    variance's fold computes the same sum of x the mean is."""
+    if correction is None:
+        correction = 1
+    var_type, mean_type = ctx.out_type(0), ctx.out_type(1)
+    xf = ctx.tensor(x, var_type.dtype.accumulator)
+    axes = _axes(ctx, x, dims)
+    v = variance_of(ctx, xf, axes, float(correction), keepdim)
+    m = mean_of(ctx, xf, axes, keepdim)
+    return ctx.b.cast(v, var_type.dtype), ctx.b.cast(m, mean_type.dtype)
+
+
 @lowers("aten.argmax.default", "aten.argmin.default")
 def argmax(ctx: Context, x, dim=None, keepdim=False):
     """Index of the first maximum (minimum), as one fold of (value, position) keys for floats. With
