@@ -96,7 +96,8 @@ class Program:
         """One CUDA translation unit with every kernel (includes emmy_rt.cuh)."""
         from emmy.kernel_ir.cuda import program_source
 
-        sources = {tk.kernel.name: f"{tk.kernel.name} writes {tk.kernel.output}" for tk in self.tile_ir.kernels}
+        sources = {tk.kernel.name: f"{tk.kernel.name} writes {', '.join(n for n, _ in tk.kernel.outputs)}"
+                   for tk in self.tile_ir.kernels}
         return program_source(self.kernel_ir, self.buffer_types, sources)
 
     def cubin(self, target: str | None = None):

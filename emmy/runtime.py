@@ -115,7 +115,7 @@ def host_buffers(program, inputs) -> dict[str, np.ndarray]:
     by_name = dict(zip([n.name for n in program.tensor_ir.inputs], inputs))
     buffers = {name: to_device(to_numpy(by_name[name])[0], t.dtype) for name, t in loops.inputs}
     buffers |= {name: to_device(program.weights[name], t.dtype) for name, t in loops.weights}
-    buffers |= {k.output: empty_buffer(k.type) for k in loops.kernels}
+    buffers |= {name: empty_buffer(t) for k in loops.kernels for name, t in k.outputs}
     for kernel in program.kernel_ir:
         buffers |= {p.name: np.zeros(p.scratch, p.dtype.numpy) for p in kernel.params if p.name not in buffers}
     return buffers

@@ -186,7 +186,7 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                 rereads.append(((inner + again) * size, per_row * size, True))
             if across > 0:
                 rereads.append((across * size, distinct * size, False))
-    written = kernel.type.numel * kernel.type.dtype.itemsize
+    written = sum(t.numel * t.dtype.itemsize for _, t in kernel.outputs)
     buffers = tuple(BufferLoads(b, loop, row, rows_total * count * buffer_sizes[b][1], bool(index), after)
                     for b, (loop, row, count, index, after) in per_buffer.items())
     accumulators = sum(1 for s in _statements(kernel.body) if isinstance(s, Init))
@@ -304,5 +304,5 @@ def _dependencies(body) -> dict[str, set]:
 def buffer_sizes(program) -> dict[str, tuple[int, int]]:
     """name -> (elements, bytes per element) for every buffer of a LoopProgram."""
     sizes = {name: (t.numel, t.dtype.itemsize) for name, t in (*program.inputs, *program.weights)}
-    sizes |= {k.output: (k.type.numel, k.type.dtype.itemsize) for k in program.kernels}
+    sizes |= {name: (t.numel, t.dtype.itemsize) for k in program.kernels for name, t in k.outputs}
     return sizes

@@ -88,10 +88,11 @@ def optimize_loops(graph, groups, budget: Budget = Budget(), price=None, search_
     model's best row per kernel, emmy.tile_ir.pricing.KernelPricer) decides kernel boundaries and
     fold forms; without it the provisional Loop IR cost does (emmy.egraph.extract)."""
     from emmy.egraph.extract import extract, loop_cost_price
+    from emmy.loop_ir.siblings import merge_sibling_folds
     from emmy.egraph.view import EGraphView
 
     egraph, terms, reports = saturate(graph, groups, budget)
     view = EGraphView.of(egraph)
     found = extract(view, graph, price or loop_cost_price, search_seconds)
-    return LoopResult(found.program, reports, found.seconds, egraph, terms, found.decisions, found.search,
+    return LoopResult(merge_sibling_folds(found.program), reports, found.seconds, egraph, terms, found.decisions, found.search,
                       found.kernel_prices, found.alternative)

@@ -28,7 +28,7 @@ def run_program(program: LoopProgram, inputs: Mapping[str, np.ndarray],
     for name, t in program.weights:
         buffers[name] = to_storage(np.asarray((weights or {})[name]), t.dtype)
     for kernel in program.kernels:
-        buffers[kernel.output] = run_kernel(kernel, buffers)
+        buffers |= run_kernel(kernel, buffers)
     return [buffers[name] for name in program.outputs]
 
 
@@ -40,12 +40,13 @@ def _max_var(body) -> int:
     return top
 
 
-def run_kernel(kernel: Kernel, buffers: dict[str, np.ndarray]) -> np.ndarray:
+def run_kernel(kernel: Kernel, buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output the kernel stores, by buffer name."""
     rank = _max_var(kernel.body) + 1
-    out = np.zeros(kernel.type.shape, dtype=kernel.type.dtype.numpy)
-    state = _State(rank, buffers, out)
+    outs = {name: np.zeros(t.shape, dtype=t.dtype.numpy) for name, t in kernel.outputs}
+    state = _State(rank, buffers, outs)
     state.run(kernel.body, {})
-    return out
+    return outs
 
 
 class _State:
@@ -102,12 +103,12 @@ class _State:
                 self.accumulate(stmt, bound)
             elif isinstance(stmt, Store):
                 if not stmt.index:  # a rank-0 output
-                    self.out[()] = np.asarray(self.operand(stmt.value)).reshape(())
+                    self.out[stmt.buffer][()] = np.asarray(self.operand(stmt.value)).reshape(())
                     continue
                 index = tuple(np.asarray(e.evaluate(coords, self.buffers)) for e in stmt.index)
                 shape = np.broadcast_shapes(*(i.shape for i in index), np.shape(self.operand(stmt.value)))
                 target = tuple(np.broadcast_to(i, shape) for i in index)
-                self.out[target] = np.broadcast_to(self.operand(stmt.value), shape)
+                self.out[stmt.buffer][target] = np.broadcast_to(self.operand(stmt.value), shape)
 
     def run_in_order(self, loop: Loop, bound: dict[int, int]) -> None:
         """A loop whose state is updated in place (Update) runs element by element."""

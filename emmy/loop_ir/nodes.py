@@ -103,6 +103,13 @@ class Kernel:
     output: str
     type: TensorType
     body: tuple[Stmt, ...]
+    # sibling folds merged into this kernel (emmy.loop_ir.siblings) store these outputs too
+    more_outputs: tuple[tuple[str, TensorType], ...] = ()
+
+    @property
+    def outputs(self) -> tuple[tuple[str, TensorType], ...]:
+        """(buffer, type) of every output the kernel stores, `output` first."""
+        return ((self.output, self.type), *self.more_outputs)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,6 @@ def print_loop_ir(program: LoopProgram) -> str:
     out: list[str] = []
     for k, kernel in enumerate(program.kernels):
         out.append(f"=== {k}: {kernel.name} ===")
-        out.append(f"out {kernel.output}: {kernel.type}")
+        out += [f"out {name}: {t}" for name, t in kernel.outputs]
         _lines(kernel.body, 0, out)
     return "\n".join(out) + "\n"

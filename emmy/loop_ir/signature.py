@@ -31,7 +31,8 @@ def buffers_of(kernel: Kernel) -> list[str]:
             seen.setdefault(stmt.expr.buffer, None)
         elif isinstance(stmt, Store):
             seen.setdefault(stmt.buffer, None)
-    seen.setdefault(kernel.output, None)
+    for name, _ in kernel.outputs:
+        seen.setdefault(name, None)
     return list(seen)
 
 
@@ -52,7 +53,8 @@ def canonical(kernel: Kernel, types: dict[str, TensorType]) -> tuple:
             out.append(stmt)
         return tuple(out)
 
-    renamed = Kernel("k", rename[kernel.output], kernel.type, body(kernel.body))
+    renamed = Kernel("k", rename[kernel.output], kernel.type, body(kernel.body),
+                     tuple((rename[name], t) for name, t in kernel.more_outputs))
     return renamed, tuple(types[name] for name in names)
 
 

@@ -48,7 +48,7 @@ def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), eg
 
 def buffer_types(loops: LoopProgram) -> dict:
     """Every buffer of the program (inputs, weights, kernel outputs) -> TensorType."""
-    return dict(loops.inputs) | dict(loops.weights) | {k.output: k.type for k in loops.kernels}
+    return dict(loops.inputs) | dict(loops.weights) | {name: t for k in loops.kernels for name, t in k.outputs}
 
 
 def offered_rows(kernel: Kernel, shape: KernelShape, rows, types: dict, strict: bool = False) -> tuple[KnobRow, ...]:

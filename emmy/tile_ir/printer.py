@@ -81,7 +81,7 @@ def print_tile_kernel(index: int, tk: TileKernel) -> list[str]:
     for sweep in sweeps:
         out.append(f"└─ sweep(a{sweep.var} in 0..{sweep.extent}): {_flat(sweep.body)}")
     if not sweeps:
-        out.append(f"└─ {tk.kernel.output}: {tk.kernel.type}")
+        out += [f"└─ {name}: {t}" for name, t in tk.kernel.outputs]
     return out
 
 

@@ -1,0 +1,169 @@
+"""Sibling folds share a kernel: two row kernels that fold the same rows over the same axis and
+load an element in common (a variance and a mean of one tensor, a sum and a sum of squares) run
+as one kernel with both outputs, so the rows are read once and one launch does both.
+
+Two kernels merge when each is one nest of free loops around one fold (the same loop variables
+and extents), neither reads what the other writes, no kernel between them reads the first's
+output (the merged kernel runs where the second did), and at most one of them keeps a twisted
+state (the lowering merges one twisted state beside any plain accumulators). The second's local
+names are renamed apart; its loads that repeat one of the first's at the same level are dropped
+and read from the first's. Kernels are grouped by their loop nest, so the pass looks at each
+kernel against the next WINDOW kernels of its nest, not against every kernel of the program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from emmy.affine import gathered_buffers
+from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Load, Loop, LoopProgram, Masked, Op, Store, Update
+
+WINDOW = 8  # later kernels of the same loop nest each kernel is tried against (siblings sit close)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fold:
+    free: tuple[tuple[int, int], ...]  # (var, extent) of the free loops, outermost first
+    before: tuple  # statements of the innermost free loop before the fold
+    fold: Loop
+    after: tuple
+
+
+def merge_sibling_folds(program: LoopProgram) -> LoopProgram:
+    kernels = list(program.kernels)
+    readers: dict[str, list[int]] = defaultdict(list)  # buffer -> positions of the kernels reading it
+    for i, k in enumerate(kernels):
+        for buffer in _reads(k.body):
+            readers[buffer].append(i)
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, k in enumerate(kernels):
+        shape = _fold_of(k)
+        if shape is not None:
+            groups[(shape.free, shape.fold.var, shape.fold.extent)].append(i)
+    merged_into: dict[int, int] = {}  # a first kernel's position -> where its merged kernel stands
+    for positions in groups.values():
+        used: set[int] = set()
+        for a, i in enumerate(positions):
+            if i in used:
+                continue
+            for j in positions[a + 1:a + 1 + WINDOW]:
+                if j in used or not _may_merge(kernels[i], kernels[j], i, j, readers):
+                    continue
+                kernels[j] = _merged(kernels[i], kernels[j])
+                merged_into[i] = j
+                used |= {i, j}
+                break
+    if not merged_into:
+        return program
+    kept = tuple(k for i, k in enumerate(kernels) if i not in merged_into)
+    return dataclasses.replace(program, kernels=kept)
+
+
+def _fold_of(kernel: Kernel) -> _Fold | None:
+    """The kernel as free loops around one fold, or None."""
+    free, body = [], kernel.body
+    while len(body) == 1 and isinstance(body[0], Loop) and not body[0].reduction:
+        free.append((body[0].var, body[0].extent))
+        body = body[0].body
+    folds = [s for s in body if isinstance(s, Loop)]
+    if not free or len(folds) != 1 or not folds[0].reduction or any(isinstance(s, Loop) for s in folds[0].body):
+        return None
+    at = body.index(folds[0])
+    return _Fold(tuple(free), tuple(body[:at]), folds[0], tuple(body[at + 1:]))
+
+
+def _may_merge(first: Kernel, second: Kernel, i: int, j: int, readers) -> bool:
+    ours = {name for name, _ in first.outputs}
+    theirs = {name for name, _ in second.outputs}
+    if ours & _reads(second.body) or theirs & _reads(first.body):
+        return False
+    if any(i < r < j for name in ours for r in readers.get(name, ())):
+        return False  # a kernel between them needs the first's output before the merged kernel runs
+    a, b = _fold_of(first), _fold_of(second)
+    if _twisted(a.fold) and _twisted(b.fold):
+        return False
+    return bool(_loads(a.fold.body) & _loads(b.fold.body))
+
+
+def _merged(first: Kernel, second: Kernel) -> Kernel:
+    a, b = _fold_of(first), _fold_of(second)
+    taken = _names(first.body)
+    rename = {}
+    for name in _names(second.body):
+        fresh, n = name, 1
+        while fresh in taken:
+            fresh, n = f"{name}_{n}", n + 1
+        rename[name] = fresh
+        taken.add(fresh)
+    # the second fold's loads that the first already makes (same buffer, index and guards) are read from it
+    known = {(s.expr.buffer, s.expr.index, s.expr.guards): s.name for s in a.fold.body
+             if isinstance(s, Assign) and isinstance(s.expr, Load)}
+    fold_body = []
+    for s in b.fold.body:
+        if isinstance(s, Assign) and isinstance(s.expr, Load) and (s.expr.buffer, s.expr.index, s.expr.guards) in known:
+            rename[s.name] = known[(s.expr.buffer, s.expr.index, s.expr.guards)]
+            continue
+        fold_body.append(s)
+    renamed = [_renamed(s, rename) for s in fold_body]
+    fold = dataclasses.replace(a.fold, body=(*a.fold.body, *renamed))
+    inner = (*a.before, *(_renamed(s, rename) for s in b.before), fold, *a.after,
+             *(_renamed(s, rename) for s in b.after))
+    for var, extent in reversed(a.free):
+        inner = (Loop(var, extent, inner),)
+    return Kernel(first.name, first.output, first.type, inner, (*first.more_outputs, *second.outputs))
+
+
+def _renamed(stmt, rename: dict[str, str]):
+    def value(v):
+        return rename.get(v, v) if isinstance(v, str) else v
+
+    if isinstance(stmt, Assign):
+        expr = stmt.expr
+        if isinstance(expr, Op):
+            expr = dataclasses.replace(expr, args=tuple(value(x) for x in expr.args))
+        elif isinstance(expr, Masked):
+            expr = dataclasses.replace(expr, value=value(expr.value))
+        return dataclasses.replace(stmt, name=rename.get(stmt.name, stmt.name), expr=expr)
+    if isinstance(stmt, Init):
+        return dataclasses.replace(stmt, acc=rename.get(stmt.acc, stmt.acc))
+    if isinstance(stmt, (Accumulate, Update)):
+        return dataclasses.replace(stmt, acc=rename.get(stmt.acc, stmt.acc), value=value(stmt.value))
+    if isinstance(stmt, Store):
+        return dataclasses.replace(stmt, value=value(stmt.value))
+    raise TypeError(f"no renaming for {type(stmt).__name__}")
+
+
+def _walk(body):
+    for s in body:
+        yield s
+        if isinstance(s, Loop):
+            yield from _walk(s.body)
+
+
+def _names(body) -> set[str]:
+    found = set()
+    for s in _walk(body):
+        if isinstance(s, Assign):
+            found.add(s.name)
+        elif isinstance(s, (Init, Accumulate, Update)):
+            found.add(s.acc)
+    return found
+
+
+def _reads(body) -> set[str]:
+    found = set()
+    for s in _walk(body):
+        if isinstance(s, Assign) and isinstance(s.expr, Load):
+            found.add(s.expr.buffer)
+            found |= gathered_buffers(s.expr.index)
+    return found
+
+
+def _loads(body) -> set[tuple]:
+    return {(s.expr.buffer, s.expr.index, s.expr.guards) for s in body
+            if isinstance(s, Assign) and isinstance(s.expr, Load)}
+
+
+def _twisted(fold: Loop) -> bool:
+    return any(isinstance(s, Update) for s in fold.body)
