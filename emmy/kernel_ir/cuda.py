@@ -164,7 +164,7 @@ def _render_contraction(n: K.ContractionTile, template, types) -> str:
         template = _environment().get_template("ContractionMicro.j2")
         ragged = total(n.m_vars) % n.bm or total(n.n_vars) % n.bn
         from_global = any(isinstance(getattr(s, "expr", None), L.Load) and s.name not in load_from for s in n.lift)
-        extra = {"TX": n.threads_n, "TY": n.bm // n.micro_m, "guard_products": bool(ragged and from_global)}
+        extra = {"TX": n.bn // n.micro_n, "TY": n.bm // n.micro_m, "guard_products": bool(ragged and from_global)}
     return template.render(**extra,
         atomic_stores=_atomic_stores(n, types), n=n, M=total(n.m_vars), N=total(n.n_vars), tiles_n=-(-total(n.n_vars) // n.bn),
         tiles_m=-(-total(n.m_vars) // n.bm), m_dec=_decomposition(n.m_vars), n_dec=_decomposition(n.n_vars),

@@ -25,7 +25,6 @@ from emmy.kernel_ir.scalar_c import affine_c
 from emmy.loop_ir import nodes as L
 from emmy.loop_ir.bounds import out_of_bounds
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
-from emmy.tile_ir.geometry import micro_layout
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
 
 # the twisted states the runtime header can merge across threads (emmy::merge_softmax, merge_welford)
@@ -278,7 +277,7 @@ def _fill_kernel(tile: TileKernel, types: dict, identity: float) -> KernelIR:
 
 def _params(kernel: L.Kernel, types: dict) -> tuple[Param, ...]:
     read, written = [], []
-    for stmt in _walk(kernel.body):
+    for stmt in L.statements(kernel.body):
         if isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load) and stmt.expr.buffer not in read:
             read.append(stmt.expr.buffer)
         if isinstance(stmt, L.Store) and stmt.buffer not in written:
@@ -287,13 +286,6 @@ def _params(kernel: L.Kernel, types: dict) -> tuple[Param, ...]:
     read += sorted(gathers - set(read))  # read inside index expressions
     names = sorted(b for b in read if b not in written) + written
     return tuple(Param(n, types[n].dtype, n in written) for n in names) + ((faults_param(),) if gathers else ())
-
-
-def _walk(body):
-    for stmt in body:
-        yield stmt
-        if isinstance(stmt, L.Loop):
-            yield from _walk(stmt.body)
 
 
 def _free_loops(kernel: L.Kernel, free: tuple[int, ...]) -> tuple[list[tuple[int, int]], tuple]:
@@ -551,8 +543,7 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
                                                m_total * n_total)
     body = ContractionTile(m_vars, n_vars, batch, fold.var, fold.extent, bm, bn, bk, g.elems, g.stage_depth,
                            g.stage_how, tuple(panels), fold.init, fold.lift, fold.combine, epilogue, g.split, atomics,
-                           workspace, g.raster_group, g.vec if vectors else 1, vectors, g.micro_m, g.micro_n,
-                           micro_layout(g.threads)[0] if g.micro_m else 0)
+                           workspace, g.raster_group, g.vec if vectors else 1, vectors, g.micro_m, g.micro_n)
     shared = tuple(Smem(p.dtype, f"{p.name}_panel", g.stage_depth * p.rows * p.cols) for p in panels)
     return KernelIR(tile.kernel.name, params, Tile(("m", "n"), bk, m_total * n_total, g.threads),
                     (tiles, prod(e for _, e in batch) or 1, g.split), (g.threads, 1, 1), shared, (body,), str(tile.row),

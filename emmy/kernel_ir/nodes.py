@@ -176,9 +176,8 @@ class ContractionTile:
     raster: int = 0  # > 0: blocks walk the output tiles in groups of this many tile rows (L2 reuse)
     k_width: int = 1  # unstaged: K taken this many at a time, `vectors` loaded whole (contiguous along K)
     vectors: tuple[VecLoad, ...] = ()
-    micro_m: int = 0  # > 0: each thread owns an RM x RN register micro-tile instead of strided outputs
+    micro_m: int = 0  # > 0: each thread owns an RM x RN register micro-tile (BN / RN threads along N)
     micro_n: int = 0
-    threads_n: int = 0  # micro-tiles: threads along N (the rest along M)
 
 
 @dataclass(frozen=True)

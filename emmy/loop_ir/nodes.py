@@ -152,6 +152,16 @@ def row_nest(body: tuple, free) -> tuple[list[tuple[int, int]], tuple]:
         body = last.body
 
 
+def statements(body):
+    """Every statement of `body`, loops searched, in program order (a loop before its body)."""
+    todo = list(reversed(body))
+    while todo:
+        stmt = todo.pop()
+        yield stmt
+        if isinstance(stmt, Loop):
+            todo.extend(reversed(stmt.body))
+
+
 def kernel_index_tensors(kernel: Kernel) -> set[str]:
     """The index tensors a kernel reads inside its index expressions (gathers by ids)."""
     return index_tensors(kernel.body)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from emmy.affine import gathered_buffers
-from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Load, Loop, LoopProgram, Masked, Op, Store, Update
+from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Load, Loop, LoopProgram, Masked, Op, Store, Update,
+                                index_tensors, statements)
 
 WINDOW = 8  # later kernels of the same loop nest each kernel is tried against (siblings sit close)
 
@@ -32,31 +32,32 @@ class _Fold:
 
 def merge_sibling_folds(program: LoopProgram) -> LoopProgram:
     kernels = list(program.kernels)
+    folds = [_fold_of(k) for k in kernels]
     readers: dict[str, list[int]] = defaultdict(list)  # buffer -> positions of the kernels reading it
     for i, k in enumerate(kernels):
         for buffer in _reads(k.body):
             readers[buffer].append(i)
     groups: dict[tuple, list[int]] = defaultdict(list)
-    for i, k in enumerate(kernels):
-        shape = _fold_of(k)
-        if shape is not None:
-            groups[(shape.free, shape.fold.var, shape.fold.extent)].append(i)
-    merged_into: dict[int, int] = {}  # a first kernel's position -> where its merged kernel stands
+    for i, fold in enumerate(folds):
+        if fold is not None:
+            groups[(fold.free, fold.fold.var, fold.fold.extent)].append(i)
+    merged_away: set[int] = set()  # positions of first kernels, now part of a later one
     for positions in groups.values():
         used: set[int] = set()
         for a, i in enumerate(positions):
             if i in used:
                 continue
             for j in positions[a + 1:a + 1 + WINDOW]:
-                if j in used or not _may_merge(kernels[i], kernels[j], i, j, readers):
+                if j in used or not _may_merge(kernels[i], kernels[j], folds[i], folds[j], i, j, readers):
                     continue
-                kernels[j] = _merged(kernels[i], kernels[j])
-                merged_into[i] = j
+                kernels[j] = _merged(kernels[i], kernels[j], folds[i], folds[j])
+                folds[j] = _fold_of(kernels[j])
+                merged_away.add(i)
                 used |= {i, j}
                 break
-    if not merged_into:
+    if not merged_away:
         return program
-    kept = tuple(k for i, k in enumerate(kernels) if i not in merged_into)
+    kept = tuple(k for i, k in enumerate(kernels) if i not in merged_away)
     return dataclasses.replace(program, kernels=kept)
 
 
@@ -73,21 +74,19 @@ def _fold_of(kernel: Kernel) -> _Fold | None:
     return _Fold(tuple(free), tuple(body[:at]), folds[0], tuple(body[at + 1:]))
 
 
-def _may_merge(first: Kernel, second: Kernel, i: int, j: int, readers) -> bool:
+def _may_merge(first: Kernel, second: Kernel, a: _Fold, b: _Fold, i: int, j: int, readers) -> bool:
     ours = {name for name, _ in first.outputs}
     theirs = {name for name, _ in second.outputs}
     if ours & _reads(second.body) or theirs & _reads(first.body):
         return False
     if any(i < r < j for name in ours for r in readers.get(name, ())):
         return False  # a kernel between them needs the first's output before the merged kernel runs
-    a, b = _fold_of(first), _fold_of(second)
     if _twisted(a.fold) and _twisted(b.fold):
         return False
     return bool(_loads(a.fold.body) & _loads(b.fold.body))
 
 
-def _merged(first: Kernel, second: Kernel) -> Kernel:
-    a, b = _fold_of(first), _fold_of(second)
+def _merged(first: Kernel, second: Kernel, a: _Fold, b: _Fold) -> Kernel:
     taken = _names(first.body)
     rename = {}
     for name in _names(second.body):
@@ -134,16 +133,9 @@ def _renamed(stmt, rename: dict[str, str]):
     raise TypeError(f"no renaming for {type(stmt).__name__}")
 
 
-def _walk(body):
-    for s in body:
-        yield s
-        if isinstance(s, Loop):
-            yield from _walk(s.body)
-
-
 def _names(body) -> set[str]:
     found = set()
-    for s in _walk(body):
+    for s in statements(body):
         if isinstance(s, Assign):
             found.add(s.name)
         elif isinstance(s, (Init, Accumulate, Update)):
@@ -152,12 +144,9 @@ def _names(body) -> set[str]:
 
 
 def _reads(body) -> set[str]:
-    found = set()
-    for s in _walk(body):
-        if isinstance(s, Assign) and isinstance(s.expr, Load):
-            found.add(s.expr.buffer)
-            found |= gathered_buffers(s.expr.index)
-    return found
+    """The buffers statements load, and the index tensors their indices and guards read."""
+    loaded = {s.expr.buffer for s in statements(body) if isinstance(s, Assign) and isinstance(s.expr, Load)}
+    return loaded | index_tensors(body)
 
 
 def _loads(body) -> set[tuple]:

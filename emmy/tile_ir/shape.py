@@ -25,7 +25,7 @@ from math import prod
 
 from emmy.affine import Dim, FloorDiv, Mod
 from emmy.dtypes import DType
-from emmy.loop_ir.nodes import Accumulate, Assign, Kernel, Load, Loop, Op, Update, parallel_loops
+from emmy.loop_ir.nodes import Accumulate, Assign, Kernel, Load, Loop, Op, Update, parallel_loops, statements
 
 _MMA_DTYPES = {DType.F16: "f16", DType.BF16: "bf16"}
 
@@ -82,7 +82,7 @@ class KernelShape:
 def kernel_shape(kernel: Kernel) -> KernelShape:
     free, reductions, sweep = [], [], False
     _loops(kernel.body, free, reductions)
-    loads = [s for s in _statements(kernel.body) if isinstance(s, Assign) and isinstance(s.expr, Load)]
+    loads = [s for s in statements(kernel.body) if isinstance(s, Assign) and isinstance(s.expr, Load)]
     itemsize = max([s.dtype.itemsize for s in loads] or [kernel.type.dtype.itemsize])
     inner_free = [l for l in free if l[2]]  # free loops inside a reduction's enclosing nest (sweeps)
     outer = [l for l in free if not l[2]]
@@ -94,7 +94,7 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
                            free_vars=tuple(l[0] for l in free), outputs_contiguous=along_outputs != "strided")
     sweep = bool(inner_free)
     red = max(r.extent for r in reductions)
-    stmts = list(_statements(kernel.body))
+    stmts = list(statements(kernel.body))
     folds = [s for s in stmts if isinstance(s, (Accumulate, Update))]
     atomic_ok = all(isinstance(s, Accumulate) and s.op in ("sum", "max", "min") for s in folds)
     output_is_acc = any(getattr(s, "value", None) in {f.acc for f in folds} for s in stmts if type(s).__name__ == "Store")
@@ -112,7 +112,7 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
                            free_vars=tuple(l[0] for l in outer), m_vars=m_vars, n_vars=n_vars,
                            prologue=prologue_ops is not None, prologue_ops=prologue_ops or (0, 0))
     rows = prod(l[1] for l in outer) if outer else 1
-    folded = [s for fold in reductions for s in _statements(fold.body)
+    folded = [s for fold in reductions for s in statements(fold.body)
               if isinstance(s, Assign) and isinstance(s.expr, Load) and fold.var in _vars(s.expr.index)]
     along_fold = _walk(folded, *{fold.var for fold in reductions}) if folded else "absent"
     along_outputs = _walk(folded, outer[-1][0]) if outer and folded else "absent"
@@ -177,19 +177,12 @@ def _loops(body, free: list, reductions: list) -> None:
     outer = parallel_loops(body)
     free.extend((var, extent, False) for var, extent in outer)
     outer_vars = {var for var, _ in outer}
-    for stmt in _statements(body):
+    for stmt in statements(body):
         if isinstance(stmt, Loop):
             if stmt.reduction:
                 reductions.append(stmt)
             elif stmt.var not in outer_vars:
                 free.append((stmt.var, stmt.extent, True))
-
-
-def _statements(body):
-    for stmt in body:
-        yield stmt
-        if isinstance(stmt, Loop):
-            yield from _statements(stmt.body)
 
 
 def _contraction(kernel, stmts, outer, reductions):
@@ -298,7 +291,7 @@ def _attention(outer, reductions):
         nested = [s for s in fold.body if isinstance(s, Loop) and s.reduction]
         if len(nested) != 1:
             continue
-        inside = [s for s in _statements(nested[0].body) if isinstance(s, Assign) and isinstance(s.expr, Load)]
+        inside = [s for s in statements(nested[0].body) if isinstance(s, Assign) and isinstance(s.expr, Load)]
         beside = [s for s in fold.body if isinstance(s, Assign) and isinstance(s.expr, Load)]
         if not inside or not beside:
             continue
