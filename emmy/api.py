@@ -8,7 +8,7 @@ from emmy.program import Program
 
 
 def optimize(graph, *example_inputs, target: str | None = None, stop_after: str = "tensor",
-             rules: tuple = (), budget=None, knobs=None, capture_cache: bool = False) -> Program:
+             rules: tuple = (), budget=None, knobs=None, capture_cache: bool = False, exact: bool = False) -> Program:
     """Compile a PyTorch program.
 
     `graph` is `-c`-style code (a string) or a file of it (a pathlib.Path), an `nn.Module` or `fx.GraphModule`
@@ -22,6 +22,7 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     strings and files, reuse (or remember) what capture and decomposition made of the same code in the
     on-disk cache (emmy.capture.cache), so a repeat needs no torch; such a program's
     `captured` is a CachedCapture (no ExportedProgram: checking against torch recaptures).
+    `exact`: rewrite with exact rules only (emmy.rules.Rule.exact), so no rule changes a result's bits.
     """
     from emmy.config import settings
     from emmy.extract.targets import get_target
@@ -33,7 +34,7 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     chosen = get_target(target or config.target)  # fail fast, before the slow capture
     pins = knobs if isinstance(knobs, KnobRow) else parse_pins(config.knobs if knobs is None else knobs)
     check_target(pins, chosen)
-    groups, budget = _optimizer_setup(rules, budget, config)
+    groups, budget = _optimizer_setup(rules, budget, config, exact)
     cached = None
     code = None
     if capture_cache and isinstance(graph, (str, os.PathLike)):
@@ -56,11 +57,13 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     return program
 
 
-def _optimizer_setup(rules, budget, config):
+def _optimizer_setup(rules, budget, config, exact: bool = False):
     from emmy.egraph.driver import Budget
     from emmy.rules import builtin_groups
 
     groups = tuple(builtin_groups()) + tuple(rules)
+    if exact:
+        groups = tuple(g.exact_only() for g in groups)
     if budget is None:
         budget = Budget(config.egraph_iterations, config.egraph_enodes, config.egraph_seconds)
     return groups, budget

@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     def optimizer_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--rules", dest="rule_files", action="append", default=[], metavar="FILE",
                        help="load a module of extra rulesets (repeatable)")
+        p.add_argument("--exact", action="store_true",
+                       help="rewrite with exact rules only: no rule that may change a result's bits")
         p.add_argument("--max-iterations", type=int, metavar="N", help="iterations per saturation phase")
         p.add_argument("--max-enodes", type=int, metavar="N",
                        help="e-nodes a saturation phase may add (per 10,000 e-nodes of the program)")
@@ -76,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     rules = sub.add_parser("rules", help="list the rulesets and rules, with their descriptions")
     rules.add_argument("--rules", dest="rule_files", action="append", default=[], metavar="FILE",
                        help="also load the rulesets of this Python module")
+    rules.add_argument("--exact", action="store_true", help="list the exact rules only (what --exact keeps)")
     rules.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
 
     suite = sub.add_parser("suite", help="compile the reference workloads and check them against torch")
@@ -124,7 +127,7 @@ def _compile(args) -> int:
 
     rules, budget = _optimizer_args(args)
     program = optimize(args.code or args.file, target=args.target, stop_after=args.ir, rules=rules, budget=budget,
-                       knobs=args.knobs, capture_cache=True)
+                       knobs=args.knobs, capture_cache=True, exact=args.exact)
     text = program.ir(args.ir)
     if args.verbose and args.ir not in ("torch", "tensor"):
         result = program.loop_result
@@ -171,7 +174,7 @@ def _compiled(args, stop_after: str, capture_cache: bool = True):
 
     rules, budget = _optimizer_args(args)
     return optimize(args.code or args.file, target=args.target, stop_after=stop_after, rules=rules, budget=budget,
-                    knobs=args.knobs, capture_cache=capture_cache)
+                    knobs=args.knobs, capture_cache=capture_cache, exact=args.exact)
 
 
 def _print_table(header: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> None:
@@ -250,11 +253,14 @@ def _rules(args) -> int:
     from emmy.rules import builtin_groups, load_rules_file
 
     groups = builtin_groups() + [g for path in args.rule_files for g in load_rules_file(path)]
+    if args.exact:
+        groups = [g.exact_only() for g in groups]
     for group in groups:
         print(f"{group.name}  (phase {group.phase}): {group.description}")
         width = max((len(r.name) for r in group.rules), default=0)
         for rule in group.rules:
-            print(f"  {rule.name.ljust(width)}  {rule.description}")
+            print(f"  {rule.name.ljust(width)}  {'exact' if rule.exact else 'approx'}  {rule.description}"
+                  + ("" if rule.exact else f" [{rule.bound}; within {rule.ulps:g} ulp]"))
     from emmy.rules.schedules import SCHEDULE_DESCRIPTIONS
 
     print("schedules  (after extraction, on each kernel's e-class): every legal knob row")

@@ -23,10 +23,25 @@ BUILTIN_MODULES = ("emmy.rules.algebra", "emmy.rules.fusion", "emmy.rules.twist"
 
 @dataclass(frozen=True)
 class Rule:
+    """A named rule. `exact`: both sides give the same bits on every input (NaN for NaN) in the
+    dtype they compute in; otherwise `bound` says what may differ and `ulps` how far the right side
+    may stray beyond the left side's own rounding error (emmy.testing.check_ruleset checks it)."""
     name: str
     description: str
     ruleset: Ruleset  # this rule alone, so a soundness check can run it by itself
     group: str
+    rewrites: tuple = ()  # the egglog rewrites, one or more
+    bound: str = ""  # "" for an exact rule; else what the right side may change
+    ulps: float = 0.0
+
+    @property
+    def exact(self) -> bool:
+        return not self.bound
+
+    @property
+    def mark(self) -> str:
+        """How `emmy rules` labels the rule."""
+        return "exact" if self.exact else f"approximate ({self.bound})"
 
 
 @dataclass
@@ -45,8 +60,14 @@ class RuleGroup:
         # saturation driver's back-off bans rewrites one by one, as egg's does.
         self.units: list[tuple[str, object, tuple]] = []
 
-    def rule(self, name: str, description: str, *rewrites) -> None:
-        """Add one named rule (one or more egglog rewrites that state the same fact)."""
+    def rule(self, name: str, description: str, *rewrites, approximate: str = "", ulps: float = 0.0) -> None:
+        """Add one named rule (one or more egglog rewrites that state the same fact). A rule is exact
+        unless `approximate` says what its right side may change (one more rounding, the sign of a
+        zero, a reassociated sum); `ulps` then bounds the extra error, in units in the last place of
+        the dtype, beyond the left side's own."""
+        if ulps and not approximate:
+            raise EmmyError(f"rule {self.name}.{name}: ulps={ulps} given for an exact rule; say what it "
+                            f"approximates with approximate=...")
         label = f"{self.name}.{name}"
         alone = ruleset(*rewrites, name=f"emmy.{self.name}.{name}")
         for index, rewrite in enumerate(rewrites):
@@ -55,7 +76,15 @@ class RuleGroup:
             self.units.append((label, rewrite, tuple(decls)))
         for decl in alone.__egg_ruleset__.rules:
             self.labels[decl] = label
-        self.rules.append(Rule(name, description, alone, self.name))
+        self.rules.append(Rule(name, description, alone, self.name, tuple(rewrites), approximate, ulps))
+
+    def exact_only(self) -> "RuleGroup":
+        """This group with its approximate rules left out (`--exact`)."""
+        group = RuleGroup(self.name, self.phase, self.description)
+        for rule in self.rules:
+            if rule.exact:
+                group.rule(rule.name, rule.description, *rule.rewrites)
+        return group
 
 
 def builtin_groups() -> list[RuleGroup]:

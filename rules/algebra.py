@@ -4,8 +4,9 @@ associativity; extraction then takes one canonical operand order)."""
 
 from __future__ import annotations
 
-from egglog import PyObject, String, f64, ne, rewrite, vars_
+from egglog import BigInt, BigRat, PyObject, String, f64, ne, rewrite, vars_
 
+from emmy.egraph.constants import denominator, folded, numerator
 from emmy.egraph.layout import compose, scalar_unguarded, unguarded
 from emmy.egraph.terms import Term
 from emmy.rules import RuleGroup
@@ -17,24 +18,38 @@ inner, outer = vars_("inner outer", String)
 
 algebra = RuleGroup("algebra", "algebra", "canonical forms: constants, identities, layouts, operand order")
 
-for op, fn in (("add", lambda p, q: p + q), ("subtract", lambda p, q: p - q), ("multiply", lambda p, q: p * q)):
-    algebra.rule(f"fold_{op}", f"{op}(literal a, literal b) -> literal",
-                 rewrite(Term.binary(op, d, Term.literal(a, d), Term.literal(b, d))).to(Term.literal(fn(a, b), d),
-                                                                                         ne(d).to(String("bool"))))
+def _folded_value(op: str):
+    """(the f64 of `a op b` computed in dtype d, its text: "" when it does not fold)."""
+    text = PyObject(folded)(PyObject.from_string(String(op)), PyObject.from_string(a.to_string()),
+                            PyObject.from_string(b.to_string()), PyObject.from_string(d)).to_string()
+    part = lambda fn: BigInt.from_string(PyObject(fn)(PyObject.from_string(text)).to_string())  # noqa: E731
+    return BigRat(part(numerator), part(denominator)).to_f64(), text
+
+
+for op in ("add", "subtract", "multiply"):
+    value, text = _folded_value(op)
+    algebra.rule(f"fold_{op}", f"{op}(literal a, literal b) -> literal, computed and rounded in the dtype",
+                 rewrite(Term.binary(op, d, Term.literal(a, d), Term.literal(b, d))).to(
+                     Term.literal(value, d), ne(text).to(String(""))))
 
 algebra.rule("multiply_one", "x * 1 -> x, 1 * x -> x",
              rewrite(Term.binary("multiply", d, x, Term.literal(1.0, d))).to(x),
              rewrite(Term.binary("multiply", d, Term.literal(1.0, d), x)).to(x))
 algebra.rule("add_zero", "x + 0 -> x, 0 + x -> x",
              rewrite(Term.binary("add", d, x, Term.literal(0.0, d))).to(x),
-             rewrite(Term.binary("add", d, Term.literal(0.0, d), x)).to(x))
+             rewrite(Term.binary("add", d, Term.literal(0.0, d), x)).to(x),
+             approximate="the sign of a zero: -0.0 + 0.0 is +0.0")
 algebra.rule("subtract_zero", "x - 0 -> x",
              rewrite(Term.binary("subtract", d, x, Term.literal(0.0, d))).to(x))
 algebra.rule("divide_one", "x / 1 -> x",
              rewrite(Term.binary("divide", d, x, Term.literal(1.0, d))).to(x))
-algebra.rule("divide_by_constant", "x / c -> x * (1/c) for a constant c != 0",
+# 1/c is kept a normal number in every float dtype (f16's normals start at 2^-14), so the product
+# rounds twice, not with a subnormal's lost bits
+algebra.rule("divide_by_constant", "x / c -> x * (1/c) for a constant 2^-14 <= |c| <= 2^14",
              rewrite(Term.binary("divide", d, x, Term.literal(a, d))).to(
-                 Term.binary("multiply", d, x, Term.literal(f64(1.0) / a, d)), ne(a).to(f64(0.0))))
+                 Term.binary("multiply", d, x, Term.literal(f64(1.0) / a, d)),
+                 abs(a) >= f64(2.0 ** -14), abs(a) <= f64(2.0 ** 14)),
+             approximate="one more rounding: 1/c, then the product", ulps=1)
 
 _composed = PyObject(compose)(PyObject.from_string(inner), PyObject.from_string(outer)).to_string()
 algebra.rule("compose_layouts", "reindex(reindex(x, m1), m2) -> reindex(x, m1 then m2)",
@@ -53,6 +68,8 @@ algebra.rule("cast_before_layout", "cast(reindex(x, m)) -> reindex(cast(x), m) f
 
 for op in ("add", "multiply", "maximum", "minimum"):
     algebra.rule(f"commute_{op}", f"{op}(x, y) -> {op}(y, x)",
-                 rewrite(Term.binary(op, d, x, y)).to(Term.binary(op, d, y, x)))
+                 rewrite(Term.binary(op, d, x, y)).to(Term.binary(op, d, y, x)),
+                 # the maximum of +0.0 and -0.0 is whichever comes first (numpy, CUDA's fmaxf alike)
+                 approximate="" if op in ("add", "multiply") else f"the sign of a zero: {op}(+0.0, -0.0)")
 
 RULESETS = [algebra]

@@ -47,6 +47,7 @@ twist.rule(
     rewrite(Term.reduce("sum", axis, Term.unary("exp", d, Term.binary(
         "subtract", d, s, Term.reindex(Term.reduce("max", axis, s), layout))))).to(
         Term.online_sum(axis, s), ne(_broadcast).to(String(""))),
+    approximate="the sum in another order, rounded once", ulps=2,
 )
 
 
@@ -88,6 +89,7 @@ twist.rule(
     "sum(softmax(s) * w) over the softmax axis -> softmax_wsum: one pass with state (m, d, z)",
     rewrite(Term.reduce("sum", ax, Term.binary("multiply", d, Term.reindex(_softmax, l1), w))).to(
         Term.softmax_wsum(ax, Term.reindex(s, l1), w), *_weighted_sum_guards),
+    approximate="the sums in another order, rounded once", ulps=2,
 )
 (half,) = vars_("half", String)
 twist.rule(
@@ -97,6 +99,8 @@ twist.rule(
     rewrite(Term.reduce("sum", ax, Term.binary("multiply", d, Term.reindex(
         Term.unary("cast", d, Term.unary("cast", half, _softmax)), l1), w))).to(
         Term.softmax_wsum(ax, Term.reindex(s, l1), w), *_weighted_sum_guards, ne(half).to(String("f32"))),
+    approximate="the probabilities are not rounded to half precision: no farther from the exact sum than the "
+                "rounded left side", ulps=2,
 )
 
 RULESETS = [twist]
@@ -127,4 +131,5 @@ twist.rule(
         Term.binary("multiply", d, Term.reduce("sum", axis, x), Term.literal(k, d))),
         _centred(Term.binary("multiply", d, Term.reduce("sum", axis, x), Term.literal(k, d)))))).to(
         Term.welford_m2(axis, x), ne(_is_mean).to(String(""))),
+    approximate="Welford's updates instead of two passes: no farther from the exact sum of squares", ulps=2,
 )
