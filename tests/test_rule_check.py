@@ -1,0 +1,108 @@
+"""Rules a user can trust: each rewrite's two sides checked directly on special values, rules
+marked exact or approximate, --exact, and constant folding in the operation's dtype."""
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from egglog import String, rewrite, vars_
+
+import emmy
+from emmy.egraph.constants import folded
+from emmy.egraph.terms import Term
+from emmy.rules import RuleGroup, builtin_groups
+from emmy.testing import check_rule_sides, check_ruleset
+from tests.conftest import run_emmy
+
+x, y = vars_("x y", Term)
+(d,) = vars_("d", String)
+
+
+def _rule(group: str, name: str):
+    return next(r for g in builtin_groups() if g.name == group for r in g.rules if r.name == name)
+
+
+def test_a_right_side_never_extracted_is_still_checked():
+    tanh6 = x
+    for _ in range(6):
+        tanh6 = Term.unary("tanh", d, tanh6)
+    bad = RuleGroup("bad", "algebra", "exp as six tanhs (false)")
+    bad.rule("exp_tanh", "exp(x) -> tanh^6(x)", rewrite(Term.unary("exp", d, x)).to(tanh6))
+    result = check_ruleset(bad, corpus=["x=torch.randn(3,5); x.exp()"], variants=2)
+    assert result.fired["exp_tanh"] > 0
+    assert result.failures and all("bad.exp_tanh" in f for f in result.failures)
+    assert not result.ok
+
+
+def test_a_rule_wrong_only_for_nan_and_inf_is_rejected():
+    bad = RuleGroup("bad", "algebra", "x - x is zero (not for inf or NaN)")
+    bad.rule("self_subtract", "x - x -> 0", rewrite(Term.binary("subtract", d, x, x)).to(Term.literal(0.0, d)))
+    count, failures = check_rule_sides(bad.rules[0])
+    assert count > 0
+    assert failures and re.search(r"left (nan|inf)", failures[0]), failures
+
+
+def test_divide_by_constant_is_approximate_within_its_bound_and_not_exact():
+    rule = _rule("algebra", "divide_by_constant")
+    assert not rule.exact and rule.ulps == 1
+    count, failures = check_rule_sides(rule)
+    assert count > 0 and not failures, failures
+    # the same rewrite claimed exact, or within no ulp, is caught
+    for claim in (dataclasses.replace(rule, bound="", ulps=0), dataclasses.replace(rule, ulps=0)):
+        assert check_rule_sides(claim)[1]
+
+
+def test_sign_of_zero_rules_are_marked_and_fail_as_exact():
+    for group, name in (("algebra", "add_zero"), ("algebra", "commute_maximum")):
+        rule = _rule(group, name)
+        assert not rule.exact and "zero" in rule.bound
+        assert not check_rule_sides(rule)[1]
+        failures = check_rule_sides(dataclasses.replace(rule, bound="", ulps=0))[1]
+        assert failures and "0.0" in failures[0]
+
+
+def test_approximate_without_a_bound_statement_is_refused():
+    group = RuleGroup("g", "algebra", "")
+    with pytest.raises(emmy.EmmyError, match="ulps=1 given for an exact rule"):
+        group.rule("r", "x * 1 -> x", rewrite(Term.binary("multiply", d, x, Term.literal(1.0, d))).to(x), ulps=1)
+
+
+def test_exact_mode_leaves_division_by_a_constant_alone():
+    code = "x=torch.randn(8); x / 3.0"
+    exact = str(emmy.optimize(code, stop_after="loop", exact=True).ir("loop"))
+    plain = str(emmy.optimize(code, stop_after="loop").ir("loop"))
+    assert "divide(in0, 3.0)" in exact and "multiply" not in exact
+    assert "divide" not in plain and "multiply" in plain
+    listed = run_emmy("rules").stdout
+    kept = run_emmy("rules", "--exact").stdout
+    assert re.search(r"divide_by_constant\s+approx", listed)
+    assert "divide_by_constant" not in kept and re.search(r"divide_one\s+exact", kept)
+    compiled = run_emmy("compile", "-c", code, "--ir", "loop", "--exact")
+    assert compiled.returncode == 0 and "divide(in0, 3.0)" in compiled.stdout
+
+
+def test_constant_folding_rounds_to_the_dtype():
+    # f32: 0.1 + 1e-9 is 0.1f (the 1e-9 is below half an ulp), not the f64 sum
+    program = emmy.optimize("x=torch.randn(4); x * (torch.scalar_tensor(0.1) + 1e-9)", stop_after="loop")
+    literals = re.findall(r"multiply\(([-\d.e]+), in0\)|multiply\(in0, ([-\d.e]+)\)", str(program.ir("loop")))
+    (value,) = [float(a or b) for a, b in literals]
+    assert value == float(np.float32(0.1))
+    num, den = folded("add", "0.1", "1e-09", "f32").split("/")
+    assert int(num) / int(den) == float(np.float32(0.1))
+    assert folded("multiply", "300.0", "300.0", "f16") == ""  # 90000 overflows f16: nothing folds
+    assert folded("multiply", "-0.0", "1.0", "f32") == ""  # a rational has no -0.0
+    num, den = folded("add", "0.1", "0.2", "f16").split("/")
+    assert int(num) / int(den) == float(np.float16(np.float16(0.1) + np.float16(0.2)))
+
+
+def test_the_rules_doc_examples_run():
+    text = (Path(__file__).parent.parent / "docs" / "rules.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    runnable = [b for b in blocks if "..." not in b]
+    assert len(runnable) >= 2
+    scope: dict = {}
+    for block in runnable:
+        exec(compile(block, "docs/rules.md", "exec"), scope)
+    assert scope["result"].ok
