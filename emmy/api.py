@@ -15,7 +15,7 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     or plain function (with example inputs), or an ExportedProgram. The target
     defaults to EMMY_TARGET, else sm_90. Every stage up to `stop_after` is
     built now, so its errors surface here; later stages build when asked.
-    `rules` adds rule groups (emmy.rules.RuleGroup) to the built-in ones;
+    `rules` adds rule groups (emmy.rules.RuleGroup, and ScheduleRuleGroup for schedule rules) to the built-in ones;
     `budget` (emmy.egraph.driver.Budget) bounds saturation, by default from
     EMMY_EGRAPH_* settings. `knobs` pins schedule knobs for every kernel
     (`"K=V,..."` or an emmy.knobs.KnobRow; default EMMY_KNOBS). `capture_cache`: for code
@@ -34,7 +34,7 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     chosen = get_target(target or config.target)  # fail fast, before the slow capture
     pins = knobs if isinstance(knobs, KnobRow) else parse_pins(config.knobs if knobs is None else knobs)
     check_target(pins, chosen)
-    groups, budget = _optimizer_setup(rules, budget, config, exact)
+    groups, schedule_rules, budget = _optimizer_setup(rules, budget, config, exact)
     cached = None
     code = None
     if capture_cache and isinstance(graph, (str, os.PathLike)):
@@ -43,7 +43,8 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
 
         code = program_text(graph)[0]
         cached = lookup(code, config.cache_dir)
-    program = Program(cached or capture(graph, *example_inputs), chosen, groups, budget, pins)
+    program = Program(cached or capture(graph, *example_inputs), chosen, groups, budget, pins,
+                      schedule_rules=schedule_rules)
     if code is not None and cached is None:
         from emmy.capture.cache import store
 
@@ -59,11 +60,12 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
 
 def _optimizer_setup(rules, budget, config, exact: bool = False):
     from emmy.egraph.driver import Budget
-    from emmy.rules import builtin_groups
+    from emmy.rules import ScheduleRuleGroup, builtin_groups
 
-    groups = tuple(builtin_groups()) + tuple(rules)
+    schedule_rules = tuple(g for g in rules if isinstance(g, ScheduleRuleGroup))
+    groups = tuple(builtin_groups()) + tuple(g for g in rules if not isinstance(g, ScheduleRuleGroup))
     if exact:
         groups = tuple(g.exact_only() for g in groups)
     if budget is None:
         budget = Budget(config.egraph_iterations, config.egraph_enodes, config.egraph_seconds)
-    return groups, budget
+    return groups, schedule_rules, budget

@@ -252,7 +252,10 @@ def _run(args) -> int:
 def _rules(args) -> int:
     from emmy.rules import builtin_groups, load_rules_file
 
-    groups = builtin_groups() + [g for path in args.rule_files for g in load_rules_file(path)]
+    from emmy.rules import ScheduleRuleGroup
+
+    loaded = [g for path in args.rule_files for g in load_rules_file(path)]
+    groups = builtin_groups() + [g for g in loaded if not isinstance(g, ScheduleRuleGroup)]
     if args.exact:
         groups = [g.exact_only() for g in groups]
     for group in groups:
@@ -267,6 +270,9 @@ def _rules(args) -> int:
     width = max(len(name) for name in SCHEDULE_DESCRIPTIONS)
     for name, description in SCHEDULE_DESCRIPTIONS.items():
         print(f"  {name.ljust(width)}  {description}")
+    for group in loaded:
+        if isinstance(group, ScheduleRuleGroup):
+            print(f"{group.name}  (schedules, loaded): {group.description}")
     return 0
 
 

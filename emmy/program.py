@@ -21,6 +21,7 @@ class Program:
     budget: object = None  # emmy.egraph.driver.Budget
     knobs: object = None  # emmy.knobs.KnobRow: pins for every kernel
     rows: tuple = ()  # (kernel name, KnobRow): rows chosen for single kernels instead of the model's
+    schedule_rules: tuple = ()  # emmy.rules.ScheduleRuleGroup the user loaded, beside the built-in ones
 
     @cached_property
     def tensor_program(self):
@@ -44,7 +45,8 @@ class Program:
         from emmy.egraph import optimize_loops
         from emmy.tile_ir.pricing import KernelPricer
 
-        return optimize_loops(self.tensor_ir, list(self.rule_groups), self.budget, KernelPricer(self.target, self.pins))
+        return optimize_loops(self.tensor_ir, list(self.rule_groups), self.budget, KernelPricer(self.target, self.pins,
+                                                                                  self.schedule_rules))
 
     @property
     def pins(self):
@@ -64,7 +66,7 @@ class Program:
 
         result = self.loop_result
         return build_tile_program(result.program, self.target, self.pins, result.egraph, result.kernel_roots(),
-                                  dict(self.rows))
+                                  dict(self.rows), self.schedule_rules)
 
     def with_rows(self, rows: dict) -> Program:
         """The same program (its Loop IR reused) with these kernels' rows, kernel name -> KnobRow,
@@ -121,7 +123,8 @@ class Program:
         from emmy.tile_ir.shape import kernel_shape
 
         shapes = [kernel_shape(k) for k in self.loop_ir.kernels]
-        space = build_space(shapes, self.target, self.pins, self.loop_result.egraph, self.loop_result.kernel_roots())
+        space = build_space(shapes, self.target, self.pins, self.loop_result.egraph, self.loop_result.kernel_roots(),
+                            self.schedule_rules)
         types = self.buffer_types
         rows = {k.name: offered_rows(k, shape, space.rows[k.name], types) for k, shape in zip(self.loop_ir.kernels, shapes)}
         return dataclasses.replace(space, rows=rows)

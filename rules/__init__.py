@@ -87,6 +87,16 @@ class RuleGroup:
         return group
 
 
+@dataclass(frozen=True, eq=False)
+class ScheduleRuleGroup:
+    """Schedule rules a user adds: an egglog ruleset of `rule(...).then(legal_row(...))` over the
+    relations of emmy.rules.schedules (docs/rules.md). They run beside the built-in schedule rules,
+    so they can offer more rows; every row still has to pass the lowering's own checks."""
+    name: str
+    description: str
+    ruleset: Ruleset
+
+
 def builtin_groups() -> list[RuleGroup]:
     groups: list[RuleGroup] = []
     for module in BUILTIN_MODULES:
@@ -94,8 +104,9 @@ def builtin_groups() -> list[RuleGroup]:
     return groups
 
 
-def load_rules_file(path: str) -> list[RuleGroup]:
-    """A user's rules module: a Python file defining RULESETS."""
+def load_rules_file(path: str) -> list:
+    """A user's rules module: a Python file defining RULESETS, a list of RuleGroup (rewrites) and
+    ScheduleRuleGroup (schedule rules)."""
     file = Path(path)
     if not file.is_file():
         raise EmmyError(f"--rules {path}: no such file")
@@ -108,6 +119,7 @@ def load_rules_file(path: str) -> list[RuleGroup]:
     except Exception as err:
         raise EmmyError(f"--rules {path}: the module failed to load: {type(err).__name__}: {err}") from err
     groups = getattr(module, "RULESETS", None)
-    if not isinstance(groups, list) or not all(isinstance(g, RuleGroup) for g in groups):
-        raise EmmyError(f"--rules {path}: the module must define RULESETS, a list of emmy.rules.RuleGroup")
+    if not isinstance(groups, list) or not all(isinstance(g, (RuleGroup, ScheduleRuleGroup)) for g in groups):
+        raise EmmyError(f"--rules {path}: the module must define RULESETS, a list of emmy.rules.RuleGroup "
+                        f"or emmy.rules.ScheduleRuleGroup")
     return groups

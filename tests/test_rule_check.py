@@ -106,3 +106,22 @@ def test_the_rules_doc_examples_run():
     for block in runnable:
         exec(compile(block, "docs/rules.md", "exec"), scope)
     assert scope["result"].ok
+
+
+def test_rules_files_load_schedule_rules(tmp_path):
+    text = (Path(__file__).parent.parent / "docs" / "rules.md").read_text()
+    module = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "ScheduleRuleGroup" in b)
+    path = tmp_path / "maps96.py"
+    path.write_text(module)
+    code = "x=torch.randn(1000); x.exp()"
+    plain = run_emmy("schedules", "-c", code)
+    ruled = run_emmy("schedules", "-c", code, "--rules", str(path))
+    assert ruled.returncode == 0, ruled.stderr
+    assert not re.search(r"\bt96\b", plain.stdout) and re.search(r"\bt96\b", ruled.stdout)
+    # a pin on another value keeps the loaded rule's row out
+    pinned = run_emmy("schedules", "-c", code, "--rules", str(path), "--knobs", "WORK=t128")
+    assert pinned.returncode == 0 and not re.search(r"\bt96\b", pinned.stdout)
+    assert "maps96  (schedules, loaded)" in run_emmy("rules", "--rules", str(path)).stdout
+    # and the program runs on the row the loaded rule offered
+    ran = run_emmy("run", "-c", code, "--rules", str(path), "--knobs", "WORK=t96", "--check")
+    assert ran.returncode == 0 and "grid 11 x block 96" in ran.stdout, ran.stdout + ran.stderr

@@ -106,8 +106,9 @@ def _kernel_facts(shape: KernelShape, root) -> list:
 
 
 def build_space(shapes: list[KernelShape], target, pins: KnobRow = KnobRow(), egraph=None,
-                roots: dict | None = None) -> ScheduleSpace:
-    """`roots`: kernel name -> its root Term in `egraph` (the optimizer's saturated e-graph)."""
+                roots: dict | None = None, rules: tuple = ()) -> ScheduleSpace:
+    """`roots`: kernel name -> its root Term in `egraph` (the optimizer's saturated e-graph);
+    `rules`: the user's emmy.rules.ScheduleRuleGroup, run beside the built-in schedule rules."""
     import time
 
     from egglog import EGraph
@@ -117,18 +118,25 @@ def build_space(shapes: list[KernelShape], target, pins: KnobRow = KnobRow(), eg
         egraph, roots = EGraph(), {}
     # Pushed, so the optimizer's e-graph is left as it was once the rows are read.
     egraph.push()
-    attach_rows(egraph, shapes, target, pins, roots or {})
+    attach_rows(egraph, shapes, target, pins, roots or {}, rules)
     rows = {shape.kernel: [] for shape in shapes}
     for kernel, row in _legal_rows(egraph):
-        rows[kernel].append(row)
+        if not rules or _within(row, pins):  # a user's rule may offer rows the candidates (the pins) do not
+            rows[kernel].append(row)
     egraph.pop()
     order = {knob: {v: i for i, v in enumerate(vals)} for knob, vals in candidate_values(pins).items()}
-    ranked = {name: tuple(sorted(found, key=lambda r: tuple(order[k][getattr(r, k)] for k in KNOB_NAMES)))
+    # a value only a user's rule offers ranks after the candidates
+    ranked = {name: tuple(sorted(set(found), key=lambda r: tuple((order[k].get(getattr(r, k), len(order[k])),
+                                                                  getattr(r, k)) for k in KNOB_NAMES)))
               for name, found in rows.items()}
     return ScheduleSpace(ranked, time.perf_counter() - start)
 
 
-def attach_rows(egraph, shapes: list[KernelShape], target, pins: KnobRow, roots: dict) -> None:
+def _within(row: KnobRow, pins: KnobRow) -> bool:
+    return all(getattr(pins, k) is None or getattr(row, k) == getattr(pins, k) for k in KNOB_NAMES)
+
+
+def attach_rows(egraph, shapes: list[KernelShape], target, pins: KnobRow, roots: dict, rules: tuple = ()) -> None:
     """Add kernel, target and candidate facts to `egraph` and run the schedule rules to
     saturation: `legal_row(root, ...)` then holds every legal row of each kernel's root e-class.
     A kernel without a root in `roots` stands as a `buffer` term of its name."""
@@ -140,7 +148,10 @@ def attach_rows(egraph, shapes: list[KernelShape], target, pins: KnobRow, roots:
     for shape in shapes:
         facts += _kernel_facts(shape, roots.get(shape.kernel, Term.buffer(shape.kernel, "", "kernel")))
     egraph.register(*facts)
-    egraph.run(_schedule_rules().saturate())
+    combined = _schedule_rules()
+    for group in rules:
+        combined = combined | group.ruleset
+    egraph.run(combined.saturate())
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,16 +12,17 @@ from emmy.tile_ir.shape import KernelShape, kernel_shape
 
 
 def build_tile_program(loops: LoopProgram, target, pins: KnobRow = KnobRow(), egraph=None,
-                       roots: dict | None = None, chosen: dict | None = None) -> TileProgram:
+                       roots: dict | None = None, chosen: dict | None = None, schedule_rules: tuple = ()) -> TileProgram:
     """`egraph`, `roots`: the optimizer's e-graph and each kernel's root Term in it (see
     emmy.egraph.schedules.build_space); without them the space is built on its own. `chosen`:
-    kernel name -> the row to use instead of the cheapest (it must be offered for that kernel)."""
+    kernel name -> the row to use instead of the cheapest (it must be offered for that kernel).
+    `schedule_rules`: the user's emmy.rules.ScheduleRuleGroup, run beside the built-in ones."""
     from emmy.egraph.schedules import build_space
 
     check_target(pins, target)
     shapes = [kernel_shape(k) for k in loops.kernels]
-    space = build_space(shapes, target, pins, egraph, roots)
-    full = build_space(shapes, target, KnobRow(), egraph, roots) if pins.pinned() else space
+    space = build_space(shapes, target, pins, egraph, roots, schedule_rules)
+    full = build_space(shapes, target, KnobRow(), egraph, roots, schedule_rules) if pins.pinned() else space
     kernels = []
     types = buffer_types(loops)
     for kernel, shape in zip(loops.kernels, shapes):

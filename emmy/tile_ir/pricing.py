@@ -22,9 +22,10 @@ _SPACES: dict[tuple, tuple[KnobRow, ...]] = {}  # (target, pins, unnamed shape) 
 class KernelPricer:
     """Callable on [(Kernel, buffer types)] -> [KernelPrice], for one target and set of pins."""
 
-    def __init__(self, target, pins: KnobRow = KnobRow()):
+    def __init__(self, target, pins: KnobRow = KnobRow(), schedule_rules: tuple = ()):
         self.target = target
         self.pins = pins
+        self.schedule_rules = schedule_rules  # the user's emmy.rules.ScheduleRuleGroup
         self.prices: dict[tuple, KernelPrice] = {}
         self.priced = 0  # distinct kernels priced (the memo's misses)
         self._rankings: dict[tuple, list] = {}  # (space key, loop cost) -> every legal row's Breakdown, cheapest first
@@ -47,7 +48,7 @@ class KernelPricer:
     def _space_key(self, shape) -> tuple:
         from emmy.tile_ir.build import _unnamed
 
-        return (self.target.key, str(self.pins), _unnamed(shape))
+        return (self.target.key, str(self.pins), self.schedule_rules, _unnamed(shape))
 
     def _build_spaces(self, shapes) -> None:
         import dataclasses
@@ -58,9 +59,9 @@ class KernelPricer:
         for shape in shapes:
             key = self._space_key(shape)
             if key not in _SPACES and key not in missing:
-                missing[key] = dataclasses.replace(key[2], kernel=f"shape{len(missing)}")
+                missing[key] = dataclasses.replace(key[-1], kernel=f"shape{len(missing)}")
         if missing:
-            space = build_space(list(missing.values()), self.target, self.pins)
+            space = build_space(list(missing.values()), self.target, self.pins, rules=self.schedule_rules)
             for key, stand_in in missing.items():
                 _SPACES[key] = space.rows[stand_in.kernel]
 
@@ -91,7 +92,7 @@ class KernelPricer:
 
         key = (self._space_key(shape), cost)
         if key not in self._rankings:
-            unnamed = key[0][2]  # names change nothing in a prediction, and keep geometry's cache warm
+            unnamed = key[0][-1]  # names change nothing in a prediction, and keep geometry's cache warm
             predicted = [predict(unnamed, row, self.target, cost) for row in rows]
             self._rankings[key] = [predicted[i] for i in sorted(range(len(rows)), key=lambda i: (predicted[i].total_s, i))]
         return self._rankings[key]
