@@ -18,7 +18,10 @@ and guards the join with one legality condition per clause:
 - tensor cores: an mma atom's dtype matches the operands; the block tile
   (16*FM*WM x 8*FN*WN, K step 16*KC) fits the extents and K divides into
   steps (M and N tails are masked); at most 64 accumulator registers a thread;
-- shared memory: stage depth x (A tile + B tile) fits the target's per-block limit;
+- shared memory: stage depth x (an A panel per A-side load + a B panel per
+  B-side load) fits the target's per-block limit, in the one formula the
+  geometry and the lowerings use (tile_ir.geometry.contraction_stage_bytes,
+  called from the guards through egglog's PyObject);
 - features: cp.async from sm_80, TMA from sm_90 (target flags);
 - splits: a reduction splits across blocks only when there are fewer rows
   (or output tiles) than SMs, each block keeps work, and nothing reads the
@@ -34,8 +37,8 @@ and guards the join with one legality condition per clause:
   warps side by side over rows, WN = 1; or FLASH_SIMT_ROWS*TILE f<N> rows a
   warp in SIMT), steps over the keys BN at a time (8*FN, or up to 32 in SIMT),
   keeps (m, d, z) in registers (S and O accumulators at most 128 registers a
-  thread), K and V tiles staged depth-deep (smem: depth*BN*(D+N) + the Q
-  tile), and may split the keys across blocks (split-KV, a workspace and a
+  thread), K and V tiles staged depth-deep (smem: geometry.flash_bytes, V's
+  rows rounded to 16 and the Q tile added under mma atoms), and may split the keys across blocks (split-KV, a workspace and a
   finishing merge) under the split clause.
 
 `legal_row(root, WORK, TILE, REDUCE, STAGE, RASTER)` holds each legal row.
@@ -43,7 +46,7 @@ and guards the join with one legality condition per clause:
 
 from __future__ import annotations
 
-from egglog import String, eq, i64, relation, rule, ruleset, vars_
+from egglog import PyObject, String, eq, i64, ne, relation, rule, ruleset, vars_
 
 from emmy.egraph.terms import Term
 from emmy.knobs import MMA_ATOMS
@@ -67,8 +70,8 @@ CANDIDATES = {
 MAX_TILE_SPLIT = 8
 ATOM_DTYPE = {"mma_m16n8k16_f16_f32": "f16", "mma_m16n8k16_bf16_f32": "bf16"}
 assert set(ATOM_DTYPE) == set(MMA_ATOMS)
-from emmy.tile_ir.geometry import (FLASH_SIMT_KEYS, MICRO_K, MICRO_THREADS, SIMT_PANEL,  # noqa: E402
-                                   micro_layout)  # one source for rules and geometry
+from emmy.tile_ir.geometry import (FLASH_SIMT_KEYS, MICRO_K, MICRO_THREADS, flash_fits,  # noqa: E402
+                                   micro_layout, simt_staged_fits, tiled_staged_fits)  # one source for rules and geometry
 MAX_ACC_REGS = 64
 MAX_FLASH_ACC_REGS = 128  # S tile + O accumulators a thread, flash attention
 
@@ -97,6 +100,7 @@ def tile_mma_spelling(atom: str, fm: int, fn: int, kc: int) -> str:
 kernel = relation("kernel", Term, String, i64, i64, i64, i64, i64, i64)  # root kind rows cols red inner itemsize batch
 kernel_name = relation("kernel_name", Term, String)
 kernel_flag = relation("kernel_flag", Term, String)  # foldonly | raw | atomic
+kernel_panels = relation("kernel_panels", Term, i64, i64)  # contraction: loads staged on the A side, the B side
 kernel_mma = relation("kernel_mma", Term, String)  # tensor-core operand dtype: f16 | bf16
 target = relation("target", i64, i64, i64, i64)  # smem per block, SMs, has cp.async, has TMA
 work_threads = relation("work_threads", String, i64)
@@ -119,7 +123,7 @@ simt_block = relation("simt_block", Term, String, String, i64)  # kernel, WORK, 
 mma_block = relation("mma_block", Term, String, String, i64, i64, i64)  # kernel, WORK, TILE, BM, BN, BK
 micro_block = relation("micro_block", Term, String, String, i64, i64)  # kernel, WORK, TILE, BM, BN
 staged = relation("staged", Term, String, String, String, i64, i64, i64)  # + STAGE, rows of blocks, blocks, K steps
-flash_block = relation("flash_block", Term, String, String, i64, i64)  # kernel, WORK, TILE, BM, BN
+flash_block = relation("flash_block", Term, String, String, i64, i64, i64)  # kernel, WORK, TILE, BM, BN, mma (0/1)
 legal_row = relation("legal_row", Term, String, String, String, String, String)
 
 (k,) = vars_("k", Term)
@@ -127,7 +131,7 @@ kind, w, t, r, s, g, dt = vars_("kind w t r s g dt", String)
 rows, cols, red, inner, isz, batch = vars_("rows cols red inner isz batch", i64)
 threads, elems, vec, wm, wn, fm, fn, kc, depth, split, group = vars_(
     "threads elems vec wm wn fm fn kc depth split group", i64)
-rm, rn, tx, ty = vars_("rm rn tx ty", i64)
+rm, rn, tx, ty, pa, pb, fmma = vars_("rm rn tx ty pa pb fmma", i64)
 bm, bn, bk, smem, sms, has_async, has_tma, per_block, brows, nblocks, ksteps = vars_(
     "bm bn bk smem sms has_async has_tma per_block brows nblocks ksteps", i64)
 
@@ -214,10 +218,15 @@ _MMA_STAGED = staged(k, w, t, s, (rows + bm - 1) / bm, ((rows + bm - 1) / bm) * 
                      red / bk)
 
 
+def _fits(fn, *sizes):
+    """The guard that a shared-memory need (geometry's function `fn` of these sizes) fits."""
+    return ne(PyObject(fn)(*(PyObject.from_int(n) for n in sizes)).to_string()).to(String(""))
+
+
 def _simt_staged(stage_atom, feature_guard):
     return rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), simt_block(k, w, t, per_block),
-                target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
-                depth * 2 * SIMT_PANEL * isz <= smem,
+                kernel_panels(k, pa, pb), target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
+                _fits(simt_staged_fits, per_block, pa, pb, isz, depth, smem),
                 ).then(_SIMT_STAGED)
 
 
@@ -227,15 +236,15 @@ _MICRO_STAGED = staged(k, w, t, s, (rows + bm - 1) / bm, ((rows + bm - 1) / bm) 
 
 def _micro_staged(stage_atom, feature_guard):
     return rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), micro_block(k, w, t, bm, bn),
-                target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
-                depth * (bm + bn) * MICRO_K * isz <= smem,
+                kernel_panels(k, pa, pb), target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
+                _fits(tiled_staged_fits, bm, bn, i64(MICRO_K), pa, pb, isz, depth, smem),
                 ).then(_MICRO_STAGED)
 
 
 def _mma_staged(stage_atom, feature_guard):
     return rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), mma_block(k, w, t, bm, bn, bk),
-                target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
-                depth * (bm * bk + bk * bn) * isz <= smem,
+                kernel_panels(k, pa, pb), target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
+                _fits(tiled_staged_fits, bm, bn, bk, pa, pb, isz, depth, smem),
                 ).then(_MMA_STAGED)
 
 
@@ -269,9 +278,9 @@ contraction_rows = ruleset(
 )
 
 def _flash_rows(stage_atom, feature_guard):
-    return rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), flash_block(k, w, t, bm, bn),
+    return rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), flash_block(k, w, t, bm, bn, fmma),
                 target(smem, sms, has_async, has_tma), stage_atom, reduce_none(r), raster_none(g), *feature_guard,
-                depth * bn * (inner + cols) * isz + bm * inner * isz <= smem,
+                _fits(flash_fits, bm, bn, inner, cols, isz, depth, fmma, smem),
                 ).then(legal_row(k, w, t, r, s, g))
 
 
@@ -280,19 +289,19 @@ attention_rows = ruleset(
     rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), kernel_mma(k, dt),
          work_warps(w, wm, wn), tile_mma(t, dt, fm, fn, kc), eq(wn).to(i64(1)),
          16 * fm * wm <= rows, 8 * fn <= red, 16 * kc <= inner, eq(inner % (16 * kc)).to(i64(0)),
-         fm * fn * 4 + fm * cols / 2 <= i64(MAX_FLASH_ACC_REGS)).then(flash_block(k, w, t, 16 * fm * wm, 8 * fn)),
+         fm * fn * 4 + fm * cols / 2 <= i64(MAX_FLASH_ACC_REGS)).then(flash_block(k, w, t, 16 * fm * wm, 8 * fn, i64(1))),
     # SIMT: each warp owns TILE query rows, vector loads along the head dimension
     rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), work_threads(w, threads),
          tile_simt(t, elems, vec), threads / 32 * elems <= rows,
          *_vector_ok(cols, vec, isz), *_vector_ok(inner, vec, isz),
-         ).then(flash_block(k, w, t, threads / 32 * elems, red.min(i64(FLASH_SIMT_KEYS)))),
-    rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), flash_block(k, w, t, bm, bn),
+         ).then(flash_block(k, w, t, threads / 32 * elems, red.min(i64(FLASH_SIMT_KEYS)), i64(0))),
+    rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), flash_block(k, w, t, bm, bn, fmma),
          stage_none(s), reduce_none(r), raster_none(g)).then(legal_row(k, w, t, r, s, g)),
     _flash_rows(stage_plain(s, depth), []),
     _flash_rows(stage_async(s, depth), [eq(has_async).to(i64(1))]),
     _flash_rows(stage_tma(s, depth), [eq(has_tma).to(i64(1))]),
     # split-KV: fewer query blocks than SMs, each split keeps at least two key steps
-    rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), flash_block(k, w, t, bm, bn),
+    rule(kernel(k, "attention", rows, cols, red, inner, isz, batch), flash_block(k, w, t, bm, bn, fmma),
          target(smem, sms, has_async, has_tma), stage_none(s), reduce_split(r, split, "k"), raster_none(g),
          (rows + bm - 1) / bm * batch < sms, 2 * split <= red / bn, split <= i64(MAX_TILE_SPLIT),
          ).then(legal_row(k, w, t, r, s, g)),

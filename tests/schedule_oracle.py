@@ -13,7 +13,8 @@ from math import ceil
 from emmy.egraph.schedules import default_candidates
 from emmy.knobs import KnobRow, value_fields
 from emmy.rules.schedules import ATOM_DTYPE, MAX_ACC_REGS, MAX_FLASH_ACC_REGS, MAX_TILE_SPLIT
-from emmy.tile_ir.geometry import FLASH_SIMT_KEYS, MICRO_K, MICRO_THREADS, SIMT_PANEL, micro_layout
+from emmy.tile_ir.geometry import (FLASH_SIMT_KEYS, MICRO_K, MICRO_THREADS, SIMT_K, contraction_stage_bytes,
+                                   flash_bytes, micro_layout, simt_tile)
 
 
 def _parsed(knob):
@@ -79,7 +80,8 @@ def enumerate_rows(shape, target) -> set[KnobRow]:
         for t, elems, vec in simt:
             per_block = threads * elems
             if per_block <= shape.rows * shape.cols * shape.batch + 31 and vector_ok(shape.red, vec):
-                blocks.append((w, t, 2 * SIMT_PANEL * shape.itemsize, 1,
+                stage = contraction_stage_bytes(*simt_tile(per_block), SIMT_K, *shape.panel_loads, shape.itemsize)
+                blocks.append((w, t, stage, 1,
                                ceil(shape.rows * shape.cols * shape.batch / per_block), shape.red // 32, "simt"))
         if threads not in MICRO_THREADS:
             continue
@@ -88,7 +90,7 @@ def enumerate_rows(shape, target) -> set[KnobRow]:
             bm, bn = along_m * rm, along_n * rn
             if bm <= shape.rows and bn <= shape.cols and MICRO_K <= shape.red:
                 brows = ceil(shape.rows / bm)
-                blocks.append((w, t, (bm + bn) * MICRO_K * shape.itemsize, brows,
+                blocks.append((w, t, contraction_stage_bytes(bm, bn, MICRO_K, *shape.panel_loads, shape.itemsize), brows,
                                brows * ceil(shape.cols / bn) * shape.batch, shape.red // MICRO_K, "micro"))
     if shape.mma:
         for w, wm, wn in warps_of:
@@ -97,7 +99,7 @@ def enumerate_rows(shape, target) -> set[KnobRow]:
                 if (dtype == shape.mma and bm <= shape.rows and bn <= shape.cols and bk <= shape.red
                         and shape.red % bk == 0 and fm * fn * 4 <= MAX_ACC_REGS):
                     brows = ceil(shape.rows / bm)
-                    blocks.append((w, t, (bm * bk + bk * bn) * shape.itemsize, brows,
+                    blocks.append((w, t, contraction_stage_bytes(bm, bn, bk, *shape.panel_loads, shape.itemsize), brows,
                                    brows * ceil(shape.cols / bn) * shape.batch, shape.red // bk, "mma"))
     for w, t, smem_per_depth, brows, nblocks, ksteps, block_kind in blocks:
         staged = [] if block_kind == "micro" else [""]
@@ -129,20 +131,20 @@ def _flash(shape, target, threads_of, warps_of, simt, mma, stages, splits, vecto
                 if (wn == 1 and dtype == shape.mma and 16 * fm * wm <= shape.rows and 8 * fn <= shape.red
                         and 16 * kc <= shape.inner and shape.inner % (16 * kc) == 0
                         and fm * fn * 4 + fm * shape.cols // 2 <= MAX_FLASH_ACC_REGS):
-                    blocks.append((w, t, 16 * fm * wm, 8 * fn))
+                    blocks.append((w, t, 16 * fm * wm, 8 * fn, True))
     for w, threads in threads_of:
         for t, elems, vec in simt:
             rows = threads // 32 * elems
             if rows <= shape.rows and vector_ok(shape.cols, vec) and vector_ok(shape.inner, vec):
-                blocks.append((w, t, rows, min(FLASH_SIMT_KEYS, shape.red)))
+                blocks.append((w, t, rows, min(FLASH_SIMT_KEYS, shape.red), False))
     out = set()
-    for w, t, bm, bn in blocks:
+    for w, t, bm, bn, is_mma in blocks:
         out.add(KnobRow(w, t, "", "", ""))
         for s, f in stages:
             if not s:
                 continue
             feature = {"smem": True, "smem-async": target.has_cp_async, "smem-tma": target.has_tma}[f["how"]]
-            smem = f["depth"] * bn * (shape.inner + shape.cols) * shape.itemsize + bm * shape.inner * shape.itemsize
+            smem = flash_bytes(bm, bn, shape.inner, shape.cols, shape.itemsize, f["depth"], is_mma)
             if feature and smem <= target.smem_per_block:
                 out.add(KnobRow(w, t, "", s, ""))
         for r, split, mode in splits:

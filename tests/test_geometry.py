@@ -78,8 +78,44 @@ def test_every_offered_row_launches_the_grid_block_and_vectors_the_model_prices(
             # mma fragments, flash tiles and micro-tiles promise no TILE vectors
             if not g.mma and not g.micro_m and shape.kind != "attention":
                 assert max(_vector_widths(main, []), default=1) == g.vec, (kernel.name, str(row))
+            assert _staged_bytes(main) == g.smem_bytes <= program.target.smem_per_block, (kernel.name, str(row))
             checked += 1
     assert checked == sum(len(rows) for rows in space.rows.values()) > 0
+
+
+def _staged_bytes(kernel: K.KernelIR) -> int:
+    """The shared memory a lowered kernel holds: dynamic (flash tiles, mma panels) and static (SIMT
+    and micro-tiled panels, a column block's partial folds), all but a row reduction's warp-tree
+    scratch (`*_partials`, one value a warp and accumulator: never what limits occupancy, and left
+    out of the geometry)."""
+    return kernel.dynamic_smem + sum(s.size * s.dtype.itemsize for s in kernel.shared
+                                     if not s.name.endswith("_partials"))
+
+
+STAGED = sorted(w.name for w in WORKLOADS if w.name in ("matmul_small", "mlp", "matmul_f16", "attention",
+                                                        "llama_decoder", "lm_step"))
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_89", "sm_120"])
+def test_the_rules_the_geometry_and_the_lowerings_agree_on_shared_memory(target):
+    """One shared-memory formula (tile_ir.geometry): every row the rules offer on the other targets
+    (sm_90 above) fits the target, and the lowered kernel stages exactly what the geometry says,
+    for every staged kernel of the workloads with contractions and attention."""
+    checked = 0
+    for name in STAGED:
+        program = emmy.optimize(PROGRAMS[name], target=target)
+        types, space = program.buffer_types, program.schedule_space()
+        for kernel in program.loop_ir.kernels:
+            shape = kernel_shape(kernel)
+            if shape.kind not in ("contraction", "attention"):
+                continue
+            for row in space.rows[kernel.name]:
+                tile = tile_kernel(kernel, shape, row)
+                (main,) = [k for k in lower_kernel(tile, types) if k.name == kernel.name]
+                assert _staged_bytes(main) == tile.geometry.smem_bytes <= program.target.smem_per_block, \
+                    (name, kernel.name, str(row))
+                checked += 1
+    assert checked > 100
 
 
 def _sampled_rows(program, kernel, shape) -> list:
@@ -199,3 +235,20 @@ def test_a_staged_contraction_reads_the_panel_bytes_the_model_sends_through_l2(c
         _, through_l2 = contraction_traffic(shape, geometry(shape, row), cost, get_target("sm_90"), 1)
         counted = sum(r + w for r, w in moved.values())
         assert counted == pytest.approx(through_l2), (str(row), moved, through_l2)
+
+
+def test_a_flash_row_whose_rounded_v_tile_overflows_shared_memory_is_not_offered():
+    """Under mma atoms the V tile's rows round up to 16 (ldmatrix): with BN = 8 keys a step, head 896
+    and 128 value columns, four stages need 102,400 bytes, over sm_89's 101,376 a block, though the
+    unrounded formula (94,208) would admit them."""
+    code = ("q=torch.randn(1,2,1024,896,dtype=torch.float16); k=torch.randn(1,2,1024,896,dtype=torch.float16); "
+            "v=torch.randn(1,2,1024,128,dtype=torch.float16); F.scaled_dot_product_attention(q,k,v)")
+    program = emmy.optimize(code, target="sm_89")
+    (kernel,) = [k for k in program.loop_ir.kernels if kernel_shape(k).kind == "attention"]
+    shape, rows = kernel_shape(kernel), program.schedule_space().rows[kernel.name]
+    narrow = {str(r.STAGE) for r in rows if r.WORK == "w1x1" and r.TILE.endswith("/f1x1/k1")}
+    assert "d3/smem-async" in narrow and "d4/smem-async" not in narrow
+    for row in rows:
+        tile = tile_kernel(kernel, shape, row)
+        (main,) = [k for k in lower_kernel(tile, program.buffer_types) if k.name == kernel.name]
+        assert _staged_bytes(main) == tile.geometry.smem_bytes <= program.target.smem_per_block, str(row)

@@ -102,6 +102,8 @@ def _kernel_facts(shape: KernelShape, root) -> list:
     facts += [R.kernel_flag(root, flag) for flag, on in flags.items() if on]
     if shape.mma:
         facts.append(R.kernel_mma(root, shape.mma))
+    if shape.kind == "contraction":
+        facts.append(R.kernel_panels(root, *shape.panel_loads))
     return facts
 
 

@@ -13,7 +13,7 @@ from math import ceil, isqrt
 from emmy.knobs import KnobRow, value_fields
 from emmy.tile_ir.shape import KernelShape
 
-SIMT_PANEL = 64 * 32  # elements of a SIMT contraction's shared-memory panel (rules/schedules.py)
+SIMT_K = 32  # K a staged SIMT contraction stages at a time
 FLASH_SIMT_KEYS = 32  # keys a SIMT flash-attention block steps over at once
 MICRO_K = 8  # K a register micro-tiled contraction stages at a time
 MICRO_THREADS = (64, 128, 256)  # block sizes a micro-tiled contraction lays out (micro_layout)
@@ -24,6 +24,49 @@ def micro_layout(threads: int) -> tuple[int, int]:
     (two rows of a warp share each A vector, 16 B vectors fill a 256-byte B row), 8 under 128 threads."""
     along_n = 16 if threads >= 128 else 8
     return along_n, threads // along_n
+
+
+def simt_tile(per_block: int) -> tuple[int, int]:
+    """(BM, BN) of a SIMT contraction block of `per_block` outputs: square-ish, side x per_block // side."""
+    side = max(1, isqrt(per_block))
+    return side, max(1, per_block // side)
+
+
+# Shared memory, one formula for the schedule rules' guards (called through egglog's PyObject), the
+# geometry the cost model prices, and the tests that hold the lowerings to it.
+
+def contraction_stage_bytes(bm: int, bn: int, bk: int, panels_a: int, panels_b: int, itemsize: int) -> int:
+    """One stage of a staged contraction: a BM x BK panel for each load on the A side, a BK x BN
+    panel for each load on the B side (an operand prologue with several loads stages each)."""
+    return (panels_a * bm * bk + panels_b * bk * bn) * itemsize
+
+
+def flash_bytes(bm: int, bn: int, inner: int, cols: int, itemsize: int, depth: int, mma: bool) -> int:
+    """A flash-attention block's shared memory: K (BN x D) and V (BN x N) tiles `depth` deep, V's
+    rows rounded up to 16 under mma atoms (ldmatrix reads 16 rows), and the Q tile (BM x D) once
+    under mma atoms (the SIMT form keeps Q in registers)."""
+    if not depth:
+        return 0
+    v_rows = -(-bn // 16) * 16 if mma else bn
+    return depth * (bn * inner + v_rows * cols) * itemsize + (bm * inner * itemsize if mma else 0)
+
+
+def fits(need: int, limit: int) -> str:
+    """The rules' guard text: "yes" when `need` bytes fit `limit`, else "" (no row)."""
+    return "yes" if need <= limit else ""
+
+
+def simt_staged_fits(per_block: int, panels_a: int, panels_b: int, itemsize: int, depth: int, limit: int) -> str:
+    return fits(depth * contraction_stage_bytes(*simt_tile(per_block), SIMT_K, panels_a, panels_b, itemsize), limit)
+
+
+def tiled_staged_fits(bm: int, bn: int, bk: int, panels_a: int, panels_b: int, itemsize: int, depth: int,
+                      limit: int) -> str:
+    return fits(depth * contraction_stage_bytes(bm, bn, bk, panels_a, panels_b, itemsize), limit)
+
+
+def flash_fits(bm: int, bn: int, inner: int, cols: int, itemsize: int, depth: int, mma: int, limit: int) -> str:
+    return fits(flash_bytes(bm, bn, inner, cols, itemsize, depth, bool(mma)), limit)
 
 
 @dataclass(frozen=True)
@@ -61,8 +104,7 @@ def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
             bm, bn = 16 * tile["frag_m"] * work["warps_m"], 8 * tile["frag_n"]
         else:
             bm, bn = threads // 32 * tile["elems"], min(FLASH_SIMT_KEYS, shape.red)
-        smem = depth * bn * (shape.inner + shape.cols) * shape.itemsize + (bm * shape.inner * shape.itemsize
-                                                                           if depth else 0)
+        smem = flash_bytes(bm, bn, shape.inner, shape.cols, shape.itemsize, depth, "atom" in tile)
         return Geometry(threads, ceil(shape.rows / bm) * shape.batch * split, tile.get("elems", 1),
                         tile.get("vec", 1), smem, split, bm, shape.cols, bn, "atom" in tile, depth, how, group)
     if "atom" in tile:
@@ -70,7 +112,7 @@ def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
         bn = 8 * tile["frag_n"] * work["warps_n"]
         bk = 16 * tile["k_chunks"]
         blocks = ceil(shape.rows / bm) * ceil(shape.cols / bn) * shape.batch * split
-        smem = depth * (bm * bk + bk * bn) * shape.itemsize
+        smem = depth * contraction_stage_bytes(bm, bn, bk, *shape.panel_loads, shape.itemsize)
         return Geometry(threads, blocks, tile["frag_m"] * tile["frag_n"], 1, smem, split, bm, bn, bk, True,
                         depth, how, group)
     if "micro_m" in tile:  # SIMT contraction, register micro-tiles, K staged MICRO_K at a time
@@ -78,7 +120,7 @@ def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
         along_n, along_m = micro_layout(threads)
         bm, bn = along_m * rm, along_n * rn
         blocks = ceil(shape.rows / bm) * ceil(shape.cols / bn) * shape.batch * split
-        smem = depth * (bm + bn) * MICRO_K * shape.itemsize
+        smem = depth * contraction_stage_bytes(bm, bn, MICRO_K, *shape.panel_loads, shape.itemsize)
         # panels fill 16 bytes at a time where the source is contiguous (the TILE promises no vectors)
         return Geometry(threads, blocks, rm * rn, 4, smem, split, bm, bn, MICRO_K, False, depth, how, group, rm, rn)
     elems, vec = tile["elems"], tile.get("vec", 1)
@@ -94,12 +136,10 @@ def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
         if row.REDUCE == "":  # a thread a row
             return Geometry(threads, ceil(shape.rows / threads), elems, vec, 0)
         return Geometry(threads, shape.rows * split, elems, vec, 0, split)
-    per_block = threads * elems
-    side = max(1, isqrt(per_block))
-    # square-ish tiles of side x per_block // side outputs (the Kernel IR lowering's tiles)
-    blocks = ceil(shape.rows / side) * ceil(shape.cols / max(1, per_block // side)) * shape.batch * split
-    return Geometry(threads, blocks, elems, vec, depth * 2 * SIMT_PANEL * shape.itemsize, split,
-                    side, max(1, per_block // side), 32, False, depth, how, group)
+    bm, bn = simt_tile(threads * elems)  # the Kernel IR lowering's tiles
+    blocks = ceil(shape.rows / bm) * ceil(shape.cols / bn) * shape.batch * split
+    smem = depth * contraction_stage_bytes(bm, bn, SIMT_K, *shape.panel_loads, shape.itemsize)
+    return Geometry(threads, blocks, elems, vec, smem, split, bm, bn, SIMT_K, False, depth, how, group)
 
 
 def lane_access(shape: KernelShape, row: KnobRow) -> str:

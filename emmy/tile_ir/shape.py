@@ -53,6 +53,7 @@ class KernelShape:
     outputs_contiguous: bool = True
     m_vars: tuple[int, ...] = ()  # contraction: free variables only the first operand reads
     n_vars: tuple[int, ...] = ()  # ... only the second operand reads
+    panel_loads: tuple[int, int] = (1, 1)  # contraction: loads walking K on the A side, on the B side (staged each)
 
     def signature(self) -> str:
         """What a measurement of this kernel is keyed by, besides knobs and GPU: kind, extents, types."""
@@ -60,6 +61,8 @@ class KernelShape:
                                                    ("prologue", self.prologue)) if on)
         if self.prologue:
             flags += f" prologue_ops={self.prologue_ops[0]},{self.prologue_ops[1]}"
+        if self.panel_loads != (1, 1):
+            flags += f" panels={self.panel_loads[0]},{self.panel_loads[1]}"
         return (f"{self.kind} rows={self.rows} cols={self.cols} red={self.red} inner={self.inner} "
                 f"batch={self.batch} itemsize={self.itemsize}" + (f" mma={self.mma}" if self.mma else "") + flags)
 
@@ -110,7 +113,8 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
         return KernelShape(kernel.name, "contraction", rows, cols, red, red, itemsize, batch=batch,
                            epilogue=not output_is_acc, atomic_ok=atomic_ok, mma=mma,
                            free_vars=tuple(l[0] for l in outer), m_vars=m_vars, n_vars=n_vars,
-                           prologue=prologue_ops is not None, prologue_ops=prologue_ops or (0, 0))
+                           prologue=prologue_ops is not None, prologue_ops=prologue_ops or (0, 0),
+                           panel_loads=_panel_loads(reductions[0], m_vars, n_vars, [l[0] for l in outer]))
     rows = prod(l[1] for l in outer) if outer else 1
     folded = [s for fold in reductions for s in statements(fold.body)
               if isinstance(s, Assign) and isinstance(s.expr, Load) and fold.var in _vars(s.expr.index)]
@@ -325,6 +329,26 @@ def _source_load(defs, name):
             continue
         return None
     return None
+
+
+def _panel_loads(fold: Loop, m_vars, n_vars, free_vars) -> tuple[int, int]:
+    """Loads of a contraction's fold that walk K and only one side's outputs (batch variables
+    aside), per side: what a staged block puts in shared memory, a panel each. Guarded loads are
+    read from global memory where their guards hold."""
+    m_set, n_set = set(m_vars), set(n_vars)
+    batch = set(free_vars) - m_set - n_set
+    counts = [0, 0]
+    for stmt in statements(fold.body):
+        if isinstance(stmt, Assign) and isinstance(stmt.expr, Load) and not stmt.expr.guards:
+            deps = _vars(stmt.expr.index) - batch
+            if fold.var not in deps:
+                continue
+            outputs = deps - {fold.var}
+            if outputs and outputs <= m_set:
+                counts[0] += 1
+            elif outputs and outputs <= n_set:
+                counts[1] += 1
+    return counts[0], counts[1]
 
 
 def _vars(index) -> set[int]:
