@@ -34,6 +34,18 @@ def folded(op: str, a: str, b: str, dtype: str) -> str:
     return f"{exact.numerator}/{exact.denominator}"
 
 
+def normal_reciprocal(value: str, dtype: str) -> str:
+    """"yes" when 1/value (value: f64 text) is a normal number of float `dtype`, so that x * (1/c)
+    rounds twice rather than losing a subnormal's bits; else ""."""
+    kind = DType.parse(dtype)
+    if not kind.is_float:
+        return ""
+    c = float(value)
+    smallest, largest = {DType.F16: (2.0 ** -14, 65504.0), DType.BF16: (2.0 ** -126, 3.3895314e38)}.get(
+        kind, (2.0 ** -126, 3.4028235e38))
+    return "yes" if c != 0 and np.isfinite(c) and smallest <= abs(1.0 / c) <= largest else ""
+
+
 def numerator(text: str) -> str:
     return text.split("/")[0]
 
