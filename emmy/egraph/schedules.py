@@ -128,8 +128,8 @@ def build_space(shapes: list[KernelShape], target, pins: KnobRow = KnobRow(), eg
     egraph.pop()
     order = {knob: {v: i for i, v in enumerate(vals)} for knob, vals in candidate_values(pins).items()}
     # a value only a user's rule offers ranks after the candidates
-    ranked = {name: tuple(sorted(set(found), key=lambda r: tuple((order[k].get(getattr(r, k), len(order[k])),
-                                                                  getattr(r, k)) for k in KNOB_NAMES)))
+    ranked = {name: tuple(sorted(found, key=lambda r: tuple(order[k].get(getattr(r, k), len(order[k]))
+                                                            for k in KNOB_NAMES)))
               for name, found in rows.items()}
     return ScheduleSpace(ranked, time.perf_counter() - start)
 

@@ -60,11 +60,6 @@ def simt_staged_fits(per_block: int, panels_a: int, panels_b: int, itemsize: int
     return fits(depth * contraction_stage_bytes(*simt_tile(per_block), SIMT_K, panels_a, panels_b, itemsize), limit)
 
 
-def tiled_staged_fits(bm: int, bn: int, bk: int, panels_a: int, panels_b: int, itemsize: int, depth: int,
-                      limit: int) -> str:
-    return fits(depth * contraction_stage_bytes(bm, bn, bk, panels_a, panels_b, itemsize), limit)
-
-
 def flash_fits(bm: int, bn: int, inner: int, cols: int, itemsize: int, depth: int, mma: int, limit: int) -> str:
     return fits(flash_bytes(bm, bn, inner, cols, itemsize, depth, bool(mma)), limit)
 
