@@ -8,6 +8,10 @@ canonical spelling.
     STAGE   (empty) | d<D>/smem | d<D>/smem-async | d<D>/smem-tma
     RASTER  (empty) | gm<G>
 
+The `spell_*` functions write each form (the schedule rules' candidates are
+spelt with them), `value_fields` reads one back: a value is parsed and spelt
+here and nowhere else.
+
 `parse_pins` reads `K=V,...` (EMMY_KNOBS, --knobs); a misspelt value is an
 error naming the knob and its legal forms. `check_target` says which rule
 forbids a value on a GPU (`STAGE=d3/smem-tma needs sm_90 or newer; target
@@ -43,6 +47,45 @@ _FORMS = {
     "RASTER": (rf"|gm(?P<group>{_NUMBER})", "(empty) or gm<G>"),
 }
 KNOB_NAMES = tuple(_FORMS)
+STAGE_PLAIN, STAGE_ASYNC, STAGE_TMA = "smem", "smem-async", "smem-tma"  # how STAGE fills shared memory
+
+
+def spell_work_threads(threads: int) -> str:
+    return f"t{threads}"
+
+
+def spell_work_warps(warps_m: int, warps_n: int) -> str:
+    return f"w{warps_m}x{warps_n}"
+
+
+def spell_tile_simt(elems: int, vec: int = 1) -> str:
+    return f"f{elems}" + (f"/v{vec}" if vec > 1 else "")
+
+
+def spell_tile_micro(micro_m: int, micro_n: int) -> str:
+    return f"r{micro_m}x{micro_n}"
+
+
+def spell_tile_mma(atom: str, frag_m: int, frag_n: int, k_chunks: int) -> str:
+    return f"{atom}/f{frag_m}x{frag_n}/k{k_chunks}"
+
+
+def spell_reduce_split(split: int, mode: str) -> str:
+    """`mode`: "a" (blocks combine with atomics) or "k" (a workspace and a finishing kernel)."""
+    return f"g{split}{mode}"
+
+
+def split_mode(reduce: str) -> str:
+    """A REDUCE value's split mode: "a" (atomics), "k" (workspace), "" (no split)."""
+    return str(value_fields("REDUCE", reduce).get("mode", "")) if reduce else ""
+
+
+def spell_stage(depth: int, how: str) -> str:
+    return f"d{depth}/{how}"
+
+
+def spell_raster(group: int) -> str:
+    return f"gm{group}"
 
 
 @dataclass(frozen=True)
@@ -124,9 +167,9 @@ def parse_pins(text: str) -> KnobRow:
 def check_target(row: KnobRow, target) -> None:
     """Raise when a pinned value needs a feature the target lacks (target: extract.targets.Target)."""
     stage = row.STAGE or ""
-    if stage.endswith("smem-tma") and not target.has_tma:
+    if stage.endswith(STAGE_TMA) and not target.has_tma:
         raise EmmyError(f"STAGE={stage} needs sm_90 or newer; target is {target.name}")
-    if stage.endswith("smem-async") and not target.has_cp_async:
+    if stage.endswith(STAGE_ASYNC) and not target.has_cp_async:
         raise EmmyError(f"STAGE={stage} needs sm_80 or newer; target is {target.name}")
     tile = row.TILE or ""
     if tile.startswith("mma_") and target.compute_capability < (8, 0):

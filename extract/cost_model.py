@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from math import ceil, log2
 
-from emmy.knobs import KnobRow, value_fields
+from emmy.knobs import KnobRow, STAGE_ASYNC, STAGE_TMA, split_mode, value_fields
 from emmy.tile_ir.geometry import geometry, lane_access
 from emmy.tile_ir.shape import KernelShape
 
@@ -123,7 +123,7 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     waves = ceil(g.blocks / slots)
     tail = g.blocks / (waves * min(g.blocks, slots))
     spread = min(1.0, 2.0 * min(g.blocks, target.sms) / target.sms)  # an SM draws up to twice its share
-    pipeline = {"smem-async": 0.25, "smem-tma": 0.3}.get(g.stage_how, 0.1 if g.stage_how else 0.0)
+    pipeline = {STAGE_ASYNC: 0.25, STAGE_TMA: 0.3}.get(g.stage_how, 0.1 if g.stage_how else 0.0)
     hiding = min(1.0, occupancy / 0.5 + pipeline * g.stage_depth)
     issue = min(1.0, occupancy / (0.125 if g.mma else 0.25))
     if shape.kind in ("map", "row", "column"):  # contractions and attention price their re-reads by their tiles
@@ -139,10 +139,10 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
         steps = 5 + max(0, int(log2(max(g.threads, 32) // 32)))  # warp shuffles, then the block tree
         sync_s = SYNC_STEP * steps * waves
     extra_s = 0.0
-    if row.REDUCE and row.REDUCE.endswith("k"):  # workspace out and back, and a finishing launch
+    if row.REDUCE and split_mode(row.REDUCE) == "k":  # workspace out and back, and a finishing launch
         workspace = shape.rows * shape.cols * shape.batch * g.split * 4 * 2
         extra_s = target.launch_seconds + workspace / target.dram_bandwidth
-    elif row.REDUCE and row.REDUCE.endswith("a"):  # the fill kernel that sets the output first
+    elif row.REDUCE and split_mode(row.REDUCE) == "a":  # the fill kernel that sets the output first
         extra_s = target.launch_seconds + loop_cost.bytes_written / target.dram_bandwidth
     total = target.launch_seconds + body_s + sync_s + extra_s
     return Breakdown(shape.kernel, row, moved, memory_s, arith_s, tensor_s, special_s, issue_s, occupancy, waves, tail,
@@ -172,7 +172,7 @@ def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> Requested
     if shape.kind not in ("map", "row", "column"):
         return RequestedBytes(0.0, 0.0, ())
     written = loop_cost.bytes_written
-    if shape.kind == "row" and g.split > 1 and row.REDUCE.endswith("k"):
+    if shape.kind == "row" and g.split > 1 and split_mode(row.REDUCE) == "k":
         workspace = loop_cost.accumulators * shape.rows * g.split * 4
         by_buffer = {b.buffer: b.loop - b.row + (b.row - b.row_after) * g.threads * g.split + b.row
                      for b in loop_cost.buffers}

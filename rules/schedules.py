@@ -77,26 +77,6 @@ MAX_ACC_REGS = 64
 MAX_FLASH_ACC_REGS = 128  # S tile + O accumulators a thread, flash attention
 
 
-def work_threads_spelling(threads: int) -> str:
-    return f"t{threads}"
-
-
-def work_warps_spelling(wm: int, wn: int) -> str:
-    return f"w{wm}x{wn}"
-
-
-def tile_simt_spelling(elems: int, vec: int) -> str:
-    return f"f{elems}" + (f"/v{vec}" if vec > 1 else "")
-
-
-def tile_micro_spelling(rm: int, rn: int) -> str:
-    return f"r{rm}x{rn}"
-
-
-def tile_mma_spelling(atom: str, fm: int, fn: int, kc: int) -> str:
-    return f"{atom}/f{fm}x{fn}/k{kc}"
-
-
 # A kernel is its root term: the e-class of the value it materializes in the optimizer's e-graph.
 kernel = relation("kernel", Term, String, i64, i64, i64, i64, i64, i64)  # root kind rows cols red inner itemsize batch
 kernel_name = relation("kernel_name", Term, String)

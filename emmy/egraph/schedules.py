@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from emmy.knobs import KNOB_NAMES, KnobRow, value_fields
+from emmy.knobs import KNOB_NAMES, STAGE_ASYNC, STAGE_PLAIN, STAGE_TMA, KnobRow, value_fields
 from emmy.tile_ir.shape import KernelShape
 
 
@@ -28,21 +28,22 @@ class ScheduleSpace:
 
 def default_candidates() -> dict[str, list[str]]:
     """Every default candidate spelling per knob."""
-    from emmy.rules.schedules import (ATOM_DTYPE, CANDIDATES, tile_micro_spelling, tile_mma_spelling,
-                                      tile_simt_spelling, work_threads_spelling, work_warps_spelling)
+    from emmy.knobs import (STAGE_ASYNC, STAGE_PLAIN, STAGE_TMA, spell_raster, spell_reduce_split, spell_stage,
+                            spell_tile_micro, spell_tile_mma, spell_tile_simt, spell_work_threads, spell_work_warps)
+    from emmy.rules.schedules import ATOM_DTYPE, CANDIDATES
 
     c = CANDIDATES
     return {
-        "WORK": [work_threads_spelling(t) for t in c["WORK_THREADS"]]
-        + [work_warps_spelling(m, n) for m, n in c["WORK_WARPS"]],
-        "TILE": [tile_simt_spelling(e, v) for e, v in c["TILE_SIMT"]]
-        + [tile_micro_spelling(m, n) for m, n in c["TILE_MICRO"]]
-        + [tile_mma_spelling(a, fm, fn, kc) for a in ATOM_DTYPE for fm in c["TILE_MMA_FRAGMENTS"]
+        "WORK": [spell_work_threads(t) for t in c["WORK_THREADS"]]
+        + [spell_work_warps(m, n) for m, n in c["WORK_WARPS"]],
+        "TILE": [spell_tile_simt(e, v) for e, v in c["TILE_SIMT"]]
+        + [spell_tile_micro(m, n) for m, n in c["TILE_MICRO"]]
+        + [spell_tile_mma(a, fm, fn, kc) for a in ATOM_DTYPE for fm in c["TILE_MMA_FRAGMENTS"]
            for fn in c["TILE_MMA_FRAGMENTS"] for kc in c["TILE_MMA_K"]],
-        "REDUCE": ["", "coop"] + [f"g{n}{m}" for n in c["REDUCE_SPLITS"] for m in "ak"],
-        "STAGE": [""] + [f"d{d}/smem" for d in c["STAGE_PLAIN_DEPTHS"]]
-        + [f"d{d}/{how}" for how in ("smem-async", "smem-tma") for d in c["STAGE_PIPELINE_DEPTHS"]],
-        "RASTER": [""] + [f"gm{g}" for g in c["RASTER_GROUPS"]],
+        "REDUCE": ["", "coop"] + [spell_reduce_split(n, m) for n in c["REDUCE_SPLITS"] for m in "ak"],
+        "STAGE": [""] + [spell_stage(d, STAGE_PLAIN) for d in c["STAGE_PLAIN_DEPTHS"]]
+        + [spell_stage(d, how) for how in (STAGE_ASYNC, STAGE_TMA) for d in c["STAGE_PIPELINE_DEPTHS"]],
+        "RASTER": [""] + [spell_raster(g) for g in c["RASTER_GROUPS"]],
     }
 
 
@@ -86,7 +87,7 @@ def _candidate_facts(values: dict[str, list[str]]) -> list:
         if value == "":
             facts.append(R.stage_none(value))
         else:
-            relation = {"smem": R.stage_plain, "smem-async": R.stage_async, "smem-tma": R.stage_tma}[f["how"]]
+            relation = {STAGE_PLAIN: R.stage_plain, STAGE_ASYNC: R.stage_async, STAGE_TMA: R.stage_tma}[f["how"]]
             facts.append(relation(value, f["depth"]))
     for value in values["RASTER"]:
         facts.append(R.raster_none(value) if value == "" else R.raster_group(value, value_fields("RASTER", value)["group"]))

@@ -12,6 +12,7 @@ from emmy.kernel_ir import nodes as K
 from emmy.kernel_ir.lower import flat_index
 from emmy.kernel_ir.scalar_c import REGISTER, STORAGE, affine_c, buffer_c, literal, statement
 from emmy.dtypes import DType
+from emmy.knobs import STAGE_ASYNC
 from emmy.loop_ir import nodes as L
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
@@ -133,7 +134,7 @@ def panel_copy(panel, how: str) -> dict:
     """How a staged panel's (K.Panel or K.MmaOperand) `width` elements move: cp.async takes 4, 8 or 16 bytes; anything
     narrower (a 2-byte element) is a plain copy even in a cp.async pipeline."""
     size = panel.width * panel.dtype.itemsize
-    return {"bytes": size, "async": how == "smem-async" and size in (4, 8, 16)}
+    return {"bytes": size, "async": how == STAGE_ASYNC and size in (4, 8, 16)}
 
 
 def _atomic_stores(n, types) -> list[tuple]:

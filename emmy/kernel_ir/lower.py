@@ -22,6 +22,7 @@ from emmy.kernel_ir.index_faults import INDEX_FAULTS, faults_param
 from emmy.kernel_ir.lower_flash import lower_flash, supports_flash
 from emmy.kernel_ir.lower_mma import lower_mma, supports_mma
 from emmy.kernel_ir.scalar_c import affine_c
+from emmy.knobs import STAGE_ASYNC, split_mode
 from emmy.loop_ir import nodes as L
 from emmy.loop_ir.bounds import out_of_bounds
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
@@ -54,8 +55,8 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
         return supports_flash(tile, memo)
     if tile.shape.kind not in ("map", "row", "column"):
         return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
-    split_ok = tile.shape.kind in ("row", "column") and row.REDUCE.endswith("a") and tile.kernel.type.dtype.value == "f32"
-    workspace_ok = tile.shape.kind == "row" and row.REDUCE.endswith("k")
+    split_ok = tile.shape.kind in ("row", "column") and split_mode(row.REDUCE) == "a" and tile.kernel.type.dtype.value == "f32"
+    workspace_ok = tile.shape.kind == "row" and split_mode(row.REDUCE) == "k"
     blocking = [f"REDUCE={row.REDUCE}"] if row.REDUCE not in ("", "coop") and not (split_ok or workspace_ok) else []
     blocking += [f"{knob}={getattr(row, knob)}" for knob in ("STAGE", "RASTER") if getattr(row, knob)]
     if blocking:
@@ -123,9 +124,9 @@ def _supports_contraction(tile: TileKernel, types: dict | None, memo: dict) -> s
     row, g = tile.row, tile.geometry
     if g.mma:
         return supports_mma(tile, types, memo)
-    if row.REDUCE.endswith("a") and tile.kernel.type.dtype.value != "f32":
+    if split_mode(row.REDUCE) == "a" and tile.kernel.type.dtype.value != "f32":
         return f"REDUCE={row.REDUCE}: atomics into a {tile.kernel.type.dtype} output are not lowered yet"
-    if g.stage_how == "smem-async" and g.stage_depth < 2:
+    if g.stage_how == STAGE_ASYNC and g.stage_depth < 2:
         return "a cp.async pipeline needs at least 2 stages"
     if "parts" not in memo:  # the fold structure is the kernel's, not the row's
         memo["parts"] = contraction_parts(tile)
@@ -174,7 +175,7 @@ def lower_kernel(tile: TileKernel, types: dict) -> list[KernelIR]:
         if body.workspace:
             return [main, _finishing_kernel(tile, main, body, types)]
         return [_fill_kernel(tile, types, REDUCE_OPS[body.atomics[0][1]]), main]
-    if tile.shape.kind == "row" and tile.geometry.split > 1 and tile.row.REDUCE.endswith("k"):
+    if tile.shape.kind == "row" and tile.geometry.split > 1 and split_mode(tile.row.REDUCE) == "k":
         return _lower_row_workspace(tile, types, params)
     if tile.shape.kind == "column" and tile.row.REDUCE:
         main = _lower_column(tile, types, params)
@@ -615,7 +616,7 @@ def split_outputs(tile: TileKernel, monoids, epilogue, params, batch_total: int,
     (accumulators combined atomically into the output, workspace buffer name, params with the
     workspace added). The schedule allows atomics only for one accumulator stored raw."""
     split = tile.geometry.split
-    if split > 1 and tile.row.REDUCE.endswith("a"):
+    if split > 1 and split_mode(tile.row.REDUCE) == "a":
         if len(monoids) != 1 or not all(isinstance(s, L.Store) and s.value == monoids[0][0] for s in epilogue):
             raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one accumulator stored raw")
         return monoids, "", params

@@ -18,6 +18,7 @@ from __future__ import annotations
 from math import prod
 
 from emmy.kernel_ir.nodes import FlashMma, FlashRows, KernelIR, MmaOperand, Panel, Tile
+from emmy.knobs import STAGE_ASYNC, STAGE_TMA
 from emmy.loop_ir import nodes as L
 from emmy.tile_ir.nodes import Epilogue, Fold, TileKernel
 
@@ -30,11 +31,11 @@ def supports_flash(tile: TileKernel, memo: dict | None = None) -> str:
     row, g = tile.row, tile.geometry
     if g.split > 1:
         return f"REDUCE={row.REDUCE}: split-KV attention is not lowered yet"
-    if g.stage_how == "smem-tma":
+    if g.stage_how == STAGE_TMA:
         return f"STAGE={row.STAGE}: TMA staging of the K and V tiles is not lowered yet"
     if g.vec > 1 and not g.stage_depth:
         return f"TILE={row.TILE}: vector loads along the head dimension come with staged K and V tiles"
-    if g.stage_how == "smem-async" and g.stage_depth < 2:
+    if g.stage_how == STAGE_ASYNC and g.stage_depth < 2:
         return "a cp.async pipeline needs at least 2 stages"
     memo = {} if memo is None else memo
     if "fold" not in memo:  # the fold structure is the kernel's, not the row's

@@ -16,6 +16,7 @@ from emmy.affine import Dim
 from emmy.dtypes import DType
 from emmy.kernel_ir.nodes import KernelIR, MmaOperand, MmaTile, Tile
 from emmy.kernel_ir.scalar_c import affine_c
+from emmy.knobs import STAGE_ASYNC, STAGE_TMA, split_mode
 from emmy.loop_ir import nodes as L
 from emmy.tile_ir.nodes import Epilogue, Fold, TileKernel
 
@@ -25,7 +26,7 @@ PANEL_VECTOR = 8  # f16/bf16 elements in a 16-byte copy
 def supports_mma(tile: TileKernel, types: dict | None = None, memo: dict | None = None) -> str:
     """Why an mma row of this contraction cannot be lowered, or "" when it can."""
     row, g = tile.row, tile.geometry
-    if row.REDUCE.endswith("a") and tile.kernel.type.dtype is not DType.F32:
+    if split_mode(row.REDUCE) == "a" and tile.kernel.type.dtype is not DType.F32:
         return f"REDUCE={row.REDUCE}: atomics into a {tile.kernel.type.dtype} output are not lowered yet"
     from emmy.kernel_ir.lower import contraction_parts
 
@@ -40,9 +41,9 @@ def supports_mma(tile: TileKernel, types: dict | None = None, memo: dict | None 
         memo["mma parts"] = contraction_parts(tile) or ("" if tile.shape.prologue else _rounding_casts(tile))
     if memo["mma parts"]:
         return memo["mma parts"]
-    if g.stage_how == "smem-async" and g.stage_depth < 2:
+    if g.stage_how == STAGE_ASYNC and g.stage_depth < 2:
         return "a cp.async pipeline needs at least 2 stages"
-    if g.stage_how == "smem-tma" and types is not None:
+    if g.stage_how == STAGE_TMA and types is not None:
         if "tma" not in memo:  # which operands a tensor map covers depends on the kernel, not the row
             memo["tma"] = next((o.buffer for o in _operands(tile, types) if not o.tma), "")
         if memo["tma"]:
@@ -101,7 +102,7 @@ def _operands(tile: TileKernel, types: dict) -> tuple[MmaOperand, MmaOperand]:
         span = bm if side == "a" else bn
         rows, cols = (span, bk) if k_fast else (bk, span)
         tma, first_row = _matrix_rows(flat, fold.var, outer, k_fast, batch, types[stmt.expr.buffer]) \
-            if g.stage_how == "smem-tma" else (0, "")
+            if g.stage_how == STAGE_TMA else (0, "")
         chain, value = prologues.get(stmt.name, ((), stmt.name))
         found[side] = MmaOperand(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side,
                                  affine_c(flat), rows, cols, k_fast, width, tma, first_row, chain, value)

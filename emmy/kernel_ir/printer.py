@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from emmy.kernel_ir import nodes as K
 from emmy.kernel_ir.cuda import panel_copy
+from emmy.knobs import STAGE_ASYNC, STAGE_TMA
 from emmy.loop_ir import nodes as L
 from emmy.loop_ir.printer import statement_text
 
@@ -101,12 +102,12 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
         for p in n.panels:
             wide = f", load.v{p.width} along K" if p.width > 1 else ""
             copy = panel_copy(p, n.how)
-            if n.how == "smem-async" and not copy["async"]:
+            if n.how == STAGE_ASYNC and not copy["async"]:
                 wide += f", plain copies ({copy['bytes']} B is no cp.async size)"
             out.append(f"{pad}Smem {p.dtype} {p.name}_panel[{n.depth}][{p.rows}][{p.cols}]  ({p.side}: {p.buffer}{wide})")
         out += [pad + statement_text(s) + "  (one per owned output)" for s in n.inits]
         if n.depth:
-            how = "cp.async, " + f"{n.depth - 1} chunk(s) ahead" if n.how == "smem-async" else "plain loads"
+            how = "cp.async, " + f"{n.depth - 1} chunk(s) ahead" if n.how == STAGE_ASYNC else "plain loads"
             out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.bk}:  stage the panels ({how}), Sync")
         else:
             out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.k_extent}:  operands from global memory")
@@ -152,10 +153,10 @@ def _mma(n: K.MmaTile, pad: str, out: list[str]) -> None:
             out.append(f"{pad}{o.side}: {o.name} = load {o.buffer}[{o.index}] into fragments (no staging)")
             continue
         fill = f"TMA box {o.rows} x {o.cols}" if o.tma else \
-            ("cp.async 16 B" if n.how == "smem-async" and o.width > 1 else f"load.v{o.width}")
+            ("cp.async 16 B" if n.how == STAGE_ASYNC and o.width > 1 else f"load.v{o.width}")
         out.append(f"{pad}Smem {o.dtype} {o.side}_panel[{n.depth}][{o.rows}][{o.cols}]  {layout}, {o.buffer} by {fill}")
     if n.depth:
-        ahead = {"smem-async": f"cp.async, {n.depth - 1} chunk(s) ahead", "smem-tma": f"TMA + mbarrier, {n.depth - 1} "
+        ahead = {STAGE_ASYNC: f"cp.async, {n.depth - 1} chunk(s) ahead", STAGE_TMA: f"TMA + mbarrier, {n.depth - 1} "
                  "chunk(s) ahead"}.get(n.how, "plain loads")
         out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.bk}:  stage the panels ({ahead}), Sync")
         for o in n.operands:
@@ -178,7 +179,7 @@ def _flash(n: K.FlashRows, pad: str, out: list[str]) -> None:
         wide = f", load.v{p.width}" if p.width > 1 else ""
         out.append(f"{pad}Smem {p.dtype} {p.name}_panel[{n.depth}][{p.rows}][{p.cols}]  ({p.side}: {p.buffer}{wide})")
     if n.depth:
-        how = f"cp.async, {n.depth - 1} chunk(s) ahead" if n.how == "smem-async" else "plain loads"
+        how = f"cp.async, {n.depth - 1} chunk(s) ahead" if n.how == STAGE_ASYNC else "plain loads"
         out.append(f"{pad}for a{n.key_var} in 0..{n.key_extent} step {n.keys_step}:  stage the tiles ({how}), Sync")
     else:
         out.append(f"{pad}for a{n.key_var} in 0..{n.key_extent}:  K and V from global memory")
@@ -206,7 +207,7 @@ def _flash_mma(n: K.FlashMma, pad: str, out: list[str]) -> None:
     if n.depth:
         out.append(f"{pad}Smem {n.q.dtype} q_panel[{n.q.rows}][{n.q.cols}]  ({n.q.buffer}, once)")
         for o in (n.k, n.v):
-            wide = "cp.async 16 B" if n.how == "smem-async" and o.width > 1 else f"load.v{o.width}"
+            wide = "cp.async 16 B" if n.how == STAGE_ASYNC and o.width > 1 else f"load.v{o.width}"
             out.append(f"{pad}Smem {o.dtype} {o.side}_panel[{n.depth}][{o.rows}][{o.cols}]  ({o.buffer} by {wide})")
         out.append(f"{pad}for a{n.key_var} in 0..{n.key_extent} step {n.bn}:  stage K and V, Sync")
     else:
