@@ -40,7 +40,7 @@ from dataclasses import dataclass, fields
 from math import ceil, log2
 
 from emmy.knobs import KnobRow, STAGE_ASYNC, STAGE_TMA, split_mode, value_fields
-from emmy.tile_ir.geometry import geometry, lane_access
+from emmy.tile_ir.geometry import geometry, lane_access, workspace_name
 from emmy.tile_ir.shape import KernelShape
 
 SYNC_STEP = 2.0e-8  # s per barrier or shuffle step of a block
@@ -168,7 +168,7 @@ def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> Requested
     it; a split row's blocks each fold a slice and add into the output (an atomic reads and
     writes it), or (g<N>k) leave their partial states in a workspace that a finishing kernel,
     a thread a row, merges before the row's epilogue: both kernels' bytes, the workspace's
-    under "<kernel>_workspace"."""
+    under its workspace_name."""
     if shape.kind not in ("map", "row", "column"):
         return RequestedBytes(0.0, 0.0, ())
     written = loop_cost.bytes_written
@@ -176,7 +176,7 @@ def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> Requested
         workspace = loop_cost.accumulators * shape.rows * g.split * 4
         by_buffer = {b.buffer: b.loop - b.row + (b.row - b.row_after) * g.threads * g.split + b.row
                      for b in loop_cost.buffers}
-        by_buffer[f"{shape.kernel}_workspace"] = workspace  # written by the folding blocks, read by the finish
+        by_buffer[workspace_name(shape.kernel)] = workspace  # written by the folding blocks, read by the finish
         return RequestedBytes(sum(by_buffer.values()), written + workspace, tuple(sorted(by_buffer.items())))
     by_buffer = {b.buffer: b.loop for b in loop_cost.buffers}
     if shape.kind == "map":

@@ -26,6 +26,7 @@ from emmy.knobs import STAGE_ASYNC, split_mode
 from emmy.loop_ir import nodes as L
 from emmy.loop_ir.bounds import out_of_bounds
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
+from emmy.tile_ir.geometry import workspace_name
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
 
 # the twisted states the runtime header can merge across threads (emmy::merge_softmax, merge_welford)
@@ -198,11 +199,6 @@ def _row_atomic(tile: TileKernel) -> str:
     if any(not i.dtype.is_float for i in fold.init):  # the runtime header's atomics combine floats
         raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs float accumulators")
     return monoids.pop()
-
-
-def workspace_name(kernel: str) -> str:
-    """The scratch buffer a split kernel's blocks leave their partial results in."""
-    return f"{kernel}_workspace"
 
 
 def _workspace_split(tile: TileKernel) -> str:

@@ -26,6 +26,11 @@ def micro_layout(threads: int) -> tuple[int, int]:
     return along_n, threads // along_n
 
 
+def workspace_name(kernel: str) -> str:
+    """The scratch buffer a split kernel's blocks leave their partial results in (REDUCE=g<N>k)."""
+    return f"{kernel}_workspace"
+
+
 def simt_tile(per_block: int) -> tuple[int, int]:
     """(BM, BN) of a SIMT contraction block of `per_block` outputs: square-ish, side x per_block // side."""
     side = max(1, isqrt(per_block))
