@@ -68,7 +68,7 @@ algebra.rule("cast_before_layout", "cast(reindex(x, m)) -> reindex(cast(x), m) f
 for op in ("add", "multiply", "maximum", "minimum"):
     algebra.rule(f"commute_{op}", f"{op}(x, y) -> {op}(y, x)",
                  rewrite(Term.binary(op, d, x, y)).to(Term.binary(op, d, y, x)),
-                 # the maximum of +0.0 and -0.0 is whichever comes first (numpy, CUDA's fmaxf alike)
+                 # max(+0.0, -0.0): numpy returns the first operand, and IEEE maxNum leaves the choice open
                  approximate="" if op in ("add", "multiply") else f"the sign of a zero: {op}(+0.0, -0.0)")
 
 RULESETS = [algebra]
