@@ -120,6 +120,125 @@ def test_the_rules_the_geometry_and_the_lowerings_agree_on_shared_memory(target)
     assert checked > 100
 
 
+def _sampled_rows(program, kernel, shape) -> list:
+    """The cheapest row of each (REDUCE, TILE) pair, cheapest first, three at most."""
+    ranked = ranked_rows(kernel, shape, program.schedule_space().rows[kernel.name], program.target,
+                         program.buffer_types)
+    picked, seen = [], set()
+    for breakdown in ranked:
+        if (breakdown.row.REDUCE, breakdown.row.TILE) not in seen:
+            seen.add((breakdown.row.REDUCE, breakdown.row.TILE))
+            picked.append(breakdown.row)
+    return picked[:3]
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_bytes_the_model_requests_are_the_bytes_the_emitted_kernels_move(name):
+    """Counted in the simulator's race-check build, which instruments every load and store. An
+    index tensor (embedding ids) may be read less often than the model says, never more: the
+    compiler keeps an index value in a register across a loop that does not change it."""
+    import emmy.sim as sim
+    from emmy.kernel_ir.cuda import program_source
+    from emmy.runtime import check_inputs, host_buffers, launch_in_order
+
+    program = _program(name)
+    types = program.buffer_types
+    sizes = {n: (t.numel, t.dtype.itemsize) for n, t in types.items()}
+    variants, kernels = [], {k.name: k for k in program.kernel_ir}
+    for kernel in program.loop_ir.kernels:
+        shape = kernel_shape(kernel)
+        if shape.kind not in ("map", "row", "column"):
+            continue
+        cost = kernel_cost(kernel, sizes)
+        for i, row in enumerate(_sampled_rows(program, kernel, shape)):
+            lowered = [dataclasses.replace(k, name=f"{k.name}_row{i}")
+                       for k in lower_kernel(tile_kernel(kernel, shape, row), types)]
+            kernels |= {k.name: k for k in lowered}
+            variants.append((kernel, row, f"{kernel.name}_row{i}", lowered,
+                             requested_bytes(shape, row, geometry(shape, row), cost)))
+    if not variants:
+        pytest.skip("no map, row or column kernels")
+    module = sim.load(program_source(list(kernels.values()), types, {}), "counted.cu", mode="racecheck")
+    buffers = host_buffers(program, check_inputs(program, program.example_inputs))
+    for kernel in kernels.values():  # scratch of the sampled rows (a split's workspace)
+        buffers |= {p.name: np.zeros(p.scratch, p.dtype.numpy) for p in kernel.params if p.name not in buffers}
+    launch_in_order(module, program, program.kernel_ir, buffers)  # every buffer a kernel reads is filled
+    for kernel, row, main, lowered, model in variants:
+        counts: dict = {}
+        launch_in_order(module, program, lowered, buffers, counts)
+        moved: dict = {}  # the row's kernels (a split's finishing kernel too), but not the fill before atomics
+        fills = {k.name for k in lowered if isinstance(k.body[0], K.Fill)}
+        for name_, per_buffer in counts.items():
+            if name_ not in fills:
+                for b, (r, w) in per_buffer.items():
+                    if b != INDEX_FAULTS:
+                        moved[b] = (moved.get(b, (0, 0))[0] + r, moved.get(b, (0, 0))[1] + w)
+        index_tensors = {b.buffer for b in kernel_cost(kernel, sizes).buffers if b.index}
+        where = (name, kernel.name, str(row))
+        assert sum(w for _, w in moved.values()) == pytest.approx(model.written), where
+        expected = dict(model.by_buffer)
+        atomics = model.read - sum(expected.values())  # a split row's blocks read the output to add
+        if atomics:
+            expected[kernel.output] = expected.get(kernel.output, 0.0) + atomics
+        for buffer in set(expected) | set(moved):
+            read, predicted = moved.get(buffer, (0, 0))[0], expected.get(buffer, 0.0)
+            if buffer in index_tensors:
+                assert 0 < read <= predicted + 1e-6, (*where, buffer, read, predicted)
+            else:
+                assert read == pytest.approx(predicted), (*where, buffer, read, predicted)
+
+
+def _counted(program, variants) -> list[dict]:
+    """For each kernel of `variants` (one simulator build for all), (bytes read, bytes written)
+    per buffer when it runs in the race-check simulator."""
+    import emmy.sim as sim
+    from emmy.kernel_ir.cuda import program_source
+    from emmy.runtime import check_inputs, host_buffers, launch_in_order
+
+    module = sim.load(program_source(variants, program.buffer_types, {}), "panels.cu", mode="racecheck")
+    buffers = host_buffers(program, check_inputs(program, program.example_inputs))
+    found = []
+    for kernel in variants:
+        counts: dict = {}
+        launch_in_order(module, program, [kernel], buffers, counts)
+        moved: dict = {}
+        for per_buffer in counts.values():
+            for b, (r, w) in per_buffer.items():
+                if b != INDEX_FAULTS:
+                    moved[b] = (moved.get(b, (0, 0))[0] + r, moved.get(b, (0, 0))[1] + w)
+        found.append(moved)
+    return found
+
+
+@pytest.mark.parametrize("code", ["a=torch.randn(100,72); b=torch.randn(72,90); a @ b",  # ragged M, N and K
+                                  "a=torch.randn(2,33,40); b=torch.randn(2,40,70); a @ b",  # batched
+                                  "a=torch.randn(64,48); b=torch.randn(80,48); a @ b.t()"])  # B along K
+def test_a_staged_contraction_reads_the_panel_bytes_the_model_sends_through_l2(code):
+    """Every block reads its A panel (BM x K) and its B panel (K x BN): the model's L2 bytes
+    (extract/cost_model.contraction_traffic) are the bytes the emitted kernel requests, for
+    micro-tiled and strided SIMT rows, as the simulator counts them."""
+    from emmy.extract.cost_model import contraction_traffic
+    from emmy.extract.targets import get_target
+
+    program = emmy.optimize(code, target="sm_90")
+    types = program.buffer_types
+    (kernel,) = program.loop_ir.kernels
+    shape = kernel_shape(kernel)
+    rows = [r for r in program.schedule_space().rows[kernel.name]
+            if r.STAGE and not r.REDUCE and not r.TILE.startswith("mma")]
+    picked = [r for r in rows if r.TILE.startswith("r")][:3] + [r for r in rows if r.TILE.startswith("f")][:2]
+    assert any(r.TILE.startswith("r") for r in picked) and any(r.TILE.startswith("f") for r in picked)
+    sizes = {n: (t.numel, t.dtype.itemsize) for n, t in types.items()}
+    cost = kernel_cost(kernel, sizes)
+    variants = [dataclasses.replace(k, name=f"{k.name}_row{i}")
+                for i, row in enumerate(picked) for k in lower_kernel(tile_kernel(kernel, shape, row), types)]
+    assert len(variants) == len(picked)
+    for row, moved in zip(picked, _counted(program, variants)):
+        _, through_l2 = contraction_traffic(shape, geometry(shape, row), cost, get_target("sm_90"), 1)
+        counted = sum(r + w for r, w in moved.values())
+        assert counted == pytest.approx(through_l2), (str(row), moved, through_l2)
+
+
 def test_a_flash_row_whose_rounded_v_tile_overflows_shared_memory_is_not_offered():
     """Under mma atoms the V tile's rows round up to 16 (ldmatrix): with BN = 8 keys a step, head 896
     and 128 value columns, four stages need 102,400 bytes, over sm_89's 101,376 a block, though the
