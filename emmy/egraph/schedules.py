@@ -16,7 +16,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from emmy.knobs import KNOB_NAMES, STAGE_ASYNC, STAGE_PLAIN, STAGE_TMA, KnobRow, value_fields
+from emmy.knobs import (KNOB_NAMES, STAGE_ASYNC, STAGE_PLAIN, STAGE_TMA, KnobRow, spell_raster, spell_reduce_split,
+                        spell_stage, spell_tile_micro, spell_tile_mma, spell_tile_simt, spell_work_threads,
+                        spell_work_warps, value_fields)
 from emmy.tile_ir.shape import KernelShape
 
 
@@ -28,8 +30,6 @@ class ScheduleSpace:
 
 def default_candidates() -> dict[str, list[str]]:
     """Every default candidate spelling per knob."""
-    from emmy.knobs import (STAGE_ASYNC, STAGE_PLAIN, STAGE_TMA, spell_raster, spell_reduce_split, spell_stage,
-                            spell_tile_micro, spell_tile_mma, spell_tile_simt, spell_work_threads, spell_work_warps)
     from emmy.rules.schedules import ATOM_DTYPE, CANDIDATES
 
     c = CANDIDATES
@@ -136,7 +136,7 @@ def build_space(shapes: list[KernelShape], target, pins: KnobRow = KnobRow(), eg
 
 
 def _within(row: KnobRow, pins: KnobRow) -> bool:
-    return all(getattr(pins, k) is None or getattr(row, k) == getattr(pins, k) for k in KNOB_NAMES)
+    return all(getattr(row, knob) == value for knob, value in pins.pinned().items())
 
 
 def attach_rows(egraph, shapes: list[KernelShape], target, pins: KnobRow, roots: dict, rules: tuple = ()) -> None:
