@@ -28,6 +28,7 @@ from emmy.loop_ir.bounds import out_of_bounds
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 from emmy.tile_ir.geometry import workspace_name
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
+from emmy.tile_ir.shape import panel_side
 
 # the twisted states the runtime header can merge across threads (emmy::merge_softmax, merge_welford)
 MERGED = {("softmax", 2), ("welford", 3)}
@@ -550,16 +551,12 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
 def _panel_loads(fold: Fold, m_vars, n_vars, batch, types: dict):
     """(Loop IR load, its flat index, side) for each load of the fold that walks K and one side's
     outputs, the loads a staged contraction reads from shared memory."""
-    m_set, n_set = {v for v, _ in m_vars}, {v for v, _ in n_vars}
     for stmt in fold.lift:
         if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)) or stmt.expr.guards:
             continue  # a guarded load is read where its guards hold, from global memory
         flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
-        deps = flat.dims() - {v for v, _ in batch}
-        if fold.var not in deps:
-            continue
-        side = "a" if deps - {fold.var} and deps - {fold.var} <= m_set else \
-            "b" if deps - {fold.var} and deps - {fold.var} <= n_set else ""
+        side = panel_side(flat.dims() - {v for v, _ in batch}, fold.var, [v for v, _ in m_vars],
+                          [v for v, _ in n_vars])
         if side:
             yield stmt, flat, side
 

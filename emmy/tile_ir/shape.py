@@ -332,23 +332,25 @@ def _source_load(defs, name):
 
 
 def _panel_loads(fold: Loop, m_vars, n_vars, free_vars) -> tuple[int, int]:
-    """Loads of a contraction's fold that walk K and only one side's outputs (batch variables
-    aside), per side: what a staged block puts in shared memory, a panel each. Guarded loads are
-    read from global memory where their guards hold."""
-    m_set, n_set = set(m_vars), set(n_vars)
-    batch = set(free_vars) - m_set - n_set
-    counts = [0, 0]
-    for stmt in statements(fold.body):
-        if isinstance(stmt, Assign) and isinstance(stmt.expr, Load) and not stmt.expr.guards:
-            deps = _vars(stmt.expr.index) - batch
-            if fold.var not in deps:
-                continue
-            outputs = deps - {fold.var}
-            if outputs and outputs <= m_set:
-                counts[0] += 1
-            elif outputs and outputs <= n_set:
-                counts[1] += 1
-    return counts[0], counts[1]
+    """Loads of a contraction's fold staged in shared memory (panel_side), per side: a panel each."""
+    batch = set(free_vars) - set(m_vars) - set(n_vars)
+    sides = [panel_side(_vars(s.expr.index) - batch, fold.var, m_vars, n_vars) for s in statements(fold.body)
+             if isinstance(s, Assign) and isinstance(s.expr, Load) and not s.expr.guards]
+    return sides.count("a"), sides.count("b")
+
+
+def panel_side(deps: set[int], fold_var: int, m_vars, n_vars) -> str:
+    """Which operand panel a contraction load whose index reads `deps` (batch variables aside)
+    fills: "a" when it walks K and only M's variables, "b" when K and only N's, else "" (read from
+    global memory). Guarded loads are read where their guards hold, never staged."""
+    if fold_var not in deps:
+        return ""
+    outputs = deps - {fold_var}
+    if outputs and outputs <= set(m_vars):
+        return "a"
+    if outputs and outputs <= set(n_vars):
+        return "b"
+    return ""
 
 
 def _vars(index) -> set[int]:
