@@ -1,0 +1,75 @@
+"""The CUDA emitted for a set of (program, rows) pairs: what tests/test_cuda_snapshot.py holds
+byte-for-byte against tests/golden/cuda.json.gz.
+
+For each reference workload (on h100 and on sm_80), every kernel's offered rows are grouped by kind
+(WORK form, TILE form, REDUCE, STAGE mode, RASTER on or off); variant j gives each kernel the first
+row of its j-th group (or its model-chosen row when it has fewer groups). So the snapshot covers
+SIMT, micro-tile and mma contractions, splits, staging modes and rasterisation, not only the rows the
+cost model picks today. Refresh it (after a deliberate change to emitted code) with
+
+    .venv/bin/python -m tests.cuda_snapshot --write
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import pathlib
+import re
+import sys
+
+GOLDEN = pathlib.Path(__file__).parent / "golden" / "cuda.json.gz"
+TARGETS = ("h100", "sm_80")
+
+
+def _form(value: str) -> str:
+    return re.sub(r"[0-9]+", "", value)  # the knob's form without its numbers: t, wx, f/v, gak, d/smem-async
+
+
+def _group(row) -> tuple:
+    return tuple(_form(str(getattr(row, knob))) for knob in ("WORK", "TILE", "REDUCE", "STAGE", "RASTER"))
+
+
+def variants(program) -> list[dict]:
+    """Per variant, kernel name -> row."""
+    space = program.schedule_space()
+    per_kernel = {}
+    for name, rows in space.rows.items():
+        firsts = {}
+        for row in rows:
+            firsts.setdefault(_group(row), row)
+        per_kernel[name] = list(firsts.values())
+    count = max((len(v) for v in per_kernel.values()), default=0)
+    return [{name: rows[j] for name, rows in per_kernel.items() if j < len(rows)} for j in range(count)]
+
+
+def snapshot() -> dict[str, str]:
+    """Label -> emitted CUDA text."""
+    import emmy
+    from emmy.workloads import WORKLOADS
+
+    out = {}
+    for workload in WORKLOADS:
+        for target in TARGETS:
+            program = emmy.optimize(workload.sim_code or workload.code, target=target)
+            out[f"{workload.name}@{target}/chosen"] = program.cuda_source
+            for j, rows in enumerate(variants(program)):
+                out[f"{workload.name}@{target}/v{j}"] = program.with_rows(rows).cuda_source
+    return out
+
+
+def load() -> dict[str, str]:
+    return json.loads(gzip.decompress(GOLDEN.read_bytes()))
+
+
+def main() -> None:
+    texts = snapshot()
+    if "--write" in sys.argv:
+        GOLDEN.write_bytes(gzip.compress(json.dumps(texts, sort_keys=True).encode(), mtime=0))
+    digest = hashlib.sha256(json.dumps(texts, sort_keys=True).encode()).hexdigest()[:16]
+    print(f"{len(texts)} sources, {sum(map(len, texts.values()))} chars, digest {digest}")
+
+
+if __name__ == "__main__":
+    main()

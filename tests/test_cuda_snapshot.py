@@ -1,0 +1,31 @@
+"""The emitted CUDA is byte-identical to the snapshot (tests/cuda_snapshot.py): refactoring Kernel IR,
+the schedule wing or the templates changes no kernel unless the snapshot is deliberately rewritten."""
+
+import difflib
+
+import pytest
+
+import emmy
+from emmy.workloads import WORKLOADS
+from tests import cuda_snapshot
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return cuda_snapshot.load()
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.name)
+@pytest.mark.parametrize("target", cuda_snapshot.TARGETS)
+def test_emitted_cuda_matches_the_snapshot(golden, workload, target):
+    program = emmy.optimize(workload.sim_code or workload.code, target=target)
+    emitted = {f"{workload.name}@{target}/chosen": program.cuda_source}
+    for j, rows in enumerate(cuda_snapshot.variants(program)):
+        emitted[f"{workload.name}@{target}/v{j}"] = program.with_rows(rows).cuda_source
+    expected = {label: text for label, text in golden.items() if label.startswith(f"{workload.name}@{target}/")}
+    assert sorted(emitted) == sorted(expected)
+    for label, text in emitted.items():
+        if text != expected[label]:
+            diff = "".join(list(difflib.unified_diff(expected[label].splitlines(True), text.splitlines(True),
+                                                     "snapshot", "emitted", n=1))[:60])
+            pytest.fail(f"{label} differs from the snapshot:\n{diff}")
