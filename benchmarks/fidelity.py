@@ -33,6 +33,7 @@ os.environ.setdefault("EMMY_LAZY_INPUT_MB", "1")
 
 import emmy
 from emmy.extract.targets import get_target
+from emmy.program import pricer_for
 from emmy.tile_ir.build import build_tile_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,7 +88,7 @@ def evaluate() -> list[dict]:
                 code = row.code.format(n=n)
                 if code not in compiled:
                     compiled[code] = emmy.optimize(code)
-                tile = build_tile_program(compiled[code].loop_ir, target)  # the same kernels, priced for this GPU
+                tile = build_tile_program(compiled[code].loop_ir, pricer_for(target))  # the same kernels, priced for this GPU
                 seconds = sum(k.seconds for k in tile.kernels)
                 flops = eval(row.flops, {"n": n})  # noqa: S307  (a formula of public_measurements.py)
                 if best is None or flops / seconds > best[0] / best[1]:

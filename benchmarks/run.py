@@ -20,9 +20,9 @@ from pathlib import Path
 import torch  # noqa: F401  imported up front: its import time is not emmy's
 
 import emmy
-from emmy.egraph.schedules import build_space
+from emmy.schedule.space import build_space
 from emmy.extract.targets import TARGETS
-from emmy.tile_ir.shape import kernel_shape
+from emmy.schedule.shape import kernel_shape
 from emmy.workloads import WORKLOADS
 
 REPEATS = 3
@@ -31,10 +31,10 @@ REPEATS = 3
 def cold_caches() -> None:
     """Forget what earlier compiles in this process built (schedule spaces by shape, geometries), so each
     repeat pays what a fresh process pays."""
-    from emmy.tile_ir import pricing
-    from emmy.tile_ir.geometry import geometry
+    from emmy.schedule.geometry import geometry
+    from emmy.schedule.space import forget_spaces
 
-    pricing._SPACES.clear()
+    forget_spaces()
     geometry.cache_clear()
 
 

@@ -40,7 +40,7 @@ def build_model(kind: str, depth: int):
 def measure_one(kind: str, depth: int) -> dict:
     """One configuration, in this process (called in a fresh one by `main`)."""
     import emmy
-    from emmy.tile_ir.pricing import KernelPricer
+    from emmy.schedule.pricing import KernelPricer
 
     model, x = build_model(kind, depth)
     program = emmy.optimize(model, x, target="sm_90", stop_after="tensor")
@@ -69,6 +69,7 @@ def measure_one(kind: str, depth: int) -> dict:
 def workload_predictions() -> list[dict]:
     import emmy
     from emmy.extract.targets import get_target
+    from emmy.program import pricer_for
     from emmy.tile_ir.build import build_tile_program
     from emmy.workloads import WORKLOADS
 
@@ -86,7 +87,7 @@ def workload_predictions() -> list[dict]:
         old_entry = baseline.get(workload.name)
         old = None
         if old_entry is not None:
-            old = sum(k.seconds for k in build_tile_program(old_entry["program"], target).kernels)
+            old = sum(k.seconds for k in build_tile_program(old_entry["program"], pricer_for(target)).kernels)
         rows.append({"name": workload.name, "new_us": new * 1e6, "new_kernels": len(program.loop_ir.kernels),
                      "old_us": None if old is None else old * 1e6,
                      "old_kernels": None if old_entry is None else len(old_entry["program"].kernels),

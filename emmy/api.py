@@ -18,7 +18,7 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     `rules` adds rule groups (emmy.rules.RuleGroup, and ScheduleRuleGroup for schedule rules) to the built-in ones;
     `budget` (emmy.egraph.driver.Budget) bounds saturation, by default from
     EMMY_EGRAPH_* settings. `knobs` pins schedule knobs for every kernel
-    (`"K=V,..."` or an emmy.knobs.KnobRow; default EMMY_KNOBS). `capture_cache`: for code
+    (`"K=V,..."` or an emmy.schedule.knobs.Schedule; default EMMY_KNOBS). `capture_cache`: for code
     strings and files, reuse (or remember) what capture and decomposition made of the same code in the
     on-disk cache (emmy.capture.cache), so a repeat needs no torch; such a program's
     `captured` is a CachedCapture (no ExportedProgram: checking against torch recaptures).
@@ -27,13 +27,14 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     from emmy.config import settings
     from emmy.extract.targets import get_target
 
-    config = settings()
-    from emmy.capture import capture
-    from emmy.knobs import KnobRow, check_target, parse_pins
+    from emmy.schedule.knobs import Schedule, check_target, parse_pins
 
-    chosen = get_target(target or config.target)  # fail fast, before the slow capture
-    pins = knobs if isinstance(knobs, KnobRow) else parse_pins(config.knobs if knobs is None else knobs)
+    config = settings()
+    # The pins are checked here, once (spelling, then what the target allows), before the slow capture.
+    chosen = get_target(target or config.target)
+    pins = knobs if isinstance(knobs, Schedule) else parse_pins(config.knobs if knobs is None else knobs)
     check_target(pins, chosen)
+    from emmy.capture import capture
     groups, schedule_rules, budget = _optimizer_setup(rules, budget, config, exact)
     cached = None
     code = None

@@ -101,21 +101,9 @@ def _check_target(target: str | None) -> None:
         get_target(target)
 
 
-def _check_knobs(text: str | None, target: str | None) -> None:
-    """Pins are checked before anything slow: spelling, then what the target allows."""
-    from emmy.config import settings
-    from emmy.extract.targets import get_target
-    from emmy.knobs import check_target, parse_pins
-
-    config = settings()
-    row = parse_pins(text if text is not None else config.knobs)
-    check_target(row, get_target(target or config.target))
-
-
 def _compile(args) -> int:
     _check_stage(args.ir)
     _check_target(args.target)
-    _check_knobs(args.knobs, args.target)
     from emmy.program import BUILT_STAGES
 
     if args.ir not in BUILT_STAGES:
@@ -169,7 +157,6 @@ def _compiled(args, stop_after: str, capture_cache: bool = True):
     checking the cheap arguments before the slow capture (through the capture cache unless the
     command needs torch's own program, as checking against torch does)."""
     _check_target(args.target)
-    _check_knobs(args.knobs, args.target)
     from emmy.api import optimize
 
     rules, budget = _optimizer_args(args)
@@ -186,9 +173,8 @@ def _print_table(header: list[str], rows: list[list[str]], right: tuple[int, ...
 def _schedules(args) -> int:
     if args.limit < 0:
         raise EmmyError(f"--limit must be 0 (all) or positive, got {args.limit}")
-    from emmy.knobs import KNOB_NAMES
-    from emmy.tile_ir.build import ranked_rows
-    from emmy.tile_ir.shape import kernel_shape
+    from emmy.schedule.knobs import KNOB_NAMES
+    from emmy.schedule.shape import kernel_shape
 
     # Extraction already scheduled every kernel under the pins: pins no kernel can take fail there.
     program = _compiled(args, "loop")
@@ -197,7 +183,7 @@ def _schedules(args) -> int:
     for index, kernel in enumerate(program.loop_ir.kernels):
         shape = kernel_shape(kernel)
         rows = space.rows[kernel.name]
-        costed = ranked_rows(kernel, shape, rows, target, program.buffer_types)
+        costed = program.ranked_rows(kernel)
         print(f"=== {index}: {kernel.name} ({shape.describe()}) ===")
         print(f"{len(rows)} legal rows on {target.name}")
         shown = costed if args.limit == 0 else costed[:args.limit]

@@ -20,7 +20,7 @@ class Settings:
     egraph_iterations: int  # EMMY_EGRAPH_ITERATIONS: iterations per saturation phase
     egraph_enodes: int  # EMMY_EGRAPH_ENODES: e-nodes a phase may add (per 10,000 e-nodes of the program)
     egraph_seconds: float  # EMMY_EGRAPH_SECONDS: seconds per phase (per 10,000 e-nodes of the program)
-    knobs: str  # EMMY_KNOBS: schedule pins, "K=V,..." (see emmy/knobs.py)
+    knobs: str  # EMMY_KNOBS: schedule pins, "K=V,..." (see emmy/schedule/knobs.py)
     measurements: Path | None = None  # EMMY_MEASUREMENTS: a JSON file of measured kernel times
     sim_mode: str = "plain"  # EMMY_SIM_MODE: the simulator build programs run in (plain, asan, racecheck)
     lazy_input_bytes: int = 256 << 20  # EMMY_LAZY_INPUT_MB: -c code inputs larger than this are made only

@@ -138,3 +138,10 @@ def from_numpy(values: np.ndarray, dtype: DType):
 
     # np.array, not np.ascontiguousarray: the latter turns rank-0 arrays into rank 1.
     return torch.from_numpy(np.array(values, order="C")).to(to_torch(dtype))
+
+
+def from_device(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """A buffer as a kernel leaves it -> interpreter storage: bf16's 16-bit patterns widened to float32."""
+    if dtype is DType.BF16:
+        return (values.astype(np.uint32) << 16).view(np.float32)
+    return values

@@ -3,7 +3,7 @@
 Three parts: budgets that ran out (saturation phases, the boundary search), the extraction
 decisions (per kernel boundary and per fold form, what the program would cost with the
 other choice), and per kernel its chosen knob row with the next cheapest rows, each with
-every term of its predicted time (emmy.extract.cost_model.Breakdown).
+every term of its predicted time (emmy.schedule.cost_model.Breakdown).
 """
 
 from __future__ import annotations

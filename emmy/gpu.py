@@ -205,7 +205,7 @@ class ProgramOnGpu:
 
     def outputs(self) -> dict[str, np.ndarray]:
         """The program's outputs by buffer name, in interpreter storage (bf16 as float32)."""
-        from emmy.runtime import from_device
+        from emmy.dtypes import from_device
 
         types = self.program.buffer_types
         return {name: from_device(self.fetch(name), types[name].dtype) for name in self.program.loop_ir.outputs}

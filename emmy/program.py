@@ -13,14 +13,24 @@ STAGES = ("torch", "tensor", "loop", "tile", "kernel", "cuda")
 BUILT_STAGES = ("torch", "tensor", "loop", "tile", "kernel", "cuda")
 
 
+def pricer_for(target, pins=None, schedule_rules: tuple = ()):
+    """A KernelPricer for `target` that offers the rows this Kernel IR lowering takes: the schedule wing
+    is given the lowering's check here, above both, so neither imports the other."""
+    from emmy.kernel_ir.lower import lowers_row
+    from emmy.schedule.knobs import Schedule
+    from emmy.schedule.pricing import KernelPricer
+
+    return KernelPricer(target, lowers_row, pins or Schedule(), schedule_rules)
+
+
 @dataclass(frozen=True)
 class Program:
     captured: object  # emmy.capture.Captured
     target: object  # emmy.extract.targets.Target
     rule_groups: tuple = ()  # emmy.rules.RuleGroup, built-in ones and any the user loaded
     budget: object = None  # emmy.egraph.driver.Budget
-    knobs: object = None  # emmy.knobs.KnobRow: pins for every kernel
-    rows: tuple = ()  # (kernel name, KnobRow): rows chosen for single kernels instead of the model's
+    knobs: object = None  # emmy.schedule.knobs.Schedule: pins for every kernel
+    rows: tuple = ()  # (kernel name, Schedule): rows chosen for single kernels instead of the model's
     schedule_rules: tuple = ()  # emmy.rules.ScheduleRuleGroup the user loaded, beside the built-in ones
 
     @cached_property
@@ -43,16 +53,20 @@ class Program:
         fold forms chosen so that the sum of the kernels' best rows, as the cost model prices them,
         is lowest (emmy.egraph.search)."""
         from emmy.egraph import optimize_loops
-        from emmy.tile_ir.pricing import KernelPricer
 
-        return optimize_loops(self.tensor_ir, list(self.rule_groups), self.budget, KernelPricer(self.target, self.pins,
-                                                                                  self.schedule_rules))
+        return optimize_loops(self.tensor_ir, list(self.rule_groups), self.budget, self.pricer)
+
+    @cached_property
+    def pricer(self):
+        """The kernels' rows and prices (emmy.schedule.pricing.KernelPricer): extraction prices with it,
+        and the Tile IR, the schedule space and `explain` read the rows it found, so each is found once."""
+        return pricer_for(self.target, self.pins, self.schedule_rules)
 
     @property
     def pins(self):
-        from emmy.knobs import KnobRow
+        from emmy.schedule.knobs import Schedule
 
-        return self.knobs or KnobRow()
+        return self.knobs or Schedule()
 
     @property
     def loop_ir(self):
@@ -60,21 +74,18 @@ class Program:
 
     @cached_property
     def tile_ir(self):
-        """Each kernel with its cheapest legal knob row (within the pins) and its Fold tree; the rows
-        are found on the kernels' own e-classes in the optimizer's e-graph."""
+        """Each kernel with its cheapest offered knob row (within the pins) and its Fold tree."""
         from emmy.tile_ir.build import build_tile_program
 
-        result = self.loop_result
-        return build_tile_program(result.program, self.target, self.pins, result.egraph, result.kernel_roots(),
-                                  dict(self.rows), self.schedule_rules)
+        return build_tile_program(self.loop_result.program, self.pricer, dict(self.rows))
 
     def with_rows(self, rows: dict) -> Program:
-        """The same program (its Loop IR reused) with these kernels' rows, kernel name -> KnobRow,
+        """The same program (its Loop IR reused) with these kernels' rows, kernel name -> Schedule,
         instead of the cost model's choice: each must be offered for its kernel (`schedule_space`)."""
         import dataclasses
 
         other = dataclasses.replace(self, rows=tuple(sorted({**dict(self.rows), **rows}.items())))
-        for computed in ("tensor_program", "loop_result", "_offered_space"):  # cached: shared, not rebuilt
+        for computed in ("tensor_program", "loop_result", "pricer", "_offered_space"):  # cached: shared, not rebuilt
             if computed in self.__dict__:
                 other.__dict__[computed] = self.__dict__[computed]
         return other
@@ -82,7 +93,7 @@ class Program:
     @property
     def buffer_types(self) -> dict:
         """Every buffer of the Loop IR program (inputs, weights, kernel outputs) -> TensorType."""
-        from emmy.tile_ir.build import buffer_types
+        from emmy.loop_ir.nodes import buffer_types
 
         return buffer_types(self.loop_ir)
 
@@ -111,37 +122,32 @@ class Program:
 
     def schedule_space(self):
         """Every knob row offered for every kernel, within the pins: legal (the schedule rules) and
-        lowered by Kernel IR (tile_ir.build.offered_rows). Built once per program."""
+        lowered by Kernel IR (the pricer's `offered`). Built once per program."""
         return self._offered_space
 
     @cached_property
     def _offered_space(self):
-        import dataclasses
+        import time
 
-        from emmy.egraph.schedules import build_space
-        from emmy.tile_ir.build import offered_rows
-        from emmy.tile_ir.shape import kernel_shape
+        from emmy.schedule.space import ScheduleSpace
 
-        shapes = [kernel_shape(k) for k in self.loop_ir.kernels]
-        space = build_space(shapes, self.target, self.pins, self.loop_result.egraph, self.loop_result.kernel_roots(),
-                            self.schedule_rules)
+        start = time.perf_counter()
         types = self.buffer_types
-        rows = {k.name: offered_rows(k, shape, space.rows[k.name], types) for k, shape in zip(self.loop_ir.kernels, shapes)}
-        return dataclasses.replace(space, rows=rows)
+        rows = {k.name: self.pricer.offered(k, types) for k in self.loop_ir.kernels}
+        return ScheduleSpace(rows, time.perf_counter() - start)
+
+    def ranked_rows(self, kernel) -> list:
+        """A Loop IR kernel's offered rows as cost breakdowns, cheapest first (emmy.schedule.choose)."""
+        return self.pricer.ranked(kernel, self.buffer_types)
 
     def explain(self, top: int = 3):
         """Why the program came out as it did (emmy.explain.Explanation): budgets that ran out; per
         kernel boundary and fold form, what the program would cost with the other choice; per
         kernel, its chosen row and the next `top` rows with their cost breakdowns."""
         from emmy.explain import Explanation, KernelRows, closest_first
-        from emmy.tile_ir.build import ranked_rows
-        from emmy.tile_ir.shape import kernel_shape
 
-        space = self.schedule_space()
         tiles = {tk.kernel.name: tk for tk in self.tile_ir.kernels}
-        kernels = tuple(KernelRows(k.name, tiles[k.name].signature,
-                                   tuple(ranked_rows(k, kernel_shape(k), space.rows[k.name], self.target,
-                                                     self.buffer_types)[:top + 1]))
+        kernels = tuple(KernelRows(k.name, tiles[k.name].signature, tuple(self.ranked_rows(k)[:top + 1]))
                         for k in self.loop_ir.kernels)
         result = self.loop_result
         return Explanation(self.target.title, sum(tk.seconds for tk in self.tile_ir.kernels), kernels,

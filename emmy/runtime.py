@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emmy.dtypes import DType
+from emmy.dtypes import DType, from_device
 from emmy.errors import EmmyError, IndexOutOfRangeError
 from emmy.kernel_ir.index_faults import INDEX_FAULTS, raise_recorded_fault, takes_faults
 
@@ -25,12 +25,6 @@ def to_device(values: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype is DType.BF16:
         return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     return values.astype(dtype.numpy, copy=True)
-
-
-def from_device(values: np.ndarray, dtype: DType) -> np.ndarray:
-    if dtype is DType.BF16:
-        return (values.astype(np.uint32) << 16).view(np.float32)
-    return values
 
 
 def empty_buffer(type_) -> np.ndarray:

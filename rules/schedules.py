@@ -2,11 +2,11 @@
 
 The candidate values of each knob are data: relations filled from the
 CANDIDATES table below (a pin or a tuner narrows or widens a knob by filling
-its relation with other values). A kernel enters as a `kernel` fact on its
-root term (the e-class of the value it materializes, in the optimizer's
-saturated e-graph, so the rows attach to that e-class) with its kind and
-extents (emmy.tile_ir.shape) and positive `kernel_flag` facts; the target as
-one `target` fact. Each rule joins a kernel with candidate values
+its relation with other values). A kernel enters as a `kernel` fact keyed by
+its name, with its kind and extents (emmy.schedule.shape) and positive
+`kernel_flag` facts; the target as one `target` fact. No rule reads a term:
+the rows depend on the shape alone, so the space is built in an e-graph of its
+own (emmy.schedule.space). Each rule joins a kernel with candidate values
 and guards the join with one legality condition per clause:
 
 - threads: whole warps, at most 1024 a block (the WORK candidates hold only
@@ -20,7 +20,7 @@ and guards the join with one legality condition per clause:
   steps (M and N tails are masked); at most 64 accumulator registers a thread;
 - shared memory: stage depth x (an A panel per A-side load + a B panel per
   B-side load) fits the target's per-block limit, in the one formula the
-  geometry and the lowerings use (tile_ir.geometry.contraction_stage_bytes,
+  geometry and the lowerings use (schedule.geometry.contraction_stage_bytes,
   called through egglog's PyObject for SIMT blocks, spelt in egglog arithmetic
   for micro-tiles and mma blocks, held equal by the schedule tests);
 - features: cp.async from sm_80, TMA from sm_90 (target flags);
@@ -42,17 +42,16 @@ and guards the join with one legality condition per clause:
   rows rounded to 16 and the Q tile added under mma atoms), and may split the keys across blocks (split-KV, a workspace and a
   finishing merge) under the split clause.
 
-`legal_row(root, WORK, TILE, REDUCE, STAGE, RASTER)` holds each legal row.
+`legal_row(kernel, WORK, TILE, REDUCE, STAGE, RASTER)` holds each legal row.
 """
 
 from __future__ import annotations
 
 from egglog import PyObject, String, eq, i64, ne, relation, rule, ruleset, vars_
 
-from emmy.egraph.terms import Term
-from emmy.knobs import MMA_ATOMS
+from emmy.schedule.knobs import MMA_ATOMS
 
-# Candidate values, one canonical spelling each (emmy.knobs parses them).
+# Candidate values, one canonical spelling each (emmy.schedule.knobs parses them).
 CANDIDATES = {
     "WORK_THREADS": (32, 64, 128, 256, 512, 1024),
     "WORK_WARPS": ((1, 1), (1, 2), (2, 1), (2, 2), (2, 4), (4, 2), (4, 4)),
@@ -71,18 +70,17 @@ CANDIDATES = {
 MAX_TILE_SPLIT = 8
 ATOM_DTYPE = {"mma_m16n8k16_f16_f32": "f16", "mma_m16n8k16_bf16_f32": "bf16"}
 assert set(ATOM_DTYPE) == set(MMA_ATOMS)
-from emmy.tile_ir.geometry import (FLASH_SIMT_KEYS, MICRO_K, MICRO_THREADS, flash_fits,  # noqa: E402
+from emmy.schedule.geometry import (FLASH_SIMT_KEYS, MICRO_K, MICRO_THREADS, flash_fits,  # noqa: E402
                                    micro_layout, simt_staged_fits)  # one source for rules and geometry
 MAX_ACC_REGS = 64
 MAX_FLASH_ACC_REGS = 128  # S tile + O accumulators a thread, flash attention
 
 
-# A kernel is its root term: the e-class of the value it materializes in the optimizer's e-graph.
-kernel = relation("kernel", Term, String, i64, i64, i64, i64, i64, i64)  # root kind rows cols red inner itemsize batch
-kernel_name = relation("kernel_name", Term, String)
-kernel_flag = relation("kernel_flag", Term, String)  # foldonly | raw | atomic
-kernel_panels = relation("kernel_panels", Term, i64, i64)  # contraction: loads staged on the A side, the B side
-kernel_mma = relation("kernel_mma", Term, String)  # tensor-core operand dtype: f16 | bf16
+# A kernel is its name (a stand-in name per distinct shape when spaces are shared).
+kernel = relation("kernel", String, String, i64, i64, i64, i64, i64, i64)  # name kind rows cols red inner itemsize batch
+kernel_flag = relation("kernel_flag", String, String)  # foldonly | raw | atomic
+kernel_panels = relation("kernel_panels", String, i64, i64)  # contraction: loads staged on the A side, the B side
+kernel_mma = relation("kernel_mma", String, String)  # tensor-core operand dtype: f16 | bf16
 target = relation("target", i64, i64, i64, i64)  # smem per block, SMs, has cp.async, has TMA
 work_threads = relation("work_threads", String, i64)
 work_warps = relation("work_warps", String, i64, i64)
@@ -100,14 +98,14 @@ reduce_coop = relation("reduce_coop", String)
 raster_none = relation("raster_none", String)
 raster_group = relation("raster_group", String, i64)
 # Intermediate relations: a block shape, then a staged block, then rows.
-simt_block = relation("simt_block", Term, String, String, i64)  # kernel, WORK, TILE, outputs per block
-mma_block = relation("mma_block", Term, String, String, i64, i64, i64)  # kernel, WORK, TILE, BM, BN, BK
-micro_block = relation("micro_block", Term, String, String, i64, i64)  # kernel, WORK, TILE, BM, BN
-staged = relation("staged", Term, String, String, String, i64, i64, i64)  # + STAGE, rows of blocks, blocks, K steps
-flash_block = relation("flash_block", Term, String, String, i64, i64, i64)  # kernel, WORK, TILE, BM, BN, mma (0/1)
-legal_row = relation("legal_row", Term, String, String, String, String, String)
+simt_block = relation("simt_block", String, String, String, i64)  # kernel, WORK, TILE, outputs per block
+mma_block = relation("mma_block", String, String, String, i64, i64, i64)  # kernel, WORK, TILE, BM, BN, BK
+micro_block = relation("micro_block", String, String, String, i64, i64)  # kernel, WORK, TILE, BM, BN
+staged = relation("staged", String, String, String, String, i64, i64, i64)  # + STAGE, rows of blocks, blocks, K steps
+flash_block = relation("flash_block", String, String, String, i64, i64, i64)  # kernel, WORK, TILE, BM, BN, mma (0/1)
+legal_row = relation("legal_row", String, String, String, String, String, String)
 
-(k,) = vars_("k", Term)
+(k,) = vars_("k", String)
 kind, w, t, r, s, g, dt = vars_("kind w t r s g dt", String)
 rows, cols, red, inner, isz, batch = vars_("rows cols red inner isz batch", i64)
 threads, elems, vec, wm, wn, fm, fn, kc, depth, split, group = vars_(

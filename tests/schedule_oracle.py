@@ -10,18 +10,31 @@ from __future__ import annotations
 
 from math import ceil
 
-from emmy.egraph.schedules import default_candidates
-from emmy.knobs import KnobRow, value_fields
+from emmy.schedule.space import default_candidates
+from emmy.schedule.knobs import Schedule, parse_value
 from emmy.rules.schedules import ATOM_DTYPE, MAX_ACC_REGS, MAX_FLASH_ACC_REGS, MAX_TILE_SPLIT
-from emmy.tile_ir.geometry import (FLASH_SIMT_KEYS, MICRO_K, MICRO_THREADS, SIMT_K, contraction_stage_bytes,
+from emmy.schedule.geometry import (FLASH_SIMT_KEYS, MICRO_K, MICRO_THREADS, SIMT_K, contraction_stage_bytes,
                                    flash_bytes, micro_layout, simt_tile)
 
 
+def _fields(value) -> dict:
+    """A typed knob value as the fields its form spells (the oracle's own reading of each form)."""
+    v = value
+    forms = {"Work": lambda: {"warps_m": v.warps_m, "warps_n": v.warps_n} if v.warps else {"threads": v.threads},
+             "Tile": lambda: ({"atom": v.atom, "frag_m": v.frag_m, "frag_n": v.frag_n, "k_chunks": v.k_chunks} if v.mma
+                              else {"micro_m": v.micro_m, "micro_n": v.micro_n} if v.is_micro
+                              else {"elems": v.elems, "vec": v.vec}),
+             "Reduce": lambda: {"split": v.split, "mode": v.mode} if v.split > 1 else {},
+             "Stage": lambda: {"depth": v.depth, "how": v.how} if v.depth else {},
+             "Raster": lambda: {"group": v.group} if v.group else {}}
+    return forms[type(v).__name__]()
+
+
 def _parsed(knob):
-    return [(v, value_fields(knob, v)) for v in default_candidates()[knob]]
+    return [(v, _fields(parse_value(knob, v))) for v in default_candidates()[knob]]
 
 
-def enumerate_rows(shape, target) -> set[KnobRow]:
+def enumerate_rows(shape, target) -> set[Schedule]:
     works, tiles = _parsed("WORK"), _parsed("TILE")
     reduces, stages, rasters = _parsed("REDUCE"), _parsed("STAGE"), _parsed("RASTER")
     threads_of = [(w, f["threads"]) for w, f in works if "threads" in f]
@@ -30,10 +43,10 @@ def enumerate_rows(shape, target) -> set[KnobRow]:
     micro = [(t, f["micro_m"], f["micro_n"]) for t, f in tiles if "micro_m" in f]
     mma = [(t, ATOM_DTYPE[f["atom"]], f["frag_m"], f["frag_n"], f["k_chunks"]) for t, f in tiles if "atom" in f]
     splits = [(r, f["split"], f["mode"]) for r, f in reduces if "split" in f]
-    out: set[KnobRow] = set()
+    out: set[Schedule] = set()
 
     def add(work, tile, reduce="", stage="", raster=""):
-        out.add(KnobRow(work, tile, reduce, stage, raster))
+        out.add(Schedule(work, tile, reduce, stage, raster))
 
     def vector_ok(extent, vec):
         return extent % vec == 0 and vec * shape.itemsize <= 16
@@ -123,7 +136,7 @@ def enumerate_rows(shape, target) -> set[KnobRow]:
     return out
 
 
-def _flash(shape, target, threads_of, warps_of, simt, mma, stages, splits, vector_ok) -> set[KnobRow]:
+def _flash(shape, target, threads_of, warps_of, simt, mma, stages, splits, vector_ok) -> set[Schedule]:
     blocks = []  # (work, tile, query rows a block, keys a step)
     if shape.mma:
         for w, wm, wn in warps_of:
@@ -139,16 +152,16 @@ def _flash(shape, target, threads_of, warps_of, simt, mma, stages, splits, vecto
                 blocks.append((w, t, rows, min(FLASH_SIMT_KEYS, shape.red), False))
     out = set()
     for w, t, bm, bn, is_mma in blocks:
-        out.add(KnobRow(w, t, "", "", ""))
+        out.add(Schedule(w, t, "", "", ""))
         for s, f in stages:
             if not s:
                 continue
             feature = {"smem": True, "smem-async": target.has_cp_async, "smem-tma": target.has_tma}[f["how"]]
             smem = flash_bytes(bm, bn, shape.inner, shape.cols, shape.itemsize, f["depth"], is_mma)
             if feature and smem <= target.smem_per_block:
-                out.add(KnobRow(w, t, "", s, ""))
+                out.add(Schedule(w, t, "", s, ""))
         for r, split, mode in splits:
             if (mode == "k" and ceil(shape.rows / bm) * shape.batch < target.sms and 2 * split <= shape.red // bn
                     and split <= MAX_TILE_SPLIT):
-                out.add(KnobRow(w, t, r, "", ""))
+                out.add(Schedule(w, t, r, "", ""))
     return out

@@ -6,6 +6,7 @@ import emmy
 from emmy.egraph import optimize_loops
 from emmy.egraph.driver import Budget
 from emmy.extract.targets import get_target
+from emmy.program import pricer_for
 from emmy.rules import builtin_groups
 from emmy.tile_ir.build import build_tile_program
 from emmy.workloads import WORKLOADS
@@ -21,11 +22,9 @@ def _chosen(code, target="sm_90"):
 
 
 def _program_seconds(code, groups, target="sm_90"):
-    from emmy.tile_ir.pricing import KernelPricer
-
     graph = emmy.optimize(code).tensor_ir
-    loops = optimize_loops(graph, groups, Budget(), KernelPricer(get_target(target))).program
-    return sum(k.seconds for k in build_tile_program(loops, get_target(target)).kernels), len(loops.kernels)
+    loops = optimize_loops(graph, groups, Budget(), pricer_for(get_target(target))).program
+    return sum(k.seconds for k in build_tile_program(loops, pricer_for(get_target(target))).kernels), len(loops.kernels)
 
 
 def test_predicted_time_grows_with_problem_size():
@@ -164,7 +163,7 @@ def test_extraction_weighs_each_reduction_boundary_with_the_model(tmp_path, monk
     assert (decision.chosen, decision.alternative) == ("fused", "materialized") and decision.delta_seconds > 0
     split = program.loop_result.alternative(decision)
     assert len(split.kernels) == 2
-    tiles = build_tile_program(split, get_target("sm_90")).kernels
+    tiles = build_tile_program(split, pricer_for(get_target("sm_90"))).kernels
     measured = tmp_path / "measured.json"
     measured.write_text(json.dumps([{"target": "sm_90", "kernel": k.signature, "knobs": str(k.row),
                                      "seconds": 1e-9} for k in tiles]))
@@ -205,7 +204,7 @@ def test_index_math_is_counted_where_it_runs_and_shares_the_issue_with_the_fma_w
     """A floor division or modulo in an index runs once per iteration of the loops down to the
     innermost one it walks (2 and 3 integer instructions), and the model issues it beside the
     kernel's FMA-pipe work; a plain elementwise kernel has none."""
-    from extract.loop_cost import INDEX_DIVIDE_OPS, INDEX_MODULO_OPS, buffer_sizes, kernel_cost
+    from emmy.schedule.loop_cost import INDEX_DIVIDE_OPS, INDEX_MODULO_OPS, buffer_sizes, kernel_cost
 
     permuted = emmy.optimize("x=torch.randn(30,100,99); x.permute(2,0,1).reshape(99,3000) + 1", target="h100")
     (kernel,) = permuted.loop_ir.kernels

@@ -14,13 +14,12 @@ from emmy.egraph import optimize_loops
 from emmy.egraph.driver import Budget
 from emmy.extract.targets import get_target
 from emmy.loop_ir.nodes import Assign, Load, Loop
-from emmy.program import Program
+from emmy.program import Program, pricer_for
 from emmy.rules import builtin_groups
 from emmy.tensor_ir.builder import GraphBuilder
 from emmy.tensor_ir.nodes import TensorType
 from emmy.tile_ir.build import build_tile_program
-from emmy.tile_ir.pricing import KernelPricer
-from emmy.tile_ir.shape import kernel_shape
+from emmy.schedule.shape import kernel_shape
 from emmy.workloads import block_stack, decoder_stack
 from tests.conftest import run_emmy
 
@@ -54,7 +53,7 @@ def test_search_work_grows_linearly_with_depth_and_repeated_layers_share_prices(
     work = {}
     for blocks in (2, 4, 8):
         program = _stack(blocks)
-        pricer = KernelPricer(program.target)
+        pricer = pricer_for(program.target)
         result = optimize_loops(program.tensor_ir, list(program.rule_groups), program.budget, pricer)
         work[blocks] = (result.search.kernels_lowered, result.search.moves_priced, pricer.priced,
                         len(result.program.kernels))
@@ -67,7 +66,7 @@ def test_search_work_grows_linearly_with_depth_and_repeated_layers_share_prices(
     assert priced8 <= 2.8 * priced4, work
     # the kernels of the middle blocks are the same kernels: one signature for each of them
     tiles = build_tile_program(optimize_loops(_stack(8).tensor_ir, builtin_groups(), Budget(),
-                                              KernelPricer(get_target("sm_90"))).program, get_target("sm_90"))
+                                              pricer_for(get_target("sm_90"))).program, pricer_for(get_target("sm_90")))
     signatures = [k.signature for k in tiles.kernels]
     assert len(set(signatures)) <= len(signatures) // 2
 
@@ -91,7 +90,7 @@ def test_relu_before_a_matmul_keeps_tensor_cores_and_costs_no_more_than_unfused(
     assert kernel.row.TILE.startswith("mma_")
     relu = next(d for d in program.loop_result.decisions if d.subject == "relu")
     assert (relu.chosen, relu.alternative) == ("fused", "materialized") and relu.delta_seconds > 0
-    unfused = build_tile_program(program.loop_result.alternative(relu), program.target).kernels
+    unfused = build_tile_program(program.loop_result.alternative(relu), program.pricer).kernels
     assert len(unfused) == 2 and any(k.row.TILE.startswith("mma_") for k in unfused)
     assert kernel.seconds <= sum(k.seconds for k in unfused)
 
@@ -199,7 +198,7 @@ def test_a_tie_in_time_goes_to_the_program_that_moves_fewer_bytes(tmp_path, monk
     code = "x=torch.randn(1,32,2048); w=torch.randn(2048); F.rms_norm(x,(2048,),w,eps=1e-6)"
     program = emmy.optimize(code, target="sm_90")
     decision = next(d for d in program.loop_result.decisions if d.subject == "rms_norm_sum")
-    split = build_tile_program(program.loop_result.alternative(decision), program.target).kernels
+    split = build_tile_program(program.loop_result.alternative(decision), program.pricer).kernels
     (fused,) = program.tile_ir.kernels
     # measured below any prediction (each includes a launch), so these rows are the kernels' best
     rows = [{"target": "sm_90", "kernel": fused.signature, "knobs": str(fused.row), "seconds": 2e-6}]

@@ -2,9 +2,9 @@
 
 For every offered row of every kernel of the reference workloads and of held-out programs
 (LayerNorm over three trailing dims, GroupNorm, a middle-axis sum, a spatial mean), the launch
-the model prices (emmy.tile_ir.geometry: threads a block, blocks, vector width) is the launch
+the model prices (emmy.schedule.geometry: threads a block, blocks, vector width) is the launch
 the Kernel IR makes. For a sample of rows of every map, row and column kernel, the bytes the
-model says the kernel's threads request from global memory (extract/cost_model.requested_bytes)
+model says the kernel's threads request from global memory (schedule.cost_model.requested_bytes)
 are the bytes the simulator counts, access by access, when the emitted CUDA runs; for staged
 contractions (micro-tiled and strided SIMT rows) the panel bytes the model sends through L2 are
 the bytes the kernel requests (cp.async copies counted as they complete).
@@ -20,16 +20,17 @@ import numpy as np
 import pytest
 
 import emmy
-from emmy.egraph.schedules import build_space
-from emmy.extract.cost_model import requested_bytes
-from emmy.extract.loop_cost import kernel_cost
+from emmy.schedule.cost_model import requested_bytes
+from emmy.schedule.loop_cost import kernel_cost
 from emmy.extract.targets import get_target
 from emmy.kernel_ir import nodes as K
 from emmy.kernel_ir.index_faults import INDEX_FAULTS
 from emmy.kernel_ir.lower import lower_kernel
-from emmy.tile_ir.build import offered_rows, ranked_rows, tile_kernel
-from emmy.tile_ir.geometry import geometry
-from emmy.tile_ir.shape import kernel_shape
+from emmy.kernel_ir.lower import lowers_row
+from emmy.schedule.pricing import KernelPricer
+from emmy.tile_ir.build import tile_kernel
+from emmy.schedule.geometry import geometry
+from emmy.schedule.shape import kernel_shape
 from emmy.workloads import WORKLOADS
 
 HELD_OUT = {
@@ -100,7 +101,7 @@ STAGED = sorted(w.name for w in WORKLOADS if w.name in ("matmul_small", "mlp", "
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_89", "sm_120"])
 def test_the_rules_the_geometry_and_the_lowerings_agree_on_shared_memory(target):
-    """One shared-memory formula (tile_ir.geometry): every row the rules offer on the other targets
+    """One shared-memory formula (schedule.geometry): every row the rules offer on the other targets
     (sm_90 above) fits the target, and the lowered kernel stages exactly what the geometry says,
     for every staged kernel of the workloads with contractions and attention (their sm_90 kernels:
     the space and the lowering are the target's own)."""
@@ -108,10 +109,10 @@ def test_the_rules_the_geometry_and_the_lowerings_agree_on_shared_memory(target)
     for name in STAGED:
         program = _program(name)
         kernels = [k for k in program.loop_ir.kernels if kernel_shape(k).kind in ("contraction", "attention")]
-        shapes = [kernel_shape(k) for k in kernels]
-        space = build_space(shapes, chosen)
-        for kernel, shape in zip(kernels, shapes):
-            for row in offered_rows(kernel, shape, space.rows[kernel.name], program.buffer_types):
+        pricer = KernelPricer(chosen, lowers_row)
+        for kernel in kernels:
+            shape = kernel_shape(kernel)
+            for row in pricer.offered(kernel, program.buffer_types):
                 tile = tile_kernel(kernel, shape, row)
                 (main,) = [k for k in lower_kernel(tile, program.buffer_types) if k.name == kernel.name]
                 assert _staged_bytes(main) == tile.geometry.smem_bytes <= chosen.smem_per_block, \
@@ -122,8 +123,7 @@ def test_the_rules_the_geometry_and_the_lowerings_agree_on_shared_memory(target)
 
 def _sampled_rows(program, kernel, shape) -> list:
     """The cheapest row of each (REDUCE, TILE) pair, cheapest first, three at most."""
-    ranked = ranked_rows(kernel, shape, program.schedule_space().rows[kernel.name], program.target,
-                         program.buffer_types)
+    ranked = program.ranked_rows(kernel)
     picked, seen = [], set()
     for breakdown in ranked:
         if (breakdown.row.REDUCE, breakdown.row.TILE) not in seen:
@@ -215,9 +215,9 @@ def _counted(program, variants) -> list[dict]:
                                   "a=torch.randn(64,48); b=torch.randn(80,48); a @ b.t()"])  # B along K
 def test_a_staged_contraction_reads_the_panel_bytes_the_model_sends_through_l2(code):
     """Every block reads its A panel (BM x K) and its B panel (K x BN): the model's L2 bytes
-    (extract/cost_model.contraction_traffic) are the bytes the emitted kernel requests, for
+    (schedule.cost_model.contraction_traffic) are the bytes the emitted kernel requests, for
     micro-tiled and strided SIMT rows, as the simulator counts them."""
-    from emmy.extract.cost_model import contraction_traffic
+    from emmy.schedule.cost_model import contraction_traffic
     from emmy.extract.targets import get_target
 
     program = emmy.optimize(code, target="sm_90")

@@ -10,8 +10,6 @@ import pytest
 import emmy
 from emmy.kernel_ir.lower import supports
 from emmy.runtime import check_program
-from emmy.tile_ir.build import ranked_rows
-from emmy.tile_ir.shape import kernel_shape
 from emmy.workloads import WORKLOADS, get
 from tests.conftest import run_emmy
 
@@ -38,7 +36,7 @@ def test_rmsnorm_kernel_ir_has_vector_loads_a_warp_shuffle_and_a_shared_memory_t
     lines = [line.strip() for line in text.splitlines()]
     at = lines.index("WarpShuffle(sum, length=32) acc0 -> sum_partials[warp]")
     assert lines[at + 1:at + 4] == ["Smem f32 sum_partials[32]", "Sync",
-                                    "TreeHalve(sum, length=32, tid=warp) sum_partials"]
+                                    "TreeHalve(sum, length=32) sum_partials"]
 
 
 def test_rmsnorm_cuda_carries_its_knob_row_and_calls_the_runtime_header(tmp_path):
@@ -84,11 +82,9 @@ def test_the_chosen_kernels_run_in_the_simulator_and_match_torch(name):
 
 def _sample_rows(program, seed=0) -> dict[str, list]:
     """Per kernel: the default row, the model's next best three and three more drawn with a fixed seed."""
-    space = program.schedule_space()
     sample = {}
     for kernel in program.loop_ir.kernels:
-        rows = space.rows[kernel.name]
-        ranked = [b.row for b in ranked_rows(kernel, kernel_shape(kernel), rows, program.target, program.buffer_types)]
+        ranked = [b.row for b in program.ranked_rows(kernel)]
         sample[kernel.name] = ranked[:4] + random.Random(seed).sample(ranked[4:], min(3, len(ranked[4:])))
     return sample
 
@@ -103,7 +99,8 @@ def test_a_sample_of_legal_rows_runs_right_in_the_simulator(name):
     import emmy.sim as sim
     from emmy.config import settings
     from emmy.kernel_ir.cuda import program_source
-    from emmy.runtime import check_inputs, compare_outputs, from_device, host_buffers, launch_in_order
+    from emmy.dtypes import from_device
+    from emmy.runtime import check_inputs, compare_outputs, host_buffers, launch_in_order
 
     base = emmy.optimize(_simulated(name), target="sm_90")
     kernels, runs = {k.name: k for k in base.kernel_ir}, []
@@ -238,3 +235,48 @@ def test_a_reduction_to_one_value_lowers_and_runs(loss):
     program = emmy.optimize(f"p=torch.randn(48,40); t=torch.randn(48,40); {loss}", target="sm_90")
     assert program.tile_ir.kernels[-1].kernel.type.numel == 1
     assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+_C_TEXT = ("threadIdx", "blockIdx", "blockDim", "gridDim", "==", "&&", "emmy::", "__shared__", "__restrict__")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*|")  # a name or a word ("block", "smem-async"), or nothing
+
+
+def _node_strings(node, path=""):
+    """(field path, value) of every str a Kernel IR node holds, through nested Kernel IR nodes and
+    tuples (Loop IR statements, which keep their own names, and the listing's knobs/summary excluded)."""
+    import dataclasses
+
+    from emmy.kernel_ir import nodes as K
+
+    if isinstance(node, str):
+        yield path, node
+    elif isinstance(node, tuple):
+        for i, item in enumerate(node):
+            yield from _node_strings(item, f"{path}[{i}]")
+    elif dataclasses.is_dataclass(node) and type(node).__module__ == K.__name__:
+        for f in dataclasses.fields(node):
+            if f.name not in ("knobs", "summary", "stmts", "body", "lift", "combine", "epilogue", "inits",
+                              "per_key", "held", "dot", "per_col", "scores", "prologue") or \
+                    isinstance(node, (K.KernelIR, K.OnlyThread)) and f.name == "body":
+                yield from _node_strings(getattr(node, f.name), f"{path}.{type(node).__name__}.{f.name}")
+
+
+def test_kernel_ir_nodes_hold_meaning_not_c_text():
+    """No C in the node definitions, and every string a lowered node holds is a name or a word: indices
+    are Affine expressions, roles are words; kernel_ir/cuda.py and the templates spell them."""
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parent.parent / "emmy" / "kernel_ir" / "nodes.py").read_text()
+    assert not [t for t in _C_TEXT if t in source]
+    from tests.cuda_snapshot import variants
+
+    seen = set()
+    for workload in WORKLOADS:  # one row of each kind a kernel is offered (as the CUDA snapshot takes)
+        program = emmy.optimize(workload.sim_code or workload.code, target="h100")
+        for rows in variants(program):
+            for kernel in program.with_rows(rows).kernel_ir:
+                seen.update(type(n).__name__ for n in kernel.body)
+                for path, value in _node_strings(kernel, kernel.name):
+                    assert _WORD.fullmatch(value), (workload.name, path, value)
+    assert {"RowIndex", "MapElements", "ContractionTile", "MmaTile", "FlashRows", "FlashMma", "OnlyThread",
+            "ElementLoop", "SplitFinish"} <= seen, seen

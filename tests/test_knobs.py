@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from emmy.errors import EmmyError
 from emmy.extract.targets import get_target
-from emmy.knobs import KNOB_NAMES, MMA_ATOMS, KnobRow, check_target, parse_pins, parse_value
+from emmy.schedule.knobs import KNOB_NAMES, MMA_ATOMS, Schedule, check_target, parse_pins, parse_value
 from tests.conftest import run_emmy
 
 PINNED = "WORK=w1x2,TILE=mma_m16n8k16_f16_f32/f1x1/k8,REDUCE=,STAGE=d3/smem-tma,RASTER="
@@ -63,7 +63,7 @@ def test_pin_syntax_errors():
         parse_pins("WORK")
     with pytest.raises(EmmyError, match="pinned twice"):
         parse_pins("WORK=t256,WORK=t128")
-    assert parse_pins("") == KnobRow()
+    assert parse_pins("") == Schedule()
     assert parse_pins("STAGE=d2/smem").pinned() == {"STAGE": "d2/smem"}
 
 

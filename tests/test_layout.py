@@ -39,5 +39,8 @@ def test_wheel_maps_the_folders_into_the_emmy_namespace(tmp_path):
     assert "emmy/rules/__init__.py" in names
     assert "emmy/extract/targets.py" in names
     assert "emmy/cuda_templates/__init__.py" in names
+    # every module of the source tree ships (a package missing from pyproject's list would not)
+    sources = {f"emmy/{p.relative_to(REPO / 'emmy').as_posix()}" for p in (REPO / "emmy").rglob("*.py")}
+    assert sources <= set(names), sorted(sources - set(names))
     assert not any(n.startswith(("rules/", "extract/", "cuda_templates/")) for n in names)
     assert any(n.endswith("entry_points.txt") for n in names)

@@ -8,8 +8,8 @@ import pytest
 import emmy
 from emmy.nvcc import build_cubin, sass_mix
 from emmy.runtime import check_program
-from extract.cost_model import micro_step_instructions
-from extract.targets import get_target
+from emmy.schedule.cost_model import micro_step_instructions
+from emmy.extract.targets import get_target
 
 CASES = {
     # ragged M and N; K not a whole number of 8-wide chunks

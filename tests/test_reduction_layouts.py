@@ -16,13 +16,12 @@ import pytest
 
 import emmy
 from emmy.affine import Affine, recombined
-from emmy.extract.cost_model import predict
-from emmy.extract.loop_cost import kernel_cost
+from emmy.schedule.cost_model import predict
+from emmy.schedule.loop_cost import kernel_cost
 from emmy.extract.targets import get_target
 from emmy.runtime import check_program
-from emmy.tile_ir.build import ranked_rows
-from emmy.tile_ir.geometry import lane_access
-from emmy.tile_ir.shape import kernel_shape
+from emmy.schedule.geometry import lane_access
+from emmy.schedule.shape import kernel_shape
 
 
 def _shapes(code: str, **kw):
@@ -195,7 +194,7 @@ def test_a_row_read_again_is_priced_by_whether_the_rows_in_flight_fit_the_cache(
         priced = []
         for kernel in program.loop_ir.kernels:
             shape = kernel_shape(kernel)
-            best = ranked_rows(kernel, shape, program.schedule_space().rows[kernel.name], target, types)[0]
+            best = program.ranked_rows(kernel)[0]
             priced.append(predict(shape, best.row, target, kernel_cost(kernel, sizes)).bytes)
         x = program.loop_ir.inputs[0][1]
         return sum(priced), x.numel * x.dtype.itemsize

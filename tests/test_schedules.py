@@ -3,10 +3,10 @@
 import pytest
 
 import emmy
-from emmy.egraph.schedules import build_space
+from emmy.schedule.space import build_space
 from emmy.extract.targets import TARGETS, get_target
-from emmy.knobs import KNOB_NAMES, parse_pins
-from emmy.tile_ir.shape import kernel_shape
+from emmy.schedule.knobs import KNOB_NAMES, parse_pins
+from emmy.schedule.shape import kernel_shape
 from emmy.workloads import WORKLOADS
 from tests.conftest import run_emmy
 from tests.schedule_oracle import enumerate_rows
@@ -55,38 +55,44 @@ def test_egglog_space_equals_an_independent_enumeration(shapes, target):
             assert got == expected, (name, shape.kernel, sorted(map(str, got ^ expected))[:5])
 
 
-def test_rows_attach_to_the_kernels_eclass_in_the_optimizers_egraph():
-    import json
+def test_each_space_is_built_once_and_each_row_checked_once(monkeypatch):
+    """Extraction, the Tile IR, the offered space and `explain` share one pricer: a shape's space is
+    built once (new shapes in batches, one e-graph run each) and the lowering is asked about each row
+    of each kernel signature at most once."""
+    from collections import Counter
 
-    from emmy.egraph.schedules import attach_rows
-    from emmy.egraph.view import EGraphView
-    from emmy.knobs import KnobRow
+    from emmy.kernel_ir.lower import lowers_row
+    from emmy.loop_ir.signature import canonical
+    from emmy.program import Program
+    from emmy.schedule import space as schedule_space
+    from emmy.schedule.pricing import KernelPricer
 
-    program = emmy.optimize(next(w.code for w in WORKLOADS if w.name == "mlp"), target="sm_90")
-    result = program.loop_result
+    built, asked = [], Counter()
+    real_build = schedule_space.build_space
+
+    def counting_build(shapes, *args, **kwargs):
+        built.extend(schedule_space.unnamed(shape) for shape in shapes)
+        return real_build(shapes, *args, **kwargs)
+
+    def counting_lowers(kernel, shape, row, types, memo):
+        asked[(canonical(kernel, types), row)] += 1
+        return lowers_row(kernel, shape, row, types, memo)
+
+    monkeypatch.setattr(schedule_space, "build_space", counting_build)
+    schedule_space.forget_spaces()
+    program = emmy.optimize(next(w.code for w in WORKLOADS if w.name == "llama_decoder"), target="sm_90")
+    program.__dict__["pricer"] = KernelPricer(program.target, counting_lowers)  # the program's own, counted
+    assert isinstance(program, Program) and program.cuda_source
+    program.explain()
+    offered = program.schedule_space().rows
+    assert built and len(built) == len(set(built))  # each shape's space built once, in batches
+    assert asked and max(asked.values()) == 1
     kernels = program.loop_ir.kernels
-    egraph = result.egraph
-    egraph.push()
-    attach_rows(egraph, [kernel_shape(k) for k in kernels], program.target, KnobRow(), result.kernel_roots())
-    data = json.loads(egraph._serialize().to_json())
-    view = EGraphView(json.dumps(data))
-    egraph.pop()
-    nodes = data["nodes"]
-    row_classes = {}
-    for node in nodes.values():
-        if node["op"] == "legal_row":
-            cid = nodes[node["children"][0]]["eclass"]
-            row_classes[cid] = row_classes.get(cid, 0) + 1
-    from emmy.egraph.schedules import build_space
-
-    legal = build_space([kernel_shape(k) for k in kernels], program.target).rows
-    expected = {view.class_of_name(k.output): len(legal[k.name]) for k in kernels}
-    assert row_classes == expected
+    legal = dict(zip((k.name for k in kernels), schedule_space.legal_rows([kernel_shape(k) for k in kernels],
+                                                                          program.target)))
     # what is offered is the legal rows the Kernel IR lowering takes
-    assert all(set(program.schedule_space().rows[k.name]) <= set(legal[k.name]) for k in kernels)
-    # popped: the optimizer's e-graph holds no rows afterwards
-    after = json.loads(egraph._serialize().to_json())["nodes"].values()
-    assert not any(node["op"] == "legal_row" for node in after)
+    assert all(set(offered[k.name]) <= set(legal[k.name]) for k in kernels)
+    assert sum(map(len, offered.values())) < sum(map(len, legal.values()))
 
 
 def test_space_sizes_match_the_design(shapes):

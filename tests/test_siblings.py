@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import emmy
-from emmy.extract.loop_cost import buffer_sizes, kernel_cost
+from emmy.schedule.loop_cost import buffer_sizes, kernel_cost
 from emmy.loop_ir.nodes import Assign, Load, Loop, LoopProgram
 from emmy.loop_ir.siblings import merge_sibling_folds
 from emmy.runtime import check_program

@@ -62,7 +62,7 @@ def test_an_h100_compiles_sm_90_code_priced_at_its_own_bandwidth():
 def test_measurements_recorded_for_an_architecture_are_its_default_gpu_s(tmp_path):
     import json
 
-    from emmy.extract.measured import Measurements
+    from emmy.schedule.measured import Measurements
 
     path = tmp_path / "m.json"
     path.write_text(json.dumps([{"target": "sm_90", "kernel": "s", "knobs": "k", "seconds": 1e-5},

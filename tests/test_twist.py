@@ -111,7 +111,7 @@ def test_attention_is_one_kernel_with_state_m_d_z(name):
     """The e-graph holds attention as one kernel with the online softmax's (m, d, z) state; the
     program extraction chooses by cost computes the same values."""
     from emmy.loop_ir.interpreter import run_program
-    from emmy.tile_ir.shape import kernel_shape
+    from emmy.schedule.shape import kernel_shape
 
     program = emmy.optimize(ATTENTION[name])
     fused = _one_pass_fully_fused(program)

@@ -7,27 +7,30 @@ budgets, and extracts a Loop IR program.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 from emmy.egraph.driver import Budget, PhaseReport
+from emmy.loop_ir.nodes import LoopProgram
+from emmy.schedule.pricing import KernelPrice
+
+if TYPE_CHECKING:  # annotations only: the search and egglog load when optimize_loops runs
+    from egglog import EGraph
+
+    from emmy.egraph.search import Decision, SearchReport
 
 
 @dataclass(frozen=True)
 class LoopResult:
-    program: object  # emmy.loop_ir.nodes.LoopProgram
+    program: LoopProgram
     reports: tuple[PhaseReport, ...]
     predicted_seconds: float  # the sum of the kernels' prices (the cost model's, or the Loop IR cost)
-    egraph: object = None  # the saturated e-graph: schedules attach rows to kernels' e-classes in it
+    egraph: EGraph | None = None  # the saturated e-graph
     terms: dict | None = None  # Tensor IR value name -> its Term in `egraph`
-    # What extraction chose and what each alternative would have cost (emmy.egraph.search.Decision).
-    decisions: tuple = ()
-    search: object = None  # emmy.egraph.search.SearchReport: rounds, moves priced, budget
-    kernel_prices: tuple = ()  # emmy.egraph.kernels.KernelPrice per kernel, in program order
-    alternative_of: object = None  # Decision -> LoopProgram (see `alternative`)
-
-    def kernel_roots(self) -> dict:
-        """Kernel name -> the Term of the value it materializes."""
-        terms = self.terms or {}
-        return {k.name: terms[k.output] for k in self.program.kernels if k.output in terms}
+    # What extraction chose and what each alternative would have cost.
+    decisions: tuple[Decision, ...] = ()
+    search: SearchReport | None = None  # rounds, moves priced, budget
+    kernel_prices: tuple[KernelPrice, ...] = ()  # per kernel, in program order
+    alternative_of: Callable[[Decision], LoopProgram] | None = None  # see `alternative`
 
     def alternative(self, decision):
         """The Loop IR program extraction would have made with `decision`'s alternative taken."""
@@ -85,7 +88,7 @@ ROUNDS = 3
 
 def optimize_loops(graph, groups, budget: Budget = Budget(), price=None, search_seconds: float = 60.0) -> LoopResult:
     """Saturate, then extract. `price` ([(Kernel, buffer types)] -> [KernelPrice]; e.g. the cost
-    model's best row per kernel, emmy.tile_ir.pricing.KernelPricer) decides kernel boundaries and
+    model's best row per kernel, emmy.schedule.pricing.KernelPricer) decides kernel boundaries and
     fold forms; without it the provisional Loop IR cost does (emmy.egraph.extract)."""
     from emmy.egraph.extract import extract, loop_cost_price
     from emmy.loop_ir.siblings import merge_sibling_folds

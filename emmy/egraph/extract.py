@@ -5,7 +5,7 @@
    forms are at hand.
 2. Boundaries and forms (`search.py`): a local search over the cut of the program into
    kernels, priced by `price` ([(Kernel, buffer types)] -> [KernelPrice]): the cost model's
-   best row per kernel when a target is known (emmy.tile_ir.pricing), else the provisional
+   best row per kernel when a target is known (emmy.schedule.pricing), else the provisional
    Loop IR cost (`loop_cost_price`).
 """
 
@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from emmy.egraph.kernels import ChosenGraph, KernelPrice, Kernels
+from emmy.egraph.kernels import ChosenGraph, Kernels
+from emmy.schedule.pricing import KernelPrice
 from emmy.egraph.representatives import TWISTED, choose_representatives, without_twists
 from emmy.egraph.search import BoundarySearch, Decision, SearchReport
 from emmy.egraph.view import EGraphView
@@ -32,8 +33,8 @@ class Extraction:
 
 
 def loop_cost_price(items) -> list[KernelPrice]:
-    """Prices from the provisional Loop IR cost (extract/loop_cost.py): used where no target is given."""
-    from emmy.extract.loop_cost import kernel_cost
+    """Prices from the provisional Loop IR cost (emmy/schedule/loop_cost.py): used where no target is given."""
+    from emmy.schedule.loop_cost import kernel_cost
 
     out = []
     for kernel, types in items:

@@ -14,30 +14,15 @@ they came from, as the printed program shows them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from emmy.egraph.representatives import HEAVY
 from emmy.egraph.view import ClassRef, EGraphView, ENode, reaches
-from emmy.loop_ir.lower import KernelLowering
+from emmy.egraph.lowering import KernelLowering
 from emmy.loop_ir.nodes import Kernel, LoopProgram, kernel_index_tensors
+from emmy.schedule.pricing import KernelPrice
 from emmy.tensor_ir.nodes import Input, TensorType, Weight
 
 LIGHT = ("unary", "binary", "select", "reindex")  # computed per element where they are used
-
-
-@dataclass(frozen=True)
-class KernelPrice:
-    """What a kernel costs: its predicted (or measured) seconds under its best row, the bytes it
-    moves, and the kernels it launches. `seconds` None: no row fits (the pins leave none)."""
-    seconds: float | None
-    bytes: float
-    launches: int = 1
-    signature: str = ""
-    detail: str = ""  # the row, or the model that priced it
-
-    def key(self) -> tuple:
-        """Lower is better: unpriceable kernels first, then time, bytes, launches."""
-        return (0 if self.seconds is not None else 1, self.seconds or 0.0, self.bytes, self.launches)
 
 
 class ChosenGraph:

@@ -35,7 +35,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from emmy.egraph.kernels import LIGHT, ChosenGraph, KernelPrice, Kernels
+from emmy.egraph.kernels import LIGHT, ChosenGraph, Kernels
+from emmy.schedule.pricing import KernelPrice
 from emmy.egraph.representatives import TWISTED
 from emmy.egraph.view import ENode
 

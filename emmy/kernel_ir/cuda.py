@@ -9,10 +9,10 @@ from math import prod
 from pathlib import Path
 
 from emmy.kernel_ir import nodes as K
-from emmy.kernel_ir.lower import flat_index
+from emmy.kernel_ir.lower_common import MONOID, flat_index
 from emmy.kernel_ir.scalar_c import REGISTER, STORAGE, affine_c, buffer_c, literal, statement
 from emmy.dtypes import DType
-from emmy.knobs import STAGE_ASYNC
+from emmy.schedule.knobs import STAGE_ASYNC
 from emmy.loop_ir import nodes as L
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
@@ -30,6 +30,8 @@ def _environment():
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=False, autoescape=False)
     env.filters["buf"] = buffer_c
+    env.filters["c"] = affine_c
+    env.filters["vector_index"] = vector_index_c
     return env
 
 
@@ -77,57 +79,93 @@ def _merge(op: str, accs: tuple[str, ...], suffix: str) -> str:
     return " ".join(form.format(m, t) for m, t in zip(mine, theirs))
 
 
+# How Kernel IR's words for who works are spelt in CUDA.
+_WORKER_C = {"thread": "threadIdx.x", "warp": "threadIdx.x / 32", "alone": "0"}
+_ONLY_THREAD_C = {"first": "threadIdx.x == 0", "output_lanes": "threadIdx.x < 32 && row_ok"}
+
+
+def store_index_c(index) -> str:
+    """A Store's index: a flat Affine, or a slot of a split row's workspace ([accumulator][row][slice])."""
+    if isinstance(index, K.PartialSlot):
+        return f"({index.slot} * {index.rows} + row) * {index.split} + slice"
+    return affine_c(index)
+
+
+def stored_value_c(value) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
+def vector_index_c(access) -> str:
+    """A VecLoad's or VecStore's flat index, its vector's loop variable read as the thread's `base`."""
+    return affine_c(access.index, {access.base_var: "base"})
+
+
+def _render_row_index(n: K.RowIndex, template, k: K.KernelIR, types) -> str:
+    return template.render(n=n, rows=k.tile.rows, decomposition=_decomposition(n.vars))
+
+
+def _render_scalar(n: K.Scalar, template, k, types) -> str:
+    return template.render(lines=_lines(n.stmts, types))
+
+
+def _render_elements(n, template, k, types) -> str:
+    vector_of = {v.dst[:-2]: v.dst for v in n.vectors}
+    stored_to = {v.buffer: v.src for v in n.stores}
+    storage = {v.buffer: STORAGE[v.dtype] for v in (*n.vectors, *n.stores)}
+    lines = _lines(n.body, types, vector_of, stored_to)
+    if isinstance(n, K.MapElements):
+        return template.render(n=n, decomposition=_decomposition(n.vars[:-1] if n.width > 1 else n.vars),
+                               inner=n.vars[-1] if n.vars else None, storage=storage, lines=lines)
+    main = n.extent - n.extent % n.width
+    return template.render(n=n, main=main, storage=storage, lines=lines, tail_lines=_lines(n.body, types),
+                           worker=_WORKER_C[n.worker])
+
+
+def _render_merging(n, template, k, types) -> str:
+    return template.render(n=n, merge=_merge(n.op, n.accs, ""), register=REGISTER[n.dtype])
+
+
+def _render_tree(n: K.TreeHalve, template, k, types) -> str:
+    identity = _STATE_IDENTITY.get(n.op) or (_IDENTITY[n.op],) * len(n.accs)
+    accs = [(a, literal(i, n.dtype)) for a, i in zip(n.accs, identity)]
+    return template.render(n=n, accs=accs, merge=_merge(n.op, n.accs, "_w"), register=REGISTER[n.dtype])
+
+
+def _render_split_finish(n: K.SplitFinish, template, k, types) -> str:
+    accs = [(acc, literal(REDUCE_OPS[op], DType.F32), _merge(op, (acc,), "")) for acc, op in n.accs]
+    return template.render(n=n, accs=accs, M=prod(e for _, e in n.m_vars), N=prod(e for _, e in n.n_vars),
+                           B=prod(e for _, e in n.batch_vars), m_dec=_decomposition(n.m_vars),
+                           n_dec=_decomposition(n.n_vars), b_dec=_decomposition(n.batch_vars),
+                           epilogue=_lines(n.epilogue, types))
+
+
+def _render_fill(n: K.Fill, template, k, types) -> str:
+    return template.render(n=n, value=literal(n.value, DType.F32), storage=STORAGE[n.dtype])
+
+
+def _render_workspace_merge(n: K.WorkspaceMerge, template, k, types) -> str:
+    slots, groups = iter(range(sum(len(accs) for _, accs in n.groups))), []
+    for op, accs in n.groups:
+        groups.append((_merge(op, accs, ""), [(acc, next(slots)) for acc in accs]))
+    return template.render(n=n, groups=groups)
+
+
+def _render_only_thread(n: K.OnlyThread, template, k, types) -> str:
+    lines = []
+    for s in n.body:
+        target, value = f"{buffer_c(s.buffer)}[{store_index_c(s.index)}]", stored_value_c(s.value)
+        lines.append(f"emmy::atomic_{s.atomic}(&{target}, {value});  // this slice's part" if s.atomic
+                     else f"{target} = emmy::from_reg<{STORAGE[s.dtype]}>({value});")
+    return template.render(lines=lines, condition=_ONLY_THREAD_C[n.who])
+
+
+def _render_plain(n, template, k, types) -> str:
+    return template.render(n=n)
+
+
 def _render(n, k: K.KernelIR, types) -> str:
     template = _environment().get_template(f"{type(n).__name__}.j2")
-    if isinstance(n, K.RowIndex):
-        return template.render(n=n, rows=k.tile.rows, decomposition=_decomposition(n.vars))
-    if isinstance(n, K.Scalar):
-        return template.render(lines=_lines(n.stmts, types))
-    if isinstance(n, (K.ElementLoop, K.MapElements)):
-        vector_of = {v.dst[:-2]: v.dst for v in n.vectors}
-        stored_to = {v.buffer: v.src for v in n.stores}
-        storage = {v.buffer: STORAGE[v.dtype] for v in (*n.vectors, *n.stores)}
-        lines = _lines(n.body, types, vector_of, stored_to)
-        if isinstance(n, K.MapElements):
-            return template.render(n=n, decomposition=_decomposition(n.vars[:-1] if n.width > 1 else n.vars),
-                                   inner=n.vars[-1] if n.vars else None, storage=storage, lines=lines)
-        main = n.extent - n.extent % n.width
-        return template.render(n=n, main=main, storage=storage, lines=lines, tail_lines=_lines(n.body, types))
-    if isinstance(n, K.WarpShuffle):
-        return template.render(n=n, merge=_merge(n.op, n.accs, ""), register=REGISTER[n.dtype])
-    if isinstance(n, K.ColumnCombine):
-        return template.render(n=n, merge=_merge(n.op, n.accs, ""), register=REGISTER[n.dtype])
-    if isinstance(n, K.TreeHalve):
-        identity = _STATE_IDENTITY.get(n.op) or (_IDENTITY[n.op],) * len(n.accs)
-        accs = [(a, literal(i, n.dtype)) for a, i in zip(n.accs, identity)]
-        return template.render(n=n, accs=accs, merge=_merge(n.op, n.accs, "_w"), register=REGISTER[n.dtype])
-    if isinstance(n, K.ContractionTile):
-        return _render_contraction(n, template, types)
-    if isinstance(n, K.MmaTile):
-        return _render_mma(n, template, types)
-    if isinstance(n, K.FlashRows):
-        return _render_flash(n, template, types)
-    if isinstance(n, K.FlashMma):
-        return _render_flash_mma(n, template, types)
-    if isinstance(n, K.SplitFinish):
-        accs = [(acc, literal(REDUCE_OPS[op], DType.F32), _merge(op, (acc,), "")) for acc, op in n.accs]
-        return template.render(n=n, accs=accs, M=prod(e for _, e in n.m_vars), N=prod(e for _, e in n.n_vars),
-                               B=prod(e for _, e in n.batch_vars), m_dec=_decomposition(n.m_vars),
-                               n_dec=_decomposition(n.n_vars), b_dec=_decomposition(n.batch_vars),
-                               epilogue=_lines(n.epilogue, types))
-    if isinstance(n, K.Fill):
-        return template.render(n=n, value=literal(n.value, DType.F32), storage=STORAGE[n.dtype])
-    if isinstance(n, K.WorkspaceMerge):
-        slots, groups = iter(range(sum(len(accs) for _, accs in n.groups))), []
-        for op, accs in n.groups:
-            groups.append((_merge(op, accs, ""), [(acc, next(slots)) for acc in accs]))
-        return template.render(n=n, groups=groups)
-    if isinstance(n, K.OnlyThread):
-        lines = [f"emmy::atomic_{s.atomic}(&{buffer_c(s.buffer)}[{s.index}], {s.value});  // this slice's part"
-                 if s.atomic else f"{buffer_c(s.buffer)}[{s.index}] = emmy::from_reg<{STORAGE[s.dtype]}>({s.value});"
-                 for s in n.body]
-        return template.render(lines=lines, condition=n.condition)
-    return template.render(n=n)
+    return _RENDERERS[type(n)](n, template, k, types)
 
 
 def panel_copy(panel, how: str) -> dict:
@@ -183,8 +221,8 @@ def _render_mma(n: K.MmaTile, template, types) -> str:
         start = "m0" if o.side == "a" else "n0"
         k0 = f"chunk * {n.bk}"
         c1 = start if o.k_fast else k0
-        if o.tma_first_row:
-            c1 = f"{c1} + {o.tma_first_row}"
+        if o.tma_batch_rows:
+            c1 = f"{c1} + " + " + ".join(f"{rows} * a{v}" for v, rows in o.tma_batch_rows)
         ops.append({"o": o, **panel_copy(o, n.how), "outer_dec": _decomposition(outer), "outer_total": total(outer),
                     "start": start,
                     "c0": k0 if o.k_fast else start, "c1": c1, "prologue": _lines(o.prologue, types)})
@@ -200,8 +238,6 @@ _WARP_MONOID = {"sum": "Sum", "max": "Max", "min": "Min"}
 
 
 def _render_flash(n: K.FlashRows, template, types) -> str:
-    from emmy.kernel_ir.lower import MONOID
-
     load_from, panels, offset = {}, [], 0
     for p in n.panels:
         column = f"a{n.inner_var}" if p.side == "k" else "c"
@@ -235,3 +271,17 @@ def _render_flash_mma(n: K.FlashMma, template, types) -> str:
         NA=-(-cols // 8), chunks=-(-n.key_extent // n.bn), panels=[{"o": o, **panel_copy(o, n.how)} for o in (n.k, n.v)],
         r_dec=_decomposition(n.row_vars), c_dec=_decomposition(n.col_vars), b_dec=_decomposition(n.batch_vars),
         score_lines=_lines(n.scores, types), epilogue=_lines(n.epilogue, types))
+
+
+# One renderer per Kernel IR node type; each fills its node's template (cuda_templates/kernel_ir/<Type>.j2).
+_RENDERERS = {
+    K.RowIndex: _render_row_index, K.Scalar: _render_scalar, K.ElementLoop: _render_elements,
+    K.MapElements: _render_elements, K.WarpShuffle: _render_merging, K.ColumnCombine: _render_merging,
+    K.TreeHalve: _render_tree, K.SplitFinish: _render_split_finish, K.Fill: _render_fill,
+    K.WorkspaceMerge: _render_workspace_merge, K.OnlyThread: _render_only_thread, K.Sync: _render_plain,
+    K.Broadcast: _render_plain,
+    K.ContractionTile: lambda n, template, k, types: _render_contraction(n, template, types),
+    K.MmaTile: lambda n, template, k, types: _render_mma(n, template, types),
+    K.FlashRows: lambda n, template, k, types: _render_flash(n, template, types),
+    K.FlashMma: lambda n, template, k, types: _render_flash_mma(n, template, types),
+}

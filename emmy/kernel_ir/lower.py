@@ -12,32 +12,34 @@ from __future__ import annotations
 import dataclasses
 from math import prod
 
-from emmy.affine import Affine, Dim, recombined
 from emmy.dtypes import DType
-from emmy.errors import EmmyError
 from emmy.kernel_ir.nodes import (Broadcast, ColumnCombine, ContractionTile, ElementLoop, Fill, KernelIR, MapElements, MmaTile,
-                                  OnlyThread, Panel, Param, RowIndex, Scalar, Smem, SplitFinish, Store, Sync, Tile,
+                                  OnlyThread, Panel, Param, PartialSlot, RowIndex, Scalar, Smem, SplitFinish, Store, Sync, Tile,
                                   TreeHalve, VecLoad, VecStore, WarpShuffle, WorkspaceMerge)
+from emmy.kernel_ir.lower_common import (MONOID, Unsupported, contraction_parts, flat_index, free_loops,
+                                         split_outputs, vectorizable)
 from emmy.kernel_ir.index_faults import INDEX_FAULTS, faults_param
 from emmy.kernel_ir.lower_flash import lower_flash, supports_flash
 from emmy.kernel_ir.lower_mma import lower_mma, supports_mma
-from emmy.kernel_ir.scalar_c import affine_c
-from emmy.knobs import STAGE_ASYNC, split_mode
+from emmy.schedule.knobs import STAGE_ASYNC
 from emmy.loop_ir import nodes as L
 from emmy.loop_ir.bounds import out_of_bounds
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
-from emmy.tile_ir.geometry import workspace_name
+from emmy.schedule.geometry import workspace_name
+from emmy.tile_ir.build import fold_tree, tile_kernel
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
-from emmy.tile_ir.shape import panel_side
+from emmy.schedule.shape import panel_side
 
 # the twisted states the runtime header can merge across threads (emmy::merge_softmax, merge_welford)
 MERGED = {("softmax", 2), ("welford", 3)}
-MONOID = {"add": "sum", "sum": "sum", "maximum": "max", "max": "max", "minimum": "min", "min": "min",
-          "multiply": "prod", "prod": "prod"}
 
 
-class Unsupported(EmmyError):
-    """A schedule the Kernel IR lowering does not handle yet."""
+def lowers_row(kernel, shape, row, types: dict, memo: dict) -> bool:
+    """Whether this lowering takes `row` of a Loop IR kernel: the check the schedule wing is given
+    (emmy.schedule.pricing.Lowers). `memo` is kept across one kernel's rows (its fold tree, bounds)."""
+    if "_parts" not in memo:
+        memo["_parts"] = fold_tree(kernel, shape)
+    return not supports(tile_kernel(kernel, shape, row, memo["_parts"]), types, memo)
 
 
 def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = None) -> str:
@@ -57,9 +59,9 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
         return supports_flash(tile, memo)
     if tile.shape.kind not in ("map", "row", "column"):
         return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
-    split_ok = tile.shape.kind in ("row", "column") and split_mode(row.REDUCE) == "a" and tile.kernel.type.dtype.value == "f32"
-    workspace_ok = tile.shape.kind == "row" and split_mode(row.REDUCE) == "k"
-    blocking = [f"REDUCE={row.REDUCE}"] if row.REDUCE not in ("", "coop") and not (split_ok or workspace_ok) else []
+    split_ok = tile.shape.kind in ("row", "column") and row.reduce.atomic and tile.kernel.type.dtype.value == "f32"
+    workspace_ok = tile.shape.kind == "row" and row.reduce.workspace
+    blocking = [f"REDUCE={row.REDUCE}"] if row.reduce.split > 1 and not (split_ok or workspace_ok) else []
     blocking += [f"{knob}={getattr(row, knob)}" for knob in ("STAGE", "RASTER") if getattr(row, knob)]
     if blocking:
         return f"{', '.join(blocking)} {'is' if len(blocking) == 1 else 'are'} not lowered yet"
@@ -81,7 +83,7 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
         why = _workspace_split(tile)
         if why:
             return f"REDUCE={row.REDUCE}: {why}"
-    if row.REDUCE == "coop" or split_ok or workspace_ok:  # folds merged across threads: the runtime header's merges
+    if row.reduce.coop or split_ok or workspace_ok:  # folds merged across threads: the runtime header's merges
         for fold in (p for p in tile.parts if isinstance(p, Fold) and p.twist):
             state = len([i for i in fold.init if _in_state(i, fold)])
             if (fold.twist, state) not in MERGED:
@@ -108,25 +110,11 @@ def _vector_promise(tile: TileKernel, types: dict) -> str:
     return ""
 
 
-def contraction_parts(tile: TileKernel) -> str:
-    """A contraction lowers as one fold, then its epilogue; statements before the fold (a mask
-    from the output's indices) join the epilogue when the fold does not read them."""
-    folds = [p for p in tile.parts if isinstance(p, Fold)]
-    if len(folds) != 1 or any(isinstance(p, Sweep) for p in tile.parts):
-        return "a contraction with sweeps or several folds is not lowered yet"
-    before = {s.name for p in tile.parts[:tile.parts.index(folds[0])] for s in p.body if isinstance(s, L.Assign)}
-    read = {a for s in folds[0].lift + folds[0].combine for a in getattr(getattr(s, "expr", None), "args", ())}
-    read |= {getattr(s, "value", None) for s in folds[0].lift + folds[0].combine}
-    if before & read:
-        return "a contraction whose fold reads statements computed before it is not lowered yet"
-    return ""
-
-
 def _supports_contraction(tile: TileKernel, types: dict | None, memo: dict) -> str:
     row, g = tile.row, tile.geometry
     if g.mma:
         return supports_mma(tile, types, memo)
-    if split_mode(row.REDUCE) == "a" and tile.kernel.type.dtype.value != "f32":
+    if row.reduce.atomic and tile.kernel.type.dtype.value != "f32":
         return f"REDUCE={row.REDUCE}: atomics into a {tile.kernel.type.dtype} output are not lowered yet"
     if g.stage_how == STAGE_ASYNC and g.stage_depth < 2:
         return "a cp.async pipeline needs at least 2 stages"
@@ -140,7 +128,7 @@ def _supports_contraction(tile: TileKernel, types: dict | None, memo: dict) -> s
     if g.stage_depth and types is not None:
         key = ("panels", g.tile_m, g.tile_n, g.tile_k, g.vec, g.micro_m)  # what they depend on besides the kernel
         if key not in memo:
-            loops, _ = _free_loops(tile.kernel, tile.placement.free)
+            loops, _ = free_loops(tile.kernel, tile.placement.free)
             m_vars = tuple((v, e) for v, e in loops if v in tile.shape.m_vars)
             n_vars = tuple((v, e) for v, e in loops if v in tile.shape.n_vars)
             batch = tuple((v, e) for v, e in loops if v not in tile.shape.m_vars and v not in tile.shape.n_vars)
@@ -177,9 +165,9 @@ def lower_kernel(tile: TileKernel, types: dict) -> list[KernelIR]:
         if body.workspace:
             return [main, _finishing_kernel(tile, main, body, types)]
         return [_fill_kernel(tile, types, REDUCE_OPS[body.atomics[0][1]]), main]
-    if tile.shape.kind == "row" and tile.geometry.split > 1 and split_mode(tile.row.REDUCE) == "k":
+    if tile.shape.kind == "row" and tile.geometry.split > 1 and tile.row.reduce.workspace:
         return _lower_row_workspace(tile, types, params)
-    if tile.shape.kind == "column" and tile.row.REDUCE:
+    if tile.shape.kind == "column" and not tile.row.reduce.serial:
         main = _lower_column(tile, types, params)
     else:
         main = _lower_row(tile, types, params)
@@ -226,7 +214,7 @@ def _lower_row_workspace(tile: TileKernel, types: dict, params) -> list[KernelIR
     ([accumulator][row][slice]); a finishing kernel, a thread a row, merges the partial states in
     slice order and runs the row's epilogue. Statements before the fold run in both."""
     g = tile.geometry
-    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    loops, _ = free_loops(tile.kernel, tile.placement.free)
     rows, split, threads = prod(e for _, e in loops), g.split, g.threads
     (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
     before, after = tile.parts[:tile.parts.index(fold)], tile.parts[tile.parts.index(fold) + 1:]
@@ -235,21 +223,22 @@ def _lower_row_workspace(tile: TileKernel, types: dict, params) -> list[KernelIR
     workspace, size = workspace_name(tile.kernel.name), len(accs) * split * rows
     plain = tuple(p for p in params if p.name != INDEX_FAULTS)
     faults = tuple(p for p in params if p.name == INDEX_FAULTS)
-    body: list = [RowIndex(tuple(loops), "blockIdx.x", split)]
+    body: list = [RowIndex(tuple(loops), "block", split)]
     for part in before:
         body += _scalar_and_stores(part.body, types, True)
     body.append(Scalar(fold.init))
     loop = _element_loop(fold.var, fold.extent, fold.lift + fold.combine, types, g.vec, threads,
-                         max(1, g.elems // max(1, g.vec)), "threadIdx.x")
+                         max(1, g.elems // max(1, g.vec)), "thread")
     body.append(dataclasses.replace(loop, split=split))
     combine, shared = _block_combine(fold, threads)
     body += combine
-    body.append(OnlyThread(tuple(Store(workspace, DType.F32, f"({slot} * {rows} + row) * {split} + slice", acc)
+    body.append(OnlyThread(tuple(Store(workspace, DType.F32, PartialSlot(slot, rows, split), acc)
                                  for slot, acc in enumerate(accs))))
     twists = ((fold.twist, tuple(i.acc for i in fold.init if _in_state(i, fold))),) if fold.twist else ()
-    main = KernelIR(tile.kernel.name, (*plain, Param(workspace, DType.F32, True, size), *faults),
-                    Tile(("row", "col"), fold.extent, rows, threads), (rows * split, 1, 1), (threads, 1, 1),
-                    tuple(shared), tuple(body), str(tile.row), tile.shape.describe(), twists)
+    main = KernelIR(name=tile.kernel.name, params=(*plain, Param(workspace, DType.F32, True, size), *faults),
+                    tile=Tile(("row", "col"), fold.extent, rows, threads), grid=(rows * split, 1, 1),
+                    block=(threads, 1, 1), shared=tuple(shared), body=tuple(body), knobs=str(tile.row),
+                    summary=tile.shape.describe(), twists=twists)
     finish_body: list = [RowIndex(tuple(loops), "thread")]
     for part in before:
         finish_body += _scalar_and_stores(part.body, types, False)
@@ -257,20 +246,21 @@ def _lower_row_workspace(tile: TileKernel, types: dict, params) -> list[KernelIR
     for part in after:
         finish_body += _scalar_and_stores(part.body, types, False)
     block = min(256, -(-rows // 32) * 32)
-    finish = KernelIR(f"{tile.kernel.name}_finish",
-                      (*plain, Param(workspace, DType.F32, False, size), *faults),
-                      Tile(("row", "col"), 1, rows, 1), (-(-rows // block), 1, 1), (block, 1, 1), (),
-                      tuple(finish_body), str(tile.row), f"{tile.shape.describe()}: the {split} partial states merged",
-                      twists)
+    finish = KernelIR(name=f"{tile.kernel.name}_finish",
+                      params=(*plain, Param(workspace, DType.F32, False, size), *faults),
+                      tile=Tile(("row", "col"), 1, rows, 1), grid=(-(-rows // block), 1, 1), block=(block, 1, 1),
+                      shared=(), body=tuple(finish_body), knobs=str(tile.row),
+                      summary=f"{tile.shape.describe()}: the {split} partial states merged", twists=twists)
     return [main, finish]
 
 
 def _fill_kernel(tile: TileKernel, types: dict, identity: float) -> KernelIR:
     output = tile.kernel.output
     total = prod(types[output].shape)
-    return KernelIR(f"{tile.kernel.name}_fill", (Param(output, types[output].dtype, True),),
-                    Tile(("element",), 256, total, 256), (-(-total // 256), 1, 1), (256, 1, 1), (),
-                    (Fill(output, types[output].dtype, total, identity),), "", f"{output} := {identity}")
+    return KernelIR(name=f"{tile.kernel.name}_fill", params=(Param(output, types[output].dtype, True),),
+                    tile=Tile(("element",), 256, total, 256), grid=(-(-total // 256), 1, 1), block=(256, 1, 1),
+                    shared=(), body=(Fill(output, types[output].dtype, total, identity),), knobs="",
+                    summary=f"{output} := {identity}")
 
 
 def _params(kernel: L.Kernel, types: dict) -> tuple[Param, ...]:
@@ -286,36 +276,6 @@ def _params(kernel: L.Kernel, types: dict) -> tuple[Param, ...]:
     return tuple(Param(n, types[n].dtype, n in written) for n in names) + ((faults_param(),) if gathers else ())
 
 
-def _free_loops(kernel: L.Kernel, free: tuple[int, ...]) -> tuple[list[tuple[int, int]], tuple]:
-    """The chain of free loops at the top of the kernel and the body inside them (L.row_nest)."""
-    return L.row_nest(kernel.body, free)
-
-
-def flat_index(buffer: str, index: tuple[Affine, ...], types: dict) -> Affine:
-    shape = types[buffer].shape
-    strides = [prod(shape[i + 1:]) for i in range(len(shape))]
-    flat = Affine.constant(0)
-    for part, stride in zip(index, strides):
-        flat = flat + part * stride
-    return recombined(flat)  # a merged reduction's reshape reads back as one contiguous walk
-
-
-def _vectorizable(flat: Affine, var: int, width: int) -> bool:
-    """The index walks `var` with stride 1 and starts every vector on a multiple of `width` (a
-    div/mod term anywhere is taken one element at a time: its alignment is not checked)."""
-    if width == 1:
-        return False
-    step = 0
-    for atom, c in flat.terms:
-        if not isinstance(atom, Dim):
-            return False
-        if atom.index == var:
-            step = c
-        elif c % width:
-            return False
-    return step == 1 and flat.const % width == 0
-
-
 def _vector_accesses(body, var: int, width: int, types: dict) -> tuple[tuple, tuple]:
     """The loads and stores of `body` that walk `var` contiguously from an aligned start: they can
     move `width` elements at once."""
@@ -323,14 +283,13 @@ def _vector_accesses(body, var: int, width: int, types: dict) -> tuple[tuple, tu
     for stmt in body:
         if isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load) and not stmt.expr.guards:
             flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
-            if _vectorizable(flat, var, width):
-                loads.append(VecLoad(f"{stmt.name}_v", stmt.expr.buffer, types[stmt.expr.buffer].dtype,
-                                     affine_c(flat, {var: "base"}), width))
+            if vectorizable(flat, var, width):
+                loads.append(VecLoad(f"{stmt.name}_v", stmt.expr.buffer, types[stmt.expr.buffer].dtype, flat, width,
+                                     var))
         elif isinstance(stmt, L.Store):
             flat = flat_index(stmt.buffer, stmt.index, types)
-            if _vectorizable(flat, var, width) and not any(s.buffer == stmt.buffer for s in stores):
-                stores.append(VecStore(f"{stmt.buffer}_s", stmt.buffer, types[stmt.buffer].dtype,
-                                       affine_c(flat, {var: "base"}), width))
+            if vectorizable(flat, var, width) and not any(s.buffer == stmt.buffer for s in stores):
+                stores.append(VecStore(f"{stmt.buffer}_s", stmt.buffer, types[stmt.buffer].dtype, flat, width, var))
     return tuple(loads), tuple(stores)
 
 
@@ -341,20 +300,20 @@ def _element_loop(var, extent, body, types, width, workers, unroll, worker) -> E
     loads, stores = _vector_accesses(body, var, width, types) if width > 1 else ((), ())
     if not loads and not stores:
         width = 1  # nothing gains from vectors: plain strided elements
-    return ElementLoop(var, extent, width, workers, max(1, unroll), worker, loads, tuple(body),
-                       extent % width != 0, stores)
+    return ElementLoop(var=var, extent=extent, width=width, workers=workers, unroll=max(1, unroll), worker=worker,
+                       vectors=loads, body=tuple(body), tail=extent % width != 0, stores=stores)
 
 
 def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
     g, row = tile.geometry, tile.row
-    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    loops, _ = free_loops(tile.kernel, tile.placement.free)
     rows = prod(e for _, e in loops)
     split = g.split  # > 1: a row's fold spread over `split` blocks that combine atomically
-    coop = row.REDUCE == "coop" or split > 1
+    coop = row.reduce.coop or split > 1
     atomic = _row_atomic(tile) if split > 1 else ""
     threads, width = g.threads, g.vec
     unroll = max(1, g.elems // max(1, width))
-    body: list = [RowIndex(tuple(loops), "blockIdx.x" if coop else "thread", split)]
+    body: list = [RowIndex(tuple(loops), "block" if coop else "thread", split)]
     shared: list[Smem] = []
     twists = []
     for part in tile.parts:
@@ -362,7 +321,7 @@ def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
             body += _scalar_and_stores(part.body, types, coop, atomic)
         elif isinstance(part, Fold):
             body.append(Scalar(part.init))
-            workers, worker = (threads, "threadIdx.x") if coop else (1, "0")
+            workers, worker = (threads, "thread") if coop else (1, "alone")
             loop = _element_loop(part.var, part.extent, part.lift + part.combine, types, width, workers, unroll,
                                  worker)
             if split > 1:  # this block's slice of the fold: whole steps of the threads' vectors
@@ -375,13 +334,14 @@ def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
             if part.twist:
                 twists.append((part.twist, tuple(i.acc for i in part.init if _in_state(i, part))))
         elif isinstance(part, Sweep):
-            workers, worker = (threads, "threadIdx.x") if coop else (1, "0")
+            workers, worker = (threads, "thread") if coop else (1, "alone")
             body.append(_element_loop(part.var, part.extent, part.body, types, width, workers, unroll, worker))
     extent = max((p.extent for p in tile.parts if isinstance(p, (Fold, Sweep))), default=1)
     blocks = rows * split if coop else -(-rows // threads)
-    return KernelIR(tile.kernel.name, params, Tile(("row", "col"), extent, rows, threads if coop else 1),
-                    (blocks, 1, 1), (threads, 1, 1), tuple(shared), tuple(body), str(row),
-                    tile.shape.describe(), tuple(twists))
+    return KernelIR(name=tile.kernel.name, params=params,
+                    tile=Tile(("row", "col"), extent, rows, threads if coop else 1), grid=(blocks, 1, 1),
+                    block=(threads, 1, 1), shared=tuple(shared), body=tuple(body), knobs=str(row),
+                    summary=tile.shape.describe(), twists=tuple(twists))
 
 
 def _lower_column(tile: TileKernel, types: dict, params) -> KernelIR:
@@ -390,7 +350,7 @@ def _lower_column(tile: TileKernel, types: dict, params) -> KernelIR:
     states meet in shared memory. Lanes past the last output repeat it and store nothing. Split
     (g<N>a): `split` blocks take a slice of the fold each and combine into the output atomically."""
     g = tile.geometry
-    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    loops, _ = free_loops(tile.kernel, tile.placement.free)
     rows = prod(e for _, e in loops)
     warps = g.threads // 32
     atomic = _row_atomic(tile) if g.split > 1 else ""
@@ -400,14 +360,14 @@ def _lower_column(tile: TileKernel, types: dict, params) -> KernelIR:
     for part in tile.parts:
         if isinstance(part, Epilogue):
             pending = [s for s in part.body if not isinstance(s, L.Store)]
-            stores = [Store(s.buffer, types[s.buffer].dtype, affine_c(flat_index(s.buffer, s.index, types)),
+            stores = [Store(s.buffer, types[s.buffer].dtype, flat_index(s.buffer, s.index, types),
                             _operand(s.value), atomic) for s in part.body if isinstance(s, L.Store)]
             body += [Scalar(tuple(pending))] if pending else []
-            body += [OnlyThread(tuple(stores), "threadIdx.x < 32 && row_ok")] if stores else []
+            body += [OnlyThread(tuple(stores), "output_lanes")] if stores else []
         elif isinstance(part, Fold):
             body.append(Scalar(part.init))
             loop = _element_loop(part.var, part.extent, part.lift + part.combine, types, 1, warps, g.elems,
-                                 "threadIdx.x / 32")
+                                 "warp")
             body.append(dataclasses.replace(loop, split=g.split))
             for op, dtype, accs in _fold_groups(part):
                 name = f"{op}_columns" if dtype is DType.F32 else f"{op}_{dtype.value}_columns"
@@ -419,9 +379,9 @@ def _lower_column(tile: TileKernel, types: dict, params) -> KernelIR:
         else:
             raise Unsupported(f"kernel {tile.kernel.name}: a column reduction with a sweep is not lowered")
     extent = max((p.extent for p in tile.parts if isinstance(p, Fold)), default=1)
-    return KernelIR(tile.kernel.name, params, Tile(("row", "col"), extent, rows, g.threads),
-                    (-(-rows // 32) * g.split, 1, 1), (g.threads, 1, 1), tuple(shared), tuple(body), str(tile.row),
-                    tile.shape.describe(), tuple(twists))
+    return KernelIR(name=tile.kernel.name, params=params, tile=Tile(("row", "col"), extent, rows, g.threads),
+                    grid=(-(-rows // 32) * g.split, 1, 1), block=(g.threads, 1, 1), shared=tuple(shared),
+                    body=tuple(body), knobs=str(tile.row), summary=tile.shape.describe(), twists=tuple(twists))
 
 
 def _in_state(init: L.Init, fold: Fold) -> bool:
@@ -470,9 +430,8 @@ def _scalar_and_stores(stmts, types, coop: bool, atomic: str = "") -> list:
             if pending:
                 out.append(Scalar(tuple(pending)))
                 pending = []
-            out.append(OnlyThread((Store(s.buffer, types[s.buffer].dtype,
-                                         affine_c(flat_index(s.buffer, s.index, types)), _operand(s.value),
-                                         atomic),)))
+            out.append(OnlyThread((Store(s.buffer, types[s.buffer].dtype, flat_index(s.buffer, s.index, types),
+                                         _operand(s.value), atomic),)))
         else:
             pending.append(s)
     if pending:
@@ -480,8 +439,9 @@ def _scalar_and_stores(stmts, types, coop: bool, atomic: str = "") -> list:
     return out
 
 
-def _operand(value) -> str:
-    return value if isinstance(value, str) else repr(value.value)
+def _operand(value) -> str | float:
+    """A stored value: its name, or a literal's constant."""
+    return value if isinstance(value, str) else value.value
 
 
 def _lower_map(tile: TileKernel, types: dict, params) -> KernelIR:
@@ -495,8 +455,9 @@ def _lower_map(tile: TileKernel, types: dict, params) -> KernelIR:
         loads, stores = _vector_accesses(body, loops[-1][0], g.vec, types)
         width = g.vec if loads or stores else 1
     elements = MapElements(tuple(loops), g.elems, total, tuple(body), width, loads, stores)
-    return KernelIR(tile.kernel.name, params, Tile(("element",), per_block, total, g.threads),
-                    (blocks, 1, 1), (g.threads, 1, 1), (), (elements,), str(tile.row), tile.shape.describe())
+    return KernelIR(name=tile.kernel.name, params=params, tile=Tile(("element",), per_block, total, g.threads),
+                    grid=(blocks, 1, 1), block=(g.threads, 1, 1), shared=(), body=(elements,), knobs=str(tile.row),
+                    summary=tile.shape.describe())
 
 
 def _map_nest(body) -> tuple[list[tuple[int, int]], list]:
@@ -516,7 +477,7 @@ def _map_nest(body) -> tuple[list[tuple[int, int]], list]:
 
 def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
     g, shape = tile.geometry, tile.shape
-    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    loops, _ = free_loops(tile.kernel, tile.placement.free)
     extents = dict(loops)
     m_vars = tuple((v, extents[v]) for v, _ in loops if v in shape.m_vars)
     n_vars = tuple((v, extents[v]) for v, _ in loops if v in shape.n_vars)
@@ -539,13 +500,16 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
     monoids = tuple((s.acc, MONOID[s.op]) for s in fold.combine if isinstance(s, L.Accumulate))
     atomics, workspace, params = split_outputs(tile, monoids, epilogue, params, prod(e for _, e in batch) or 1,
                                                m_total * n_total)
-    body = ContractionTile(m_vars, n_vars, batch, fold.var, fold.extent, bm, bn, bk, g.elems, g.stage_depth,
-                           g.stage_how, tuple(panels), fold.init, fold.lift, fold.combine, epilogue, g.split, atomics,
-                           workspace, g.raster_group, g.vec if vectors else 1, vectors, g.micro_m, g.micro_n)
+    body = ContractionTile(m_vars=m_vars, n_vars=n_vars, batch_vars=batch, k_var=fold.var, k_extent=fold.extent,
+                           bm=bm, bn=bn, bk=bk, per_thread=g.elems, depth=g.stage_depth, how=g.stage_how,
+                           panels=tuple(panels), inits=fold.init, lift=fold.lift, combine=fold.combine,
+                           epilogue=epilogue, split=g.split, atomics=atomics, workspace=workspace,
+                           raster=g.raster_group, k_width=g.vec if vectors else 1, vectors=vectors, micro_m=g.micro_m,
+                           micro_n=g.micro_n)
     shared = tuple(Smem(p.dtype, f"{p.name}_panel", g.stage_depth * p.rows * p.cols) for p in panels)
-    return KernelIR(tile.kernel.name, params, Tile(("m", "n"), bk, m_total * n_total, g.threads),
-                    (tiles, prod(e for _, e in batch) or 1, g.split), (g.threads, 1, 1), shared, (body,), str(tile.row),
-                    shape.describe())
+    return KernelIR(name=tile.kernel.name, params=params, tile=Tile(("m", "n"), bk, m_total * n_total, g.threads),
+                    grid=(tiles, prod(e for _, e in batch) or 1, g.split), block=(g.threads, 1, 1), shared=shared,
+                    body=(body,), knobs=str(tile.row), summary=shape.describe())
 
 
 def _panel_loads(fold: Fold, m_vars, n_vars, batch, types: dict):
@@ -573,12 +537,12 @@ def _micro_panels(tile: TileKernel, fold: Fold, m_vars, n_vars, batch, types: di
         cols = g.tile_m if side == "a" else g.tile_n
         itemsize = types[stmt.expr.buffer].dtype.itemsize
         fits = MICRO_VECTOR * itemsize <= 16
-        along_outer = fits and inner_extent % MICRO_VECTOR == 0 and _vectorizable(flat, inner_var, MICRO_VECTOR)
+        along_outer = fits and inner_extent % MICRO_VECTOR == 0 and vectorizable(flat, inner_var, MICRO_VECTOR)
         along_k = (not along_outer and fits and fold.extent % MICRO_VECTOR == 0
-                   and _vectorizable(flat, fold.var, MICRO_VECTOR))
+                   and vectorizable(flat, fold.var, MICRO_VECTOR))
         width = MICRO_VECTOR if along_outer or along_k else 1
-        panels.append(Panel(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side, g.tile_k, cols,
-                            False, width, along_k))
+        panels.append(Panel(name=stmt.name, buffer=stmt.expr.buffer, dtype=types[stmt.expr.buffer].dtype, side=side,
+                            rows=g.tile_k, cols=cols, k_fast=False, width=width, fill_along_k=along_k))
     return panels
 
 
@@ -593,30 +557,15 @@ def _simt_panels(tile: TileKernel, fold: Fold, m_vars, n_vars, batch, types: dic
     if not g.stage_depth:
         return panels
     for stmt, flat, side in _panel_loads(fold, m_vars, n_vars, batch, types):
-        width = g.vec if g.vec > 1 and _vectorizable(flat, fold.var, g.vec) else 1
+        width = g.vec if g.vec > 1 and vectorizable(flat, fold.var, g.vec) else 1
         k_fast = side == "a" or width > 1
         rows, cols = ((g.tile_m if side == "a" else g.tile_n), g.tile_k) if k_fast else (g.tile_k, g.tile_n)
-        panels.append(Panel(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side, rows, cols,
-                            k_fast, width))
+        panels.append(Panel(name=stmt.name, buffer=stmt.expr.buffer, dtype=types[stmt.expr.buffer].dtype, side=side,
+                            rows=rows, cols=cols, k_fast=k_fast, width=width))
     return panels
 
 
 STATIC_SMEM = 48 * 1024  # bytes of static __shared__ arrays a kernel may declare (CUDA guide)
-
-
-def split_outputs(tile: TileKernel, monoids, epilogue, params, batch_total: int, outputs: int):
-    """How a contraction split along K (REDUCE=g<N>a or g<N>k) hands on its partial results:
-    (accumulators combined atomically into the output, workspace buffer name, params with the
-    workspace added). The schedule allows atomics only for one accumulator stored raw."""
-    split = tile.geometry.split
-    if split > 1 and split_mode(tile.row.REDUCE) == "a":
-        if len(monoids) != 1 or not all(isinstance(s, L.Store) and s.value == monoids[0][0] for s in epilogue):
-            raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one accumulator stored raw")
-        return monoids, "", params
-    if split > 1:  # [accumulator][split][batch][M][N]
-        workspace = workspace_name(tile.kernel.name)
-        return (), workspace, (*params, Param(workspace, DType.F32, True, len(monoids) * split * batch_total * outputs))
-    return (), "", params
 
 
 def _finishing_kernel(tile: TileKernel, main: KernelIR, body, types: dict) -> KernelIR:
@@ -636,6 +585,6 @@ def _finishing_kernel(tile: TileKernel, main: KernelIR, body, types: dict) -> Ke
     total = prod(e for _, e in (*body.m_vars, *body.n_vars, *body.batch_vars))
     finish = SplitFinish(body.m_vars, body.n_vars, body.batch_vars, body.split, body.workspace, monoids,
                          body.epilogue)
-    return KernelIR(f"{tile.kernel.name}_finish", params, Tile(("element",), 256, total, 256),
-                    (-(-total // 256), 1, 1), (256, 1, 1), (), (finish,), main.knobs,
-                    f"{main.summary}: the {body.split} partial results reduced")
+    return KernelIR(name=f"{tile.kernel.name}_finish", params=params, tile=Tile(("element",), 256, total, 256),
+                    grid=(-(-total // 256), 1, 1), block=(256, 1, 1), shared=(), body=(finish,), knobs=main.knobs,
+                    summary=f"{main.summary}: the {body.split} partial results reduced")

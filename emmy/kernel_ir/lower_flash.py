@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from math import prod
 
+from emmy.kernel_ir.lower_common import flat_index, free_loops, vectorizable
 from emmy.kernel_ir.nodes import FlashMma, FlashRows, KernelIR, MmaOperand, Panel, Tile
-from emmy.knobs import STAGE_ASYNC, STAGE_TMA
+from emmy.schedule.knobs import STAGE_ASYNC, STAGE_TMA
 from emmy.loop_ir import nodes as L
 from emmy.tile_ir.nodes import Epilogue, Fold, TileKernel
 
@@ -197,10 +198,9 @@ def _split(stmts, per: set[str], vars_: set[int]) -> tuple[tuple, tuple]:
 def lower_flash(tile: TileKernel, types: dict, params) -> KernelIR:
     if tile.geometry.mma:
         return _lower_flash_mma(tile, types, params)
-    from emmy.kernel_ir.lower import _free_loops, _vectorizable, flat_index
 
     g, shape = tile.geometry, tile.shape
-    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    loops, _ = free_loops(tile.kernel, tile.placement.free)
     row_vars = tuple((v, e) for v, e in loops if v in shape.m_vars)
     col_vars = tuple((v, e) for v, e in loops if v in shape.n_vars)
     batch = tuple((v, e) for v, e in loops if v not in shape.m_vars and v not in shape.n_vars)
@@ -224,40 +224,38 @@ def lower_flash(tile: TileKernel, types: dict, params) -> KernelIR:
             if fold.var not in flat.dims():
                 continue
             fast = column_var if column_var is not None else col_vars[-1][0]
-            width = g.vec if g.vec > 1 and _vectorizable(flat, fast, g.vec) and \
+            width = g.vec if g.vec > 1 and vectorizable(flat, fast, g.vec) and \
                 (column_var is not None or col_vars[-1][1] % g.vec == 0) else 1
-            panels.append(Panel(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype,
-                                "k" if column_var is not None else "v", keys, extent, True, width))
+            panels.append(Panel(name=stmt.name, buffer=stmt.expr.buffer, dtype=types[stmt.expr.buffer].dtype,
+                                side="k" if column_var is not None else "v", rows=keys, cols=extent, k_fast=True,
+                                width=width))
     rows = prod(e for _, e in row_vars)
     warps = g.threads // LANES
-    body = FlashRows(row_vars, col_vars, batch, fold.var, fold.extent, dot.var, dot.extent, g.elems, warps, keys,
-                     -(-cols // LANES), -(-dot.extent // LANES), g.stage_depth, g.stage_how, tuple(panels),
-                     fold.init, per_key, held, dot_body, per_col, epilogue)
+    body = FlashRows(row_vars=row_vars, col_vars=col_vars, batch_vars=batch, key_var=fold.var, key_extent=fold.extent,
+                     inner_var=dot.var, inner_extent=dot.extent, rows_per_warp=g.elems, warps=warps, keys_step=keys,
+                     cols_per_lane=-(-cols // LANES), inner_per_lane=-(-dot.extent // LANES), depth=g.stage_depth,
+                     how=g.stage_how, panels=tuple(panels), inits=fold.init, per_key=per_key, held=held, dot=dot_body,
+                     per_col=per_col, epilogue=epilogue)
     panel_bytes = g.stage_depth * sum(p.rows * p.cols * p.dtype.itemsize for p in panels)
     blocks = -(-rows // (warps * g.elems))
-    return KernelIR(tile.kernel.name, params, Tile(("row", "col"), fold.extent, rows, g.threads),
-                    (blocks, prod(e for _, e in batch) or 1, 1), (g.threads, 1, 1), (), (body,), str(tile.row),
-                    tile.shape.describe(), dynamic_smem=panel_bytes)
+    return KernelIR(name=tile.kernel.name, params=params, tile=Tile(("row", "col"), fold.extent, rows, g.threads),
+                    grid=(blocks, prod(e for _, e in batch) or 1, 1), block=(g.threads, 1, 1), shared=(),
+                    body=(body,), knobs=str(tile.row), summary=tile.shape.describe(), dynamic_smem=panel_bytes)
 
 
 
 
 
 def _lower_flash_mma(tile: TileKernel, types: dict, params) -> KernelIR:
-    from emmy.kernel_ir.lower import _free_loops, _vectorizable, flat_index
-    from emmy.kernel_ir.scalar_c import affine_c
-    from emmy.knobs import value_fields
-
     g, shape, row = tile.geometry, tile.shape, tile.row
-    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    loops, _ = free_loops(tile.kernel, tile.placement.free)
     row_vars = tuple((v, e) for v, e in loops if v in shape.m_vars)
     col_vars = tuple((v, e) for v, e in loops if v in shape.n_vars)
     batch = tuple((v, e) for v, e in loops if v not in shape.m_vars and v not in shape.n_vars)
     dot, q_load, k_load, v_load, scores, score, dot_acc, state = _mma_pieces(tile)
     (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
     epilogue = tuple(s for p in tile.parts if isinstance(p, Epilogue) for s in p.body)
-    work, atom = value_fields("WORK", row.WORK), value_fields("TILE", row.TILE)
-    warps, fm, fn = work["warps_m"], atom["frag_m"], atom["frag_n"]
+    warps, fm, fn = row.work.warps_m, row.tile.frag_m, row.tile.frag_n
     bm, bn, cols = 16 * fm * warps, 8 * fn, prod(e for _, e in col_vars)
 
     def operand(stmt, side, rows, columns, column_var=None):
@@ -265,20 +263,22 @@ def _lower_flash_mma(tile: TileKernel, types: dict, params) -> KernelIR:
         contiguously along `column_var` (the head dimension for K, the last value column for V)."""
         flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
         dtype = types[stmt.expr.buffer].dtype
-        width = 8 if column_var is not None and _vectorizable(flat, column_var[0], 8) and column_var[1] % 8 == 0 \
+        width = 8 if column_var is not None and vectorizable(flat, column_var[0], 8) and column_var[1] % 8 == 0 \
             else 1
-        return MmaOperand(stmt.name, stmt.expr.buffer, dtype, side, affine_c(flat), rows, columns, True, width)
+        return MmaOperand(name=stmt.name, buffer=stmt.expr.buffer, dtype=dtype, side=side, index=flat, rows=rows,
+                          cols=columns, k_fast=True, width=width)
 
-    body = FlashMma(row.TILE.split("/")[0], row_vars, col_vars, batch, fold.var, fold.extent, dot.var, dot.extent,
-                    warps, fm, fn, g.stage_depth, g.stage_how, operand(q_load, "q", bm, dot.extent),
-                    operand(k_load, "k", bn, dot.extent, (dot.var, dot.extent)),
-                    operand(v_load, "v", -(-bn // 16) * 16, cols, col_vars[-1]),
-                    scores, dot_acc, score, state, epilogue)
+    body = FlashMma(atom=row.tile.atom, row_vars=row_vars, col_vars=col_vars, batch_vars=batch, key_var=fold.var,
+                    key_extent=fold.extent, inner_var=dot.var, inner_extent=dot.extent, warps=warps, frag_m=fm,
+                    frag_n=fn, depth=g.stage_depth, how=g.stage_how, q=operand(q_load, "q", bm, dot.extent),
+                    k=operand(k_load, "k", bn, dot.extent, (dot.var, dot.extent)),
+                    v=operand(v_load, "v", -(-bn // 16) * 16, cols, col_vars[-1]), scores=scores, dot_acc=dot_acc,
+                    score=score, state=state, epilogue=epilogue)
     panel_bytes = 0
     if g.stage_depth:
         q, k, v = body.q, body.k, body.v
         panel_bytes = (q.rows * q.cols + g.stage_depth * (k.rows * k.cols + v.rows * v.cols)) * q.dtype.itemsize
     rows = prod(e for _, e in row_vars)
-    return KernelIR(tile.kernel.name, params, Tile(("row", "col"), fold.extent, rows, g.threads),
-                    (-(-rows // bm), prod(e for _, e in batch) or 1, 1), (g.threads, 1, 1), (), (body,), str(row),
-                    tile.shape.describe(), dynamic_smem=panel_bytes)
+    return KernelIR(name=tile.kernel.name, params=params, tile=Tile(("row", "col"), fold.extent, rows, g.threads),
+                    grid=(-(-rows // bm), prod(e for _, e in batch) or 1, 1), block=(g.threads, 1, 1), shared=(),
+                    body=(body,), knobs=str(row), summary=tile.shape.describe(), dynamic_smem=panel_bytes)

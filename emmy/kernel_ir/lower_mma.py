@@ -1,7 +1,7 @@
 """Tile IR contraction kernel with an mma row (TILE=mma_m16n8k16_*) -> Kernel IR MmaTile.
 
 The schedule space offers mma atoms only for a fold that sums the product of two f16 or bf16
-operands (tile_ir.shape): each a load (through casts to f32), or elementwise work on one load and
+operands (schedule.shape): each a load (through casts to f32), or elementwise work on one load and
 literals (a prologue: relu(x) @ w), which each warp applies to the elements of its fragments in
 registers before the mma; the tensor cores compute the rest. Each operand's panel layout follows its source:
 K along the panel's columns when the source is contiguous along K, else along its rows (then
@@ -14,9 +14,10 @@ from math import prod
 
 from emmy.affine import Dim
 from emmy.dtypes import DType
+from emmy.kernel_ir.lower_common import contraction_parts, flat_index, free_loops, split_outputs, vectorizable
 from emmy.kernel_ir.nodes import KernelIR, MmaOperand, MmaTile, Tile
-from emmy.kernel_ir.scalar_c import affine_c
-from emmy.knobs import STAGE_ASYNC, STAGE_TMA, split_mode
+from emmy.schedule.knobs import STAGE_ASYNC, STAGE_TMA
+from emmy.schedule.shape import mma_operand
 from emmy.loop_ir import nodes as L
 from emmy.tile_ir.nodes import Epilogue, Fold, TileKernel
 
@@ -26,9 +27,8 @@ PANEL_VECTOR = 8  # f16/bf16 elements in a 16-byte copy
 def supports_mma(tile: TileKernel, types: dict | None = None, memo: dict | None = None) -> str:
     """Why an mma row of this contraction cannot be lowered, or "" when it can."""
     row, g = tile.row, tile.geometry
-    if split_mode(row.REDUCE) == "a" and tile.kernel.type.dtype is not DType.F32:
+    if row.reduce.atomic and tile.kernel.type.dtype is not DType.F32:
         return f"REDUCE={row.REDUCE}: atomics into a {tile.kernel.type.dtype} output are not lowered yet"
-    from emmy.kernel_ir.lower import contraction_parts
 
     memo = {} if memo is None else memo
     if "guarded" not in memo:
@@ -37,7 +37,7 @@ def supports_mma(tile: TileKernel, types: dict | None = None, memo: dict | None 
     if memo["guarded"]:
         return "a guarded operand load (a concatenation or padding) is not staged for tensor cores yet"
     if "mma parts" not in memo:  # the fold structure is the kernel's, not the row's
-        # a prologue is applied whole, its roundings too (tile_ir.shape.mma_operand admitted it)
+        # a prologue is applied whole, its roundings too (schedule.shape.mma_operand admitted it)
         memo["mma parts"] = contraction_parts(tile) or ("" if tile.shape.prologue else _rounding_casts(tile))
     if memo["mma parts"]:
         return memo["mma parts"]
@@ -66,9 +66,7 @@ def _rounding_casts(tile: TileKernel) -> str:
 
 
 def _loops(tile: TileKernel):
-    from emmy.kernel_ir.lower import _free_loops
-
-    loops, _ = _free_loops(tile.kernel, tile.placement.free)
+    loops, _ = free_loops(tile.kernel, tile.placement.free)
     shape = tile.shape
     m_vars = tuple((v, e) for v, e in loops if v in shape.m_vars)
     n_vars = tuple((v, e) for v, e in loops if v in shape.n_vars)
@@ -77,8 +75,6 @@ def _loops(tile: TileKernel):
 
 
 def _operands(tile: TileKernel, types: dict) -> tuple[MmaOperand, MmaOperand]:
-    from emmy.kernel_ir.lower import _vectorizable, flat_index
-
     g, shape = tile.geometry, tile.shape
     m_vars, n_vars, batch = _loops(tile)
     (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
@@ -93,27 +89,26 @@ def _operands(tile: TileKernel, types: dict) -> tuple[MmaOperand, MmaOperand]:
         side = "a" if uses & set(shape.m_vars) else "b"
         outer = m_vars if side == "a" else n_vars
         last_var, last_extent = outer[-1]
-        if _vectorizable(flat, fold.var, PANEL_VECTOR):
+        if vectorizable(flat, fold.var, PANEL_VECTOR):
             k_fast, width = True, PANEL_VECTOR
-        elif last_extent % PANEL_VECTOR == 0 and _vectorizable(flat, last_var, PANEL_VECTOR):
+        elif last_extent % PANEL_VECTOR == 0 and vectorizable(flat, last_var, PANEL_VECTOR):
             k_fast, width = False, PANEL_VECTOR
         else:
             k_fast, width = True, 1
         span = bm if side == "a" else bn
         rows, cols = (span, bk) if k_fast else (bk, span)
         tma, first_row = _matrix_rows(flat, fold.var, outer, k_fast, batch, types[stmt.expr.buffer]) \
-            if g.stage_how == STAGE_TMA else (0, "")
+            if g.stage_how == STAGE_TMA else (0, ())
         chain, value = prologues.get(stmt.name, ((), stmt.name))
-        found[side] = MmaOperand(stmt.name, stmt.expr.buffer, types[stmt.expr.buffer].dtype, side,
-                                 affine_c(flat), rows, cols, k_fast, width, tma, first_row, chain, value)
+        found[side] = MmaOperand(name=stmt.name, buffer=stmt.expr.buffer, dtype=types[stmt.expr.buffer].dtype,
+                                 side=side, index=flat, rows=rows, cols=cols, k_fast=k_fast, width=width, tma=tma,
+                                 tma_batch_rows=first_row, prologue=chain, value=value)
     return found["a"], found["b"]
 
 
 def _prologues(fold: Fold) -> dict:
     """Load name -> (the elementwise statements that turn each loaded element into what the tensor
-    cores multiply, the name of that value), for operands with a prologue (tile_ir.shape.mma_operand)."""
-    from emmy.tile_ir.shape import mma_operand
-
+    cores multiply, the name of that value), for operands with a prologue (schedule.shape.mma_operand)."""
     defs = {s.name: s for s in fold.lift if isinstance(s, L.Assign)}
     (accumulate,) = [s for s in fold.combine if isinstance(s, L.Accumulate)]
     found = {}
@@ -127,32 +122,29 @@ def _prologues(fold: Fold) -> dict:
     return found
 
 
-def _matrix_rows(flat, k_var: int, outer, k_fast: bool, batch, type_) -> tuple[int, str]:
-    """(elements per row, the C expression of the batch's first row) when the operand reads its
+def _matrix_rows(flat, k_var: int, outer, k_fast: bool, batch, type_) -> tuple[int, tuple]:
+    """(elements per row, (batch variable, rows a step of it) for the batch's first row) when the operand reads its
     buffer as row-major matrices stacked by batch (index = fast + row * slow + whole rows per
     batch; one outer variable; rows of whole 16 bytes): a 2-D tensor map over the buffer covers
-    it. (0, "") when it does not. Rows a box reads past M or N feed only masked outputs."""
+    it. (0, ()) when it does not. Rows a box reads past M or N feed only masked outputs."""
     if len(outer) != 1 or flat.const or any(not isinstance(a, Dim) for a, _ in flat.terms):
-        return 0, ""
+        return 0, ()
     coeffs = {a.index: c for a, c in flat.terms}
     ((outer_var, _),) = outer
     fast, slow = (k_var, outer_var) if k_fast else (outer_var, k_var)
     batch_vars = {v for v, _ in batch}
     if coeffs.get(fast) != 1 or slow not in coeffs or set(coeffs) - {fast, slow} - batch_vars:
-        return 0, ""
+        return 0, ()
     row = coeffs[slow]
     offsets = {v: c for v, c in coeffs.items() if v in batch_vars}
     if prod(type_.shape) % row or (row * type_.dtype.itemsize) % 16 or any(c % row for c in offsets.values()):
-        return 0, ""
-    return row, " + ".join(f"{c // row} * a{v}" for v, c in sorted(offsets.items()))
+        return 0, ()
+    return row, tuple((v, c // row) for v, c in sorted(offsets.items()))
 
 
 def lower_mma(tile: TileKernel, types: dict, params) -> KernelIR:
-    from emmy.kernel_ir.lower import split_outputs
-    from emmy.knobs import value_fields
-
     g, row = tile.geometry, tile.row
-    work, atom_fields = value_fields("WORK", row.WORK), value_fields("TILE", row.TILE)
+    work, atom = row.work, row.tile
     m_vars, n_vars, batch = _loops(tile)
     (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
     (init,) = fold.init
@@ -161,13 +153,16 @@ def lower_mma(tile: TileKernel, types: dict, params) -> KernelIR:
     m_total, n_total = prod(e for _, e in m_vars), prod(e for _, e in n_vars)
     atomics, workspace, params = split_outputs(tile, ((init.acc, "sum"),), epilogue, params,
                                                prod(e for _, e in batch) or 1, m_total * n_total)
-    body = MmaTile(row.TILE.split("/")[0], m_vars, n_vars, batch, fold.var, fold.extent, work["warps_m"],
-                   work["warps_n"], atom_fields["frag_m"], atom_fields["frag_n"], atom_fields["k_chunks"],
-                   g.stage_depth, g.stage_how, (a, b), init.acc, epilogue, g.split, atomics, workspace,
-                   g.raster_group)
+    body = MmaTile(atom=atom.atom, m_vars=m_vars, n_vars=n_vars, batch_vars=batch, k_var=fold.var,
+                   k_extent=fold.extent, warps_m=work.warps_m, warps_n=work.warps_n, frag_m=atom.frag_m,
+                   frag_n=atom.frag_n, k_chunks=atom.k_chunks, depth=g.stage_depth, how=g.stage_how, operands=(a, b),
+                   acc=init.acc, epilogue=epilogue, split=g.split, atomics=atomics, workspace=workspace,
+                   raster=g.raster_group)
     panel_bytes = sum(o.rows * o.cols * o.dtype.itemsize for o in (a, b)) * g.stage_depth
     tensor_maps = tuple((o.buffer, o.tma, o.rows, o.cols) for o in (a, b) if o.tma)
     tiles = -(-m_total // body.bm) * -(-n_total // body.bn)
-    return KernelIR(tile.kernel.name, params, Tile(("m", "n"), body.bk, m_total * n_total, g.threads),
-                    (tiles, prod(e for _, e in batch) or 1, g.split), (g.threads, 1, 1), (), (body,), str(row),
-                    tile.shape.describe(), dynamic_smem=panel_bytes, tensor_maps=tensor_maps)
+    return KernelIR(name=tile.kernel.name, params=params,
+                    tile=Tile(("m", "n"), body.bk, m_total * n_total, g.threads),
+                    grid=(tiles, prod(e for _, e in batch) or 1, g.split), block=(g.threads, 1, 1), shared=(),
+                    body=(body,), knobs=str(row), summary=tile.shape.describe(), dynamic_smem=panel_bytes,
+                    tensor_maps=tensor_maps)

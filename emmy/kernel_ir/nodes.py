@@ -2,7 +2,10 @@
 
 Scalar work stays in Loop IR form (`Scalar` wraps Loop IR Assign, Accumulate and Update
 statements); what Kernel IR adds is where it runs: which thread, over which elements, through
-which registers, vector accesses, shuffles, shared memory and barriers.
+which registers, vector accesses, shuffles, shared memory and barriers. Nodes hold meaning, not
+C: an index is an Affine over the loop variables, a thread's role is a word (`per="block"`,
+`worker="warp"`); kernel_ir/cuda.py and the templates spell them. Nodes of many fields are built
+by keyword.
 """
 
 from __future__ import annotations
@@ -10,14 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from emmy.affine import Affine
 from emmy.dtypes import DType
+from emmy.loop_ir.nodes import Init
+from emmy.loop_ir.nodes import Stmt as LoopStmt
 
 
 @dataclass(frozen=True)
 class Param:
     name: str
     dtype: DType
-    written: bool  # the kernel stores to it (else `const ... __restrict__`)
+    written: bool  # the kernel stores to it (else it is read-only)
     scratch: int = 0  # elements of a buffer the program does not have (a split's workspace): allocate them
 
 
@@ -32,39 +38,42 @@ class Tile:
 
 @dataclass(frozen=True)
 class RowIndex:
-    """The free loop variables of the block's row, from the block index (row-major)."""
+    """The free loop variables of the row a block or thread owns (row-major)."""
     vars: tuple[tuple[int, int], ...]  # (loop variable, extent), outermost first
-    source: str = "blockIdx.x"  # or "thread": one row per thread; "column": 32 rows a block, a lane each
-    split: int = 1  # blocks per row (blockIdx.x = row * split + slice)
+    per: str = "block"  # "block": a block a row; "thread": a thread a row; "column": 32 rows a block, a lane each
+    split: int = 1  # blocks per row (block index = row * split + slice)
 
 
 @dataclass(frozen=True)
 class Scalar:
     """Loop IR statements (Assign, Accumulate, Update, Init), computed by each thread."""
-    stmts: tuple
+    stmts: tuple[LoopStmt, ...]
 
 
 @dataclass(frozen=True)
 class VecLoad:
-    """`width` consecutive elements of `buffer` at flat `index` into register array `dst`."""
+    """`width` consecutive elements of `buffer` at flat `index` into register array `dst`; the
+    vector starts where loop variable `base_var` is the thread's vector base."""
     dst: str
     buffer: str
     dtype: DType
-    index: str  # a C expression over loop variables
+    index: Affine  # over the loop variables
     width: int
+    base_var: int
 
 
 @dataclass(frozen=True)
 class VecStore:
-    """`width` consecutive elements from register array `src` to `buffer` at flat `index`."""
+    """`width` consecutive elements from register array `src` to `buffer` at flat `index` (as VecLoad)."""
     src: str
     buffer: str
     dtype: DType
-    index: str
+    index: Affine
     width: int
+    base_var: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ElementLoop:
     """A thread's share of `var` in 0..extent: `width`-wide vectors, `workers` threads striding
     together, `unroll` vectors per thread per step. `tail`: the last extent % width elements
@@ -74,22 +83,22 @@ class ElementLoop:
     width: int
     workers: int
     unroll: int
-    worker: str  # the C expression of this thread's index among the workers
+    worker: str  # which index strides the workers: "thread" (the block's threads), "warp" (its warps), "alone"
     vectors: tuple[VecLoad, ...]  # loads taken a vector at a time
-    body: tuple  # per element, with `a<var>` bound and `u` the lane within the vector
+    body: tuple[LoopStmt, ...]  # per element, with `a<var>` bound and `u` the lane within the vector
     tail: bool
     stores: tuple[VecStore, ...] = ()  # stores written a vector at a time
-    split: int = 1  # > 1: only this block's slice (blockIdx.x % split) of the extent
+    split: int = 1  # > 1: only this block's slice (the block index modulo `split`) of the extent
 
 
 @dataclass(frozen=True)
 class MapElements:
     """A map's elements, `width` consecutive ones at a time: vector j of thread t in block b starts
-    at element b * blockDim * per_thread + (j * blockDim + t) * width (coalesced)."""
+    at element (b * threads * per_thread + j * threads + t) * width for `threads` a block (coalesced)."""
     vars: tuple[tuple[int, int], ...]  # the free loops (variable, extent), outermost first
     per_thread: int
     total: int
-    body: tuple  # Loop IR statements per element
+    body: tuple[LoopStmt, ...]  # Loop IR statements per element
     width: int = 1
     vectors: tuple[VecLoad, ...] = ()
     stores: tuple[VecStore, ...] = ()
@@ -125,11 +134,10 @@ class TreeHalve:
     accs: tuple[str, ...]
     smem: str
     length: int
-    tid: str = "warp"
     dtype: DType = DType.F32  # the accumulators' register type
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Panel:
     """An operand of a contraction staged through shared memory: the Loop IR load `name` (from
     `buffer`) for its BM (side "a") or BN (side "b") rows of a BK chunk, `depth` buffers deep.
@@ -146,7 +154,7 @@ class Panel:
     fill_along_k: bool = False  # K along the rows, yet filled `width` along K (the source's contiguous axis)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ContractionTile:
     """A block's BM x BN tile of a SIMT contraction: each thread owns `per_thread` outputs (strided
     by the block size, or with `micro_m` an RM x RN micro-tile: rows in runs of 4, the runs 4*TY
@@ -166,10 +174,10 @@ class ContractionTile:
     depth: int  # 0: operands straight from global memory
     how: str  # "smem" | "smem-async" | ""
     panels: tuple[Panel, ...]
-    inits: tuple
-    lift: tuple
-    combine: tuple
-    epilogue: tuple
+    inits: tuple[Init, ...]
+    lift: tuple[LoopStmt, ...]
+    combine: tuple[LoopStmt, ...]
+    epilogue: tuple[LoopStmt, ...]
     split: int = 1  # blocks along K (grid z): each adds its partial result atomically, or writes it to
     atomics: tuple[tuple[str, str], ...] = ()  # split: (accumulator, monoid) combined into the output
     workspace: str = ""  # ... this buffer, [accumulator][split][batch][M][N], for a finishing kernel
@@ -180,7 +188,7 @@ class ContractionTile:
     micro_n: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MmaOperand:
     """One operand of a tensor-core contraction: the Loop IR load `name` (from `buffer`, at the
     flat C index `index` over the loop variables). Staged in shared memory as a panel of the
@@ -193,18 +201,18 @@ class MmaOperand:
     buffer: str
     dtype: DType
     side: str
-    index: str
+    index: Affine  # the flat index over the loop variables
     rows: int  # panel rows (BM or BN when k_fast, else BK)
     cols: int
     k_fast: bool
     width: int = 1
     tma: int = 0
-    tma_first_row: str = ""  # with `tma`, a batched operand: the C expression of its batch's first row
-    prologue: tuple = ()  # Loop IR statements turning a loaded element (`name`) into `value`, in registers
+    tma_batch_rows: tuple[tuple[int, int], ...] = ()  # with `tma`, a batched operand: (batch variable, rows a step of it)
+    prologue: tuple[LoopStmt, ...] = ()  # Loop IR statements turning a loaded element (`name`) into `value`, in registers
     value: str = ""  # what the tensor cores multiply (the prologue's last value; `name` without one)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MmaTile:
     """A block's BM x BN tile of C on tensor cores: WM x WN warps, each FM x FN mma atoms of 16 x 8
     (`atom`, f32 accumulators in registers, PTX fragment layout), K in steps of BK = 16 * KC. The
@@ -227,7 +235,7 @@ class MmaTile:
     how: str  # "" | "smem" | "smem-async" | "smem-tma"
     operands: tuple[MmaOperand, MmaOperand]  # (a, b)
     acc: str
-    epilogue: tuple
+    epilogue: tuple[LoopStmt, ...]
     split: int = 1
     atomics: tuple[tuple[str, str], ...] = ()
     workspace: str = ""
@@ -246,7 +254,7 @@ class MmaTile:
         return 16 * self.k_chunks
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FlashRows:
     """Flash attention on SIMT warps: each warp owns `rows_per_warp` query rows; for each key its
     lanes split the q.k dot over the head dimension (`inner_var`, a warp sum after), and lane l
@@ -271,15 +279,15 @@ class FlashRows:
     depth: int
     how: str
     panels: tuple[Panel, ...]  # side "k" (keys x head dimension) or "v" (keys x value columns)
-    inits: tuple
-    per_key: tuple
-    held: tuple
-    dot: tuple
-    per_col: tuple
-    epilogue: tuple
+    inits: tuple[Init, ...]
+    per_key: tuple[LoopStmt, ...]
+    held: tuple[LoopStmt, ...]
+    dot: tuple[LoopStmt, ...]
+    per_col: tuple[LoopStmt, ...]
+    epilogue: tuple[LoopStmt, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FlashMma:
     """Flash attention on tensor cores: WM warps side by side over query rows, each FM atoms of 16
     rows. Per step of BN = 8 * FN keys: S = Q K^T by mma (K = the head dimension), the score
@@ -305,11 +313,11 @@ class FlashMma:
     q: MmaOperand
     k: MmaOperand
     v: MmaOperand
-    scores: tuple  # Loop IR statements from the dot's sum (`dot_acc`) to the score
+    scores: tuple[LoopStmt, ...]  # Loop IR statements from the dot's sum (`dot_acc`) to the score
     dot_acc: str
     score: str
     state: tuple[str, str, str]  # (m, d, z) accumulators
-    epilogue: tuple
+    epilogue: tuple[LoopStmt, ...]
 
     @property
     def bm(self) -> int:
@@ -330,7 +338,7 @@ class SplitFinish:
     split: int
     workspace: str
     accs: tuple[tuple[str, str], ...]  # (accumulator, monoid), in workspace order
-    epilogue: tuple
+    epilogue: tuple[LoopStmt, ...]
 
 
 @dataclass(frozen=True)
@@ -350,22 +358,32 @@ class Broadcast:
 
 
 @dataclass(frozen=True)
+class PartialSlot:
+    """Where this row's slice leaves accumulator `slot`'s partial state in a workspace laid out
+    [accumulator][row][slice] (`rows` rows, `split` slices)."""
+    slot: int
+    rows: int
+    split: int
+
+
+@dataclass(frozen=True)
 class Store:
-    """One element of a row's result: `buffer[index] = value` (an SSA name or literal text), or with
+    """One element of a row's result: `buffer[index] = value` (a value's name, or a constant), or with
     `atomic` (a monoid) the value combined into it, as the blocks of a split row do."""
     buffer: str
     dtype: DType
-    index: str
-    value: str
+    index: Affine | PartialSlot
+    value: str | float
     atomic: str = ""
 
 
 @dataclass(frozen=True)
 class OnlyThread:
-    """Statements one thread of the row runs (a row's result, written once); `condition` says which
-    (in a column reduction, the first warp's lanes that own an output)."""
-    body: tuple
-    condition: str = "threadIdx.x == 0"
+    """Statements one thread of the row runs (a row's result, written once): `who` is "first" (the
+    block's first thread) or "output_lanes" (in a column reduction, the first warp's lanes that own
+    an output)."""
+    body: tuple[Store, ...]
+    who: str = "first"
 
 
 @dataclass(frozen=True)
@@ -395,7 +413,7 @@ class WorkspaceMerge:
     rows: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KernelIR:
     name: str
     params: tuple[Param, ...]
@@ -403,9 +421,11 @@ class KernelIR:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared: tuple[Smem, ...]
-    body: tuple
+    body: tuple[Stmt, ...]  # Kernel IR statements
     knobs: str  # the knob row, for the listing and the CUDA comment
     summary: str  # the Tile IR kernel's shape, for the comment
-    twists: tuple = ()  # (twist, state accumulators) of the folds that merge by a twist
-    dynamic_smem: int = 0  # bytes of `extern __shared__` memory the launch provides
-    tensor_maps: tuple = ()  # (buffer, row length, box rows, box cols): TMA descriptors passed after the params
+    # (twist, state accumulators) of the folds that merge by a twist
+    twists: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    dynamic_smem: int = 0  # bytes of dynamic shared memory the launch provides
+    # TMA descriptors passed after the params: (buffer, row length, box rows, box cols)
+    tensor_maps: tuple[tuple[str, int, int, int], ...] = ()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from emmy.kernel_ir import nodes as K
-from emmy.kernel_ir.cuda import panel_copy
-from emmy.knobs import STAGE_ASYNC, STAGE_TMA
+from emmy.kernel_ir.cuda import panel_copy, store_index_c, stored_value_c, vector_index_c
+from emmy.kernel_ir.scalar_c import affine_c
+from emmy.schedule.knobs import STAGE_ASYNC, STAGE_TMA
 from emmy.loop_ir import nodes as L
 from emmy.loop_ir.printer import statement_text
 
@@ -49,8 +50,8 @@ def _tile(k: K.KernelIR) -> str:
 def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
     pad = "  " * depth
     if isinstance(n, K.RowIndex):
-        who = {"blockIdx.x": "row = blockIdx.x", "column": "row = blockIdx.x * 32 + lane (32 outputs a block)"}.get(
-            n.source, "row = blockIdx.x * blockDim.x + threadIdx.x")
+        who = {"block": "row = blockIdx.x", "column": "row = blockIdx.x * 32 + lane (32 outputs a block)"}.get(
+            n.per, "row = blockIdx.x * blockDim.x + threadIdx.x")
         if n.split > 1:
             who = who.replace("blockIdx.x", f"blockIdx.x / {n.split}") + f", slice = blockIdx.x % {n.split}"
         out.append(pad + who + "".join(f"; a{v} in 0..{e}" for v, e in n.vars))
@@ -61,7 +62,7 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
         out.append(f"{pad}for a{n.var} in {who}*{n.width}..{n.extent} step {n.workers * n.width}"
                    f" ({n.unroll} per step):")
         for v in n.vectors:
-            out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{v.index}]")
+            out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{vector_index_c(v)}]")
         if n.width > 1:
             out.append(f"{pad}  for u in 0..{n.width}:")
         inner = pad + ("    " if n.width > 1 else "  ")
@@ -81,7 +82,7 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
     elif isinstance(n, K.Sync):
         out.append(pad + "Sync")
     elif isinstance(n, K.TreeHalve):
-        out.append(f"{pad}TreeHalve({n.op}, length={n.length}, tid={n.tid}) {n.smem}")
+        out.append(f"{pad}TreeHalve({n.op}, length={n.length}) {n.smem}")
     elif isinstance(n, K.ColumnCombine):
         out.append(f"{pad}ColumnCombine({n.op}, warps={n.warps}) {', '.join(n.accs)} via {n.smem}[warp][lane]")
     elif isinstance(n, K.Broadcast):
@@ -112,7 +113,7 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
         else:
             out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.k_extent}:  operands from global memory")
             for v in n.vectors:
-                out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{v.index}]  "
+                out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{vector_index_c(v)}]  "
                            f"(a{n.k_var} in base..base+{v.width})")
         out.append(f"{pad}  for a{n.k_var} in k0..k0+{n.bk if n.depth else n.k_extent}, each owned output:")
         staged = {p.name: p for p in n.panels}
@@ -131,8 +132,8 @@ def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
     elif isinstance(n, K.FlashMma):
         _flash_mma(n, pad, out)
     elif isinstance(n, K.OnlyThread):
-        out.append(pad + ("thread 0:" if n.condition == "threadIdx.x == 0" else f"threads where {n.condition}:"))
-        out += [f"{pad}  {s.buffer}[{s.index}] = {s.value}" for s in n.body]
+        out.append(pad + ("thread 0:" if n.who == "first" else "the first warp's lanes that own an output:"))
+        out += [f"{pad}  {s.buffer}[{store_index_c(s.index)}] = {stored_value_c(s.value)}" for s in n.body]
     else:
         raise TypeError(f"no listing for {type(n).__name__}")
     if depth == 0 and isinstance(n, K.WarpShuffle):
@@ -150,7 +151,7 @@ def _mma(n: K.MmaTile, pad: str, out: list[str]) -> None:
     for o in n.operands:
         layout = "[rows][k]" if o.k_fast else "[k][rows]"
         if not n.depth:
-            out.append(f"{pad}{o.side}: {o.name} = load {o.buffer}[{o.index}] into fragments (no staging)")
+            out.append(f"{pad}{o.side}: {o.name} = load {o.buffer}[{affine_c(o.index)}] into fragments (no staging)")
             continue
         fill = f"TMA box {o.rows} x {o.cols}" if o.tma else \
             ("cp.async 16 B" if n.how == STAGE_ASYNC and o.width > 1 else f"load.v{o.width}")

@@ -120,6 +120,11 @@ class LoopProgram:
     outputs: tuple[str, ...]  # buffer names, in the program's output order
 
 
+def buffer_types(loops: LoopProgram) -> dict:
+    """Every buffer of the program (inputs, weights, kernel outputs) -> TensorType."""
+    return dict(loops.inputs) | dict(loops.weights) | {name: t for k in loops.kernels for name, t in k.outputs}
+
+
 def parallel_loops(body: tuple) -> list[tuple[int, int]]:
     """(var, extent) of the free loops that own output elements (or rows): those not inside a
     reduction loop and not beside one. A free loop beside a fold (a sweep over the row the fold

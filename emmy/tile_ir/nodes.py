@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from emmy.knobs import KnobRow
 from emmy.loop_ir.nodes import Kernel, LoopProgram, Stmt
-from emmy.tile_ir.geometry import Geometry
-from emmy.tile_ir.shape import KernelShape
+from emmy.schedule.cost_model import Breakdown
+from emmy.schedule.geometry import Geometry
+from emmy.schedule.knobs import Schedule
+from emmy.schedule.shape import KernelShape
 
 
 @dataclass(frozen=True)
@@ -60,13 +61,13 @@ Part = Union[Fold, Sweep, Epilogue]
 class TileKernel:
     kernel: Kernel
     shape: KernelShape
-    row: KnobRow  # every knob set
+    row: Schedule  # every knob set
     geometry: Geometry
     placement: Placement
     parts: tuple[Part, ...]
-    legal_rows: int  # size of the space the row was chosen from
+    legal_rows: int  # rows offered within the pins: the space the row was chosen from
     seconds: float  # the row's predicted time
-    breakdown: object = None  # emmy.extract.cost_model.Breakdown of the chosen row
+    breakdown: Breakdown | None = None  # the chosen row's cost terms
     signature: str = ""  # the kernel's canonical signature (emmy.loop_ir.signature): keys measured times
 
 

@@ -60,11 +60,11 @@ def print_tile_kernel(index: int, tk: TileKernel) -> list[str]:
            f"place free=({free}) grid=({', '.join(p.grid)}) work {p.work}  [{p.blocks} blocks x {p.threads} threads]"]
     g = tk.geometry
     if tk.shape.kind == "attention":
-        unit = tk.row.TILE.split("/")[0] if g.mma else "SIMT"
+        unit = tk.row.tile.atom if g.mma else "SIMT"
         stage = f"K, V staged {tk.row.STAGE}" if tk.row.STAGE else "K, V from global memory"
         out.append(f"flash {g.tile_m} query rows x {g.tile_k} keys a step by {unit}, (m, d, z) in registers, {stage}")
     if tk.shape.kind == "contraction":
-        unit = tk.row.TILE.split("/")[0] if g.mma else "SIMT"
+        unit = tk.row.tile.atom if g.mma else "SIMT"
         stage = f"staged {tk.row.STAGE}" if tk.row.STAGE else "operands from global memory"
         raster = f", raster {tk.row.RASTER}" if tk.row.RASTER else ""
         out.append(f"tile {g.tile_m}x{g.tile_n}x{g.tile_k} by {unit}, {stage}{raster}")

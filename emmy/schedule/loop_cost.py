@@ -6,7 +6,7 @@ number of times its loop nest runs it, so a value recomputed inside a loop
 it does not depend on costs what it should; a load's first touch of each
 element is DRAM traffic (`bytes_read`) and the rest are re-reads with the
 footprint that decides, per target, which cache serves them (`rereads`,
-priced by extract/cost_model.py).
+priced by emmy/schedule/cost_model.py).
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def _keeps_vector_state(kernel: Kernel) -> bool:
     short free loop as a vector of accumulators (other kernels recompute what the Loop IR says)."""
     if not any(isinstance(s, Update) for s in _statements(kernel.body)):
         return False
-    from emmy.tile_ir.shape import kernel_shape
+    from emmy.schedule.shape import kernel_shape
 
     return kernel_shape(kernel).kind == "attention"
 

@@ -39,9 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from math import ceil, log2
 
-from emmy.knobs import KnobRow, STAGE_ASYNC, STAGE_TMA, split_mode, value_fields
-from emmy.tile_ir.geometry import geometry, lane_access, workspace_name
-from emmy.tile_ir.shape import KernelShape
+from emmy.schedule.knobs import STAGE_ASYNC, STAGE_TMA, Schedule
+from emmy.schedule.geometry import geometry, lane_access, workspace_name
+from emmy.schedule.shape import KernelShape
 
 SYNC_STEP = 2.0e-8  # s per barrier or shuffle step of a block
 BASE_REGS = 32  # registers a thread needs besides its accumulators and tiles
@@ -51,7 +51,7 @@ SECTOR_BYTES = 32  # the unit of a global-memory transaction
 @dataclass(frozen=True)
 class Breakdown:
     kernel: str
-    row: KnobRow
+    row: Schedule
     bytes: float  # global memory, with the schedule's re-reads
     memory_s: float  # bytes over the achieved bandwidth
     arith_s: float  # FMA pipes
@@ -80,7 +80,7 @@ class Breakdown:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("kernel", "row")}
 
 
-def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
+def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     """`loop_cost`: the kernel's extract.loop_cost.KernelCost (bytes and operation counts)."""
     g = geometry(shape, row)
     isz = shape.itemsize
@@ -127,7 +127,7 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     hiding = min(1.0, occupancy / 0.5 + pipeline * g.stage_depth)
     issue = min(1.0, occupancy / (0.125 if g.mma else 0.25))
     if shape.kind in ("map", "row", "column"):  # contractions and attention price their re-reads by their tiles
-        rows_per_block = 1 if shape.kind == "row" and row.REDUCE else g.threads
+        rows_per_block = 1 if shape.kind == "row" and not row.reduce.serial else g.threads
         seconds, again = reread_seconds(loop_cost.rereads, target, min(shape.rows, slots * rows_per_block))
         memory_s, moved = memory_s + seconds, moved + again
     memory_s *= 2.0 if spills else 1.0
@@ -135,14 +135,14 @@ def predict(shape: KernelShape, row: KnobRow, target, loop_cost) -> Breakdown:
     body_s = max(memory_s / (hiding * spread), compute_s / (spread * issue)) / tail
 
     sync_s = 0.0
-    if row.REDUCE == "coop" or shape.kind == "attention" or (g.split > 1 and shape.kind in ("row", "column")):
+    if row.reduce.coop or shape.kind == "attention" or (g.split > 1 and shape.kind in ("row", "column")):
         steps = 5 + max(0, int(log2(max(g.threads, 32) // 32)))  # warp shuffles, then the block tree
         sync_s = SYNC_STEP * steps * waves
     extra_s = 0.0
-    if row.REDUCE and split_mode(row.REDUCE) == "k":  # workspace out and back, and a finishing launch
+    if row.reduce.workspace:  # workspace out and back, and a finishing launch
         workspace = shape.rows * shape.cols * shape.batch * g.split * 4 * 2
         extra_s = target.launch_seconds + workspace / target.dram_bandwidth
-    elif row.REDUCE and split_mode(row.REDUCE) == "a":  # the fill kernel that sets the output first
+    elif row.reduce.atomic:  # the fill kernel that sets the output first
         extra_s = target.launch_seconds + loop_cost.bytes_written / target.dram_bandwidth
     total = target.launch_seconds + body_s + sync_s + extra_s
     return Breakdown(shape.kernel, row, moved, memory_s, arith_s, tensor_s, special_s, issue_s, occupancy, waves, tail,
@@ -158,7 +158,7 @@ class RequestedBytes:
     by_buffer: tuple[tuple[str, float], ...]  # reads per buffer (a split's atomics aside)
 
 
-def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> RequestedBytes:
+def requested_bytes(shape: KernelShape, row: Schedule, g, loop_cost) -> RequestedBytes:
     """What the threads of the kernel this row lowers to request from global memory (not part
     of `predict`, which prices every row: the check of the model's bytes asks for it), for maps,
     rows and column reductions (zero for tiled
@@ -172,7 +172,7 @@ def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> Requested
     if shape.kind not in ("map", "row", "column"):
         return RequestedBytes(0.0, 0.0, ())
     written = loop_cost.bytes_written
-    if shape.kind == "row" and g.split > 1 and split_mode(row.REDUCE) == "k":
+    if shape.kind == "row" and g.split > 1 and row.reduce.workspace:
         workspace = loop_cost.accumulators * shape.rows * g.split * 4
         by_buffer = {b.buffer: b.loop - b.row + (b.row - b.row_after) * g.threads * g.split + b.row
                      for b in loop_cost.buffers}
@@ -181,10 +181,10 @@ def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> Requested
     by_buffer = {b.buffer: b.loop for b in loop_cost.buffers}
     if shape.kind == "map":
         by_buffer = {b.buffer: b.element for b in loop_cost.buffers}
-    elif shape.kind == "column" and row.REDUCE:
+    elif shape.kind == "column" and not row.reduce.serial:
         padded = ceil(shape.rows / 32) * 32 / shape.rows
         by_buffer = {b.buffer: (b.loop - b.row + b.row * g.threads // 32 * g.split) * padded for b in loop_cost.buffers}
-    elif shape.kind == "row" and row.REDUCE:
+    elif shape.kind == "row" and not row.reduce.serial:
         by_buffer = {b.buffer: b.loop + b.row * (g.threads * g.split - 1) for b in loop_cost.buffers}
     read = sum(by_buffer.values())
     if g.split > 1:  # atomics (g<N>a): each block reads and writes its rows' results
@@ -192,21 +192,21 @@ def requested_bytes(shape: KernelShape, row: KnobRow, g, loop_cost) -> Requested
     return RequestedBytes(read, written, tuple(sorted(by_buffer.items())))
 
 
-def _fragment_prologue_ops(shape: KernelShape, row: KnobRow, g) -> float:
+def _fragment_prologue_ops(shape: KernelShape, row: Schedule, g) -> float:
     """The change in operations when an operand's prologue runs on mma fragments instead of per
     output as the Loop IR counts it: each warp applies it to the elements it loads, so an A element
     is done once per block column and warp column, a B element once per block row and warp row."""
-    warps = value_fields("WORK", row.WORK)
+    warps = row.work
     per_a, per_b = shape.prologue_ops
     in_loop_ir = (per_a + per_b) * shape.rows * shape.cols * shape.red * shape.batch
-    a = per_a * shape.rows * shape.red * shape.batch * ceil(shape.cols / g.tile_n) * warps["warps_n"]
-    b = per_b * shape.cols * shape.red * shape.batch * ceil(shape.rows / g.tile_m) * warps["warps_m"]
+    a = per_a * shape.rows * shape.red * shape.batch * ceil(shape.cols / g.tile_n) * warps.warps_n
+    b = per_b * shape.cols * shape.red * shape.batch * ceil(shape.rows / g.tile_m) * warps.warps_m
     return a + b - in_loop_ir
 
 
 def reread_seconds(rereads, target, rows_in_flight: int = 1) -> tuple[float, float]:
     """Reads beyond an element's first touch, each served by the smallest level its working set
-    fits: an SM's L1, the L2, else DRAM again (extract/loop_cost.py counts them). A row's own
+    fits: an SM's L1, the L2, else DRAM again (emmy/schedule/loop_cost.py counts them). A row's own
     re-reads (a sweep after its fold) need every row in flight to keep its row: a softmax row of
     1.5 MB fits the L2 alone, not beside the hundreds of rows the other SMs are reading.
     Returns (seconds, the bytes read from DRAM again)."""
@@ -300,15 +300,15 @@ def micro_step_instructions(g, per_product: float = 1.0) -> dict[str, float]:
             "other": 1 + (fill * 4 + 4) / g.tile_k}
 
 
-def _registers(shape: KernelShape, row: KnobRow, g) -> int:
-    tile = value_fields("TILE", row.TILE or "f1")
-    if "micro_m" in tile:  # accumulators, this K step's operands, the fill's vectors
+def _registers(shape: KernelShape, row: Schedule, g) -> int:
+    tile = row.tile
+    if tile.is_micro:  # accumulators, this K step's operands, the fill's vectors
         return BASE_REGS + g.micro_m * g.micro_n + 2 * (g.micro_m + g.micro_n)
-    if "atom" in tile:
-        fm, fn = tile["frag_m"], tile["frag_n"]
+    if tile.mma:
+        fm, fn = tile.frag_m, tile.frag_n
         if shape.kind == "attention":  # S tile and the O accumulators (z over the value dimension)
             return BASE_REGS + fm * fn * 4 + fm * shape.cols // 2
         return BASE_REGS + fm * fn * 4 + (fm + fn) * 4  # accumulators and A/B fragments
     if shape.kind == "attention":  # each lane holds its share of a row's z, and m and d
-        return BASE_REGS + tile["elems"] * (max(1, shape.cols // 32) + 2)
-    return BASE_REGS + 2 * tile["elems"] + tile.get("vec", 1)
+        return BASE_REGS + tile.elems * (max(1, shape.cols // 32) + 2)
+    return BASE_REGS + 2 * tile.elems + tile.vec

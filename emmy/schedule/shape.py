@@ -47,7 +47,7 @@ class KernelShape:
     prologue: bool = False  # contraction: an operand is elementwise work on loads, not a load
     prologue_ops: tuple[int, int] = (0, 0)  # operations per element of the A and B operands' prologues
     free_vars: tuple[int, ...] = ()  # loop variables outside the folds (one output element or row each)
-    # How the kernel's reads walk memory (emmy.tile_ir.geometry.lane_access decides per row whether
+    # How the kernel's reads walk memory (emmy.schedule.geometry.lane_access decides per row whether
     # a warp's lanes read consecutive addresses): along the fold variable, along the innermost free one.
     fold_contiguous: bool = True
     outputs_contiguous: bool = True

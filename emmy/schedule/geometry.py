@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import ceil, isqrt
 
-from emmy.knobs import KnobRow, value_fields
-from emmy.tile_ir.shape import KernelShape
+from emmy.schedule.knobs import Schedule
+from emmy.schedule.shape import KernelShape
 
 SIMT_K = 32  # K a staged SIMT contraction stages at a time
 FLASH_SIMT_KEYS = 32  # keys a SIMT flash-attention block steps over at once
@@ -89,51 +89,45 @@ class Geometry:
 
 
 @lru_cache(maxsize=65536)  # the schedule search asks for the same (shape, row) many times
-def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
-    work = value_fields("WORK", row.WORK or "t32")
-    tile = value_fields("TILE", row.TILE or "f1")
-    reduce = value_fields("REDUCE", row.REDUCE or "")
-    stage = value_fields("STAGE", row.STAGE or "")
-    raster = value_fields("RASTER", row.RASTER or "")
-    threads = work.get("threads") or 32 * work["warps_m"] * work["warps_n"]
-    split = reduce.get("split", 1)
-    depth, how = stage.get("depth", 0), stage.get("how", "")
-    group = raster.get("group", 0)
+def geometry(shape: KernelShape, row: Schedule) -> Geometry:
+    work, tile, stage = row.work, row.tile, row.stage
+    threads, split, depth, how = work.threads, row.reduce.split, stage.depth, stage.how
+    group = row.raster.group
     if shape.kind == "attention":  # flash: BM query rows a block, BN keys a step
-        if "atom" in tile:
-            bm, bn = 16 * tile["frag_m"] * work["warps_m"], 8 * tile["frag_n"]
+        if tile.mma:
+            bm, bn = 16 * tile.frag_m * work.warps_m, 8 * tile.frag_n
         else:
-            bm, bn = threads // 32 * tile["elems"], min(FLASH_SIMT_KEYS, shape.red)
-        smem = flash_bytes(bm, bn, shape.inner, shape.cols, shape.itemsize, depth, "atom" in tile)
-        return Geometry(threads, ceil(shape.rows / bm) * shape.batch * split, tile.get("elems", 1),
-                        tile.get("vec", 1), smem, split, bm, shape.cols, bn, "atom" in tile, depth, how, group)
-    if "atom" in tile:
-        bm = 16 * tile["frag_m"] * work["warps_m"]
-        bn = 8 * tile["frag_n"] * work["warps_n"]
-        bk = 16 * tile["k_chunks"]
+            bm, bn = threads // 32 * tile.elems, min(FLASH_SIMT_KEYS, shape.red)
+        smem = flash_bytes(bm, bn, shape.inner, shape.cols, shape.itemsize, depth, tile.mma)
+        return Geometry(threads, ceil(shape.rows / bm) * shape.batch * split, tile.elems,
+                        tile.vec, smem, split, bm, shape.cols, bn, tile.mma, depth, how, group)
+    if tile.mma:
+        bm = 16 * tile.frag_m * work.warps_m
+        bn = 8 * tile.frag_n * work.warps_n
+        bk = 16 * tile.k_chunks
         blocks = ceil(shape.rows / bm) * ceil(shape.cols / bn) * shape.batch * split
         smem = depth * contraction_stage_bytes(bm, bn, bk, *shape.panel_loads, shape.itemsize)
-        return Geometry(threads, blocks, tile["frag_m"] * tile["frag_n"], 1, smem, split, bm, bn, bk, True,
+        return Geometry(threads, blocks, tile.frag_m * tile.frag_n, 1, smem, split, bm, bn, bk, True,
                         depth, how, group)
-    if "micro_m" in tile:  # SIMT contraction, register micro-tiles, K staged MICRO_K at a time
-        rm, rn = tile["micro_m"], tile["micro_n"]
+    if tile.is_micro:  # SIMT contraction, register micro-tiles, K staged MICRO_K at a time
+        rm, rn = tile.micro_m, tile.micro_n
         along_n, along_m = micro_layout(threads)
         bm, bn = along_m * rm, along_n * rn
         blocks = ceil(shape.rows / bm) * ceil(shape.cols / bn) * shape.batch * split
         smem = depth * contraction_stage_bytes(bm, bn, MICRO_K, *shape.panel_loads, shape.itemsize)
         # panels fill 16 bytes at a time where the source is contiguous (the TILE promises no vectors)
         return Geometry(threads, blocks, rm * rn, 4, smem, split, bm, bn, MICRO_K, False, depth, how, group, rm, rn)
-    elems, vec = tile["elems"], tile.get("vec", 1)
+    elems, vec = tile.elems, tile.vec
     if shape.kind == "map":
         return Geometry(threads, ceil(shape.rows / (threads * elems)), elems, vec, 0)
     if shape.kind == "column":
-        if row.REDUCE == "":  # a thread an output, serial over its fold
+        if row.reduce.serial:  # a thread an output, serial over its fold
             return Geometry(threads, ceil(shape.rows / threads), elems, vec, 0)
         # 32 outputs a block, a lane each; the block's warps share each output's fold (and
         # `split` blocks share it under g<N>a)
         return Geometry(threads, ceil(shape.rows / 32) * split, elems, vec, threads * 4, split)
     if shape.kind == "row":
-        if row.REDUCE == "":  # a thread a row
+        if row.reduce.serial:  # a thread a row
             return Geometry(threads, ceil(shape.rows / threads), elems, vec, 0)
         return Geometry(threads, shape.rows * split, elems, vec, 0, split)
     bm, bn = simt_tile(threads * elems)  # the Kernel IR lowering's tiles
@@ -142,13 +136,13 @@ def geometry(shape: KernelShape, row: KnobRow) -> Geometry:
     return Geometry(threads, blocks, elems, vec, smem, split, bm, bn, SIMT_K, False, depth, how, group)
 
 
-def lane_access(shape: KernelShape, row: KnobRow) -> str:
+def lane_access(shape: KernelShape, row: Schedule) -> str:
     """How a warp's 32 lanes read global memory under this row: "coalesced" when consecutive lanes
     read consecutive addresses (each 32-byte sector fetched once), "strided" when they are a stride
     apart (a sector for each lane's element). Lanes go along the fold in a cooperative row, along
     the outputs otherwise; contractions and attention stage tiles and are priced by their tiles."""
     if shape.kind in ("contraction", "attention", "column"):
         return "coalesced"
-    if shape.kind == "row" and row.REDUCE:
+    if shape.kind == "row" and not row.reduce.serial:
         return "coalesced" if shape.fold_contiguous else "strided"
     return "coalesced" if shape.outputs_contiguous else "strided"
