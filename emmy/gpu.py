@@ -21,68 +21,23 @@ import numpy as np
 
 from emmy.errors import EmmyError, KernelBuildError
 
-WRAPPER = r"""
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include "{source}"
-extern "C" int emmy_gpu_alloc(void** p, size_t n) {{ return (int)cudaMalloc(p, n); }}
-extern "C" int emmy_gpu_free(void* p) {{ return (int)cudaFree(p); }}
-extern "C" int emmy_gpu_put(void* d, const void* h, size_t n) {{ return (int)cudaMemcpy(d, h, n, cudaMemcpyHostToDevice); }}
-extern "C" int emmy_gpu_get(void* h, const void* d, size_t n) {{ return (int)cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost); }}
-extern "C" const char* emmy_gpu_error(int rc) {{ return cudaGetErrorString((cudaError_t)rc); }}
-extern "C" int emmy_gpu_arch(int* major, int* minor) {{
-  int device = 0;
-  int rc = (int)cudaGetDevice(&device);
-  if (rc) return rc;
-  rc = (int)cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device);
-  return rc ? rc : (int)cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device);
-}}
-extern "C" int emmy_gpu_tensormap(void* out, void* base, unsigned long rows, unsigned long cols,
-                                  unsigned long row_bytes, unsigned box_rows, unsigned box_cols, unsigned element_bytes) {{
-  cuuint64_t dims[2] = {{cols, rows}}, strides[1] = {{row_bytes}};
-  cuuint32_t box[2] = {{box_cols, box_rows}}, unit[2] = {{1, 1}};
-  // the driver's entry point through the runtime: no link against libcuda (absent where this is built)
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-      !fn)
-    return -1;
-  auto encode = reinterpret_cast<decltype(&cuTensorMapEncodeTiled)>(fn);
-  // the copy is bitwise: only the element size matters (bf16 travels as 16-bit integers)
-  const CUtensorMapDataType type = element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
-  return (int)encode((CUtensorMap*)out, type, 2, base, dims, strides, box,
-                     unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                     CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-}}
-{launchers}
-"""
-LAUNCHER = r"""
-extern "C" int emmy_gpu_launch_{name}(const unsigned* g, const unsigned* b, unsigned long smem, void** argv) {{
-  if (smem > 48 * 1024) cudaFuncSetAttribute((const void*){name}, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  cudaError_t e = cudaLaunchKernel((const void*){name}, dim3(g[0], g[1], g[2]), dim3(b[0], b[1], b[2]), argv, smem, 0);
-  return (int)(e == cudaSuccess ? cudaDeviceSynchronize() : e);
-}}
-// `iters` back-to-back launches between two CUDA events; *ms: their total time
-extern "C" int emmy_gpu_time_{name}(const unsigned* g, const unsigned* b, unsigned long smem, void** argv, int iters,
-                                   float* ms) {{
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start);
-  for (int i = 0; i < iters; ++i)
-    cudaLaunchKernel((const void*){name}, dim3(g[0], g[1], g[2]), dim3(b[0], b[1], b[2]), argv, smem, 0);
-  cudaEventRecord(stop);
-  cudaError_t e = cudaEventSynchronize(stop);
-  cudaEventElapsedTime(ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return (int)(e == cudaSuccess ? cudaGetLastError() : e);
-}}
-"""
 
 
 class GpuError(EmmyError):
     """The CUDA runtime refused: no device, no driver, a launch that failed."""
+
+
+def host_library_source(source: Path, names: list[str]) -> str:
+    """The host side of a CUDA source: it includes the source and adds allocation, copies, TMA
+    descriptors and a launcher and a timer per kernel (cuda_templates/host_library.cu.j2)."""
+    import jinja2
+
+    import emmy.cuda_templates
+
+    folder = Path(emmy.cuda_templates.__path__[0])
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False)
+    return env.get_template("host_library.cu.j2").render(source=source, names=names)
 
 
 class Gpu:
@@ -95,10 +50,10 @@ class Gpu:
         nvcc = shutil.which("nvcc")
         if nvcc is None:
             raise KernelBuildError("nvcc is not on PATH; it is needed to build for a GPU")
-        text = WRAPPER.format(source=source.resolve(), launchers="".join(LAUNCHER.format(name=n) for n in names))
+        text = host_library_source(source.resolve(), names)
         flags = ["-shared", "-Xcompiler", "-fPIC", "-O3", f"-fmad={'true' if fmad else 'false'}", f"-arch=sm_{arch}"]
         key = hashlib.sha256("\0".join([" ".join(names), source.read_text(), " ".join(flags), headers_digest(),
-                                        WRAPPER, LAUNCHER]).encode())
+                                        text]).encode())
         folder = work or settings().cache_dir / "gpu"
         folder.mkdir(parents=True, exist_ok=True)
         lib = folder / f"{key.hexdigest()[:24]}-sm_{arch}.so"

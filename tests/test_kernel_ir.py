@@ -280,3 +280,19 @@ def test_kernel_ir_nodes_hold_meaning_not_c_text():
                     assert _WORD.fullmatch(value), (workload.name, path, value)
     assert {"RowIndex", "MapElements", "ContractionTile", "MmaTile", "FlashRows", "FlashMma", "OnlyThread",
             "ElementLoop", "SplitFinish"} <= seen, seen
+
+
+def test_every_kernel_ir_statement_has_one_renderer_one_template_and_one_listing():
+    """One dispatch table per concern (CUDA, the --ir kernel listing), each covering every node type a
+    kernel body holds, and a template per node type."""
+    import typing
+    from pathlib import Path
+
+    from emmy.kernel_ir import cuda, printer
+    from emmy.kernel_ir import nodes as K
+
+    kinds = set(typing.get_args(K.Stmt)) | {K.WorkspaceMerge}
+    templates = Path(__file__).resolve().parent.parent / "cuda_templates" / "kernel_ir"
+    statements = kinds - {K.VecLoad, K.VecStore, K.Smem, K.Store}  # parts of other nodes, not body statements
+    assert statements <= set(cuda._RENDERERS) and statements <= set(printer._LISTINGS)
+    assert all((templates / f"{kind.__name__}.j2").exists() for kind in statements)

@@ -176,3 +176,27 @@ def test_gathered_positions_are_32_bit_indices_that_do_not_spill(cache):
     assert "emmy::gather_index(" in program.cuda_source
     cubin = build_cubin(program_source(kernels, program.buffer_types, {}), "sm_120", cache)
     assert not cubin.resources["k_div"].spills, cubin.resources
+
+
+def test_the_host_library_template_builds_with_nvcc_and_says_when_there_is_no_gpu(tmp_path):
+    """The host side of the GPU path (cuda_templates/host_library.cu.j2: copies, TMA descriptors, a
+    launcher and a timer per kernel) compiles with nvcc around a program's CUDA; loaded on a machine
+    without a GPU, the first call fails with the CUDA runtime's reason, not a crash."""
+    import ctypes
+
+    from emmy.gpu import Gpu, GpuError
+
+    program = emmy.optimize("x=torch.randn(1000); x.exp() + 1", target="sm_90")
+    source = tmp_path / "program.cu"
+    source.write_text(program.cuda_source)
+    names = [k.name for k in program.kernel_ir]
+    gpu = Gpu(source, names, "90", work=tmp_path / "lib")
+    for name in names:
+        assert isinstance(getattr(gpu.lib, f"emmy_gpu_launch_{name}"), ctypes._CFuncPtr)
+        assert isinstance(getattr(gpu.lib, f"emmy_gpu_time_{name}"), ctypes._CFuncPtr)
+    try:
+        arch = gpu.arch()
+    except GpuError as err:  # no device here: the runtime says so
+        assert "CUDA error" in str(err)
+    else:
+        assert arch.startswith("sm_")

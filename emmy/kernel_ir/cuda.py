@@ -10,7 +10,9 @@ from pathlib import Path
 
 from emmy.kernel_ir import nodes as K
 from emmy.kernel_ir.lower_common import MONOID, flat_index
-from emmy.kernel_ir.scalar_c import REGISTER, STORAGE, affine_c, buffer_c, literal, statement
+from emmy.kernel_ir.scalar_c import (ONLY_THREAD_C, REGISTER, STORAGE, WORKER_C, affine_c, buffer_c, literal, merge_c,
+                                     micro_register_c, panel_element_c, statement, store_index_c, stored_value_c,
+                                     vector_index_c)
 from emmy.dtypes import DType
 from emmy.schedule.knobs import STAGE_ASYNC
 from emmy.loop_ir import nodes as L
@@ -44,9 +46,7 @@ def program_source(kernels: list[K.KernelIR], types: dict, sources: dict[str, st
 
 
 def kernel_source(k: K.KernelIR, types: dict, sources: str) -> str:
-    params = ", ".join(f"{STORAGE[p.dtype]}* __restrict__ {buffer_c(p.name)}" if p.written
-                       else f"const {STORAGE[p.dtype]}* __restrict__ {buffer_c(p.name)}" for p in k.params)
-    params += "".join(f", const __grid_constant__ CUtensorMap tmap_{buffer}" for buffer, *_ in k.tensor_maps)
+    params = [(STORAGE[p.dtype], buffer_c(p.name), p.written) for p in k.params]
     body = "\n".join(_render(n, k, types) for n in k.body)
     shared = [(STORAGE[s.dtype], s.name, s.size) for s in k.shared]
     return _environment().get_template("KernelIR.j2").render(k=k, params=params, body=body, sources=sources,
@@ -64,40 +64,6 @@ def _lines(stmts, types, vector_of=None, stored_to=None, load_from=None) -> list
 def _decomposition(vars_) -> list[tuple[int, int, int]]:
     extents = [e for _, e in vars_]
     return [(v, e, prod(extents[i + 1:])) for i, (v, e) in enumerate(vars_)]
-
-
-def _merge(op: str, accs: tuple[str, ...], suffix: str) -> str:
-    """The C statement that folds `<acc><suffix>_other` into `<acc><suffix>`."""
-    mine = [f"{a}{suffix}" for a in accs]
-    theirs = [f"{a}{suffix}_other" for a in accs]
-    if op == "softmax":
-        return f"emmy::merge_softmax({', '.join(mine)}, {', '.join(theirs)});"
-    if op == "welford":
-        return f"emmy::merge_welford({', '.join(mine)}, {', '.join(theirs)});"
-    form = {"sum": "{0} = {0} + {1};", "prod": "{0} = {0} * {1};", "max": "{0} = emmy::maximum({0}, {1});",
-            "min": "{0} = emmy::minimum({0}, {1});"}[op]
-    return " ".join(form.format(m, t) for m, t in zip(mine, theirs))
-
-
-# How Kernel IR's words for who works are spelt in CUDA.
-_WORKER_C = {"thread": "threadIdx.x", "warp": "threadIdx.x / 32", "alone": "0"}
-_ONLY_THREAD_C = {"first": "threadIdx.x == 0", "output_lanes": "threadIdx.x < 32 && row_ok"}
-
-
-def store_index_c(index) -> str:
-    """A Store's index: a flat Affine, or a slot of a split row's workspace ([accumulator][row][slice])."""
-    if isinstance(index, K.PartialSlot):
-        return f"({index.slot} * {index.rows} + row) * {index.split} + slice"
-    return affine_c(index)
-
-
-def stored_value_c(value) -> str:
-    return value if isinstance(value, str) else repr(value)
-
-
-def vector_index_c(access) -> str:
-    """A VecLoad's or VecStore's flat index, its vector's loop variable read as the thread's `base`."""
-    return affine_c(access.index, {access.base_var: "base"})
 
 
 def _render_row_index(n: K.RowIndex, template, k: K.KernelIR, types) -> str:
@@ -118,21 +84,21 @@ def _render_elements(n, template, k, types) -> str:
                                inner=n.vars[-1] if n.vars else None, storage=storage, lines=lines)
     main = n.extent - n.extent % n.width
     return template.render(n=n, main=main, storage=storage, lines=lines, tail_lines=_lines(n.body, types),
-                           worker=_WORKER_C[n.worker])
+                           worker=WORKER_C[n.worker])
 
 
 def _render_merging(n, template, k, types) -> str:
-    return template.render(n=n, merge=_merge(n.op, n.accs, ""), register=REGISTER[n.dtype])
+    return template.render(n=n, merge=merge_c(n.op, n.accs, ""), register=REGISTER[n.dtype])
 
 
 def _render_tree(n: K.TreeHalve, template, k, types) -> str:
     identity = _STATE_IDENTITY.get(n.op) or (_IDENTITY[n.op],) * len(n.accs)
     accs = [(a, literal(i, n.dtype)) for a, i in zip(n.accs, identity)]
-    return template.render(n=n, accs=accs, merge=_merge(n.op, n.accs, "_w"), register=REGISTER[n.dtype])
+    return template.render(n=n, accs=accs, merge=merge_c(n.op, n.accs, "_w"), register=REGISTER[n.dtype])
 
 
 def _render_split_finish(n: K.SplitFinish, template, k, types) -> str:
-    accs = [(acc, literal(REDUCE_OPS[op], DType.F32), _merge(op, (acc,), "")) for acc, op in n.accs]
+    accs = [(acc, literal(REDUCE_OPS[op], DType.F32), merge_c(op, (acc,), "")) for acc, op in n.accs]
     return template.render(n=n, accs=accs, M=prod(e for _, e in n.m_vars), N=prod(e for _, e in n.n_vars),
                            B=prod(e for _, e in n.batch_vars), m_dec=_decomposition(n.m_vars),
                            n_dec=_decomposition(n.n_vars), b_dec=_decomposition(n.batch_vars),
@@ -146,17 +112,14 @@ def _render_fill(n: K.Fill, template, k, types) -> str:
 def _render_workspace_merge(n: K.WorkspaceMerge, template, k, types) -> str:
     slots, groups = iter(range(sum(len(accs) for _, accs in n.groups))), []
     for op, accs in n.groups:
-        groups.append((_merge(op, accs, ""), [(acc, next(slots)) for acc in accs]))
+        groups.append((merge_c(op, accs, ""), [(acc, next(slots)) for acc in accs]))
     return template.render(n=n, groups=groups)
 
 
 def _render_only_thread(n: K.OnlyThread, template, k, types) -> str:
-    lines = []
-    for s in n.body:
-        target, value = f"{buffer_c(s.buffer)}[{store_index_c(s.index)}]", stored_value_c(s.value)
-        lines.append(f"emmy::atomic_{s.atomic}(&{target}, {value});  // this slice's part" if s.atomic
-                     else f"{target} = emmy::from_reg<{STORAGE[s.dtype]}>({value});")
-    return template.render(lines=lines, condition=_ONLY_THREAD_C[n.who])
+    stores = [(buffer_c(s.buffer), store_index_c(s.index), stored_value_c(s.value), s.atomic, STORAGE[s.dtype])
+              for s in n.body]
+    return template.render(stores=stores, condition=ONLY_THREAD_C[n.who])
 
 
 def _render_plain(n, template, k, types) -> str:
@@ -164,8 +127,10 @@ def _render_plain(n, template, k, types) -> str:
 
 
 def _render(n, k: K.KernelIR, types) -> str:
-    template = _environment().get_template(f"{type(n).__name__}.j2")
-    return _RENDERERS[type(n)](n, template, k, types)
+    renderer = _RENDERERS.get(type(n))
+    if renderer is None:
+        raise TypeError(f"no CUDA renderer for {type(n).__name__}")
+    return renderer(n, _environment().get_template(f"{type(n).__name__}.j2"), k, types)
 
 
 def panel_copy(panel, how: str) -> dict:
@@ -188,8 +153,7 @@ def _render_contraction(n: K.ContractionTile, template, types) -> str:
     for p in n.panels:
         outer = "mm" if p.side == "a" else "nn"
         row, col = (outer, "kk") if p.k_fast else ("kk", outer)
-        element = f"{p.name}_panel[(stage * {p.rows} + {row}) * {p.cols} + {col}]"
-        load_from[p.name] = f"{p.name}_reg[{'r' if p.side == 'a' else 'c'}]" if n.micro_m else element
+        load_from[p.name] = micro_register_c(p.name, p.side) if n.micro_m else panel_element_c(p, row, col)
         stmt = next(s for s in n.lift if getattr(s, "name", None) == p.name)
         index = affine_c(flat_index(stmt.expr.buffer, stmt.expr.index, types))
         panels.append({"p": p, "index": index, "storage": STORAGE[p.dtype], **panel_copy(p, n.how),
@@ -218,14 +182,8 @@ def _render_mma(n: K.MmaTile, template, types) -> str:
     ops = []
     for o in n.operands:
         outer = n.m_vars if o.side == "a" else n.n_vars
-        start = "m0" if o.side == "a" else "n0"
-        k0 = f"chunk * {n.bk}"
-        c1 = start if o.k_fast else k0
-        if o.tma_batch_rows:
-            c1 = f"{c1} + " + " + ".join(f"{rows} * a{v}" for v, rows in o.tma_batch_rows)
         ops.append({"o": o, **panel_copy(o, n.how), "outer_dec": _decomposition(outer), "outer_total": total(outer),
-                    "start": start,
-                    "c0": k0 if o.k_fast else start, "c1": c1, "prologue": _lines(o.prologue, types)})
+                    "prologue": _lines(o.prologue, types)})
     tma_bytes = sum(o.rows * o.cols * o.dtype.itemsize for o in n.operands)
     return template.render(
         n=n, ops=ops, storage=STORAGE[n.operands[0].dtype], M=total(n.m_vars), N=total(n.n_vars),
@@ -240,8 +198,7 @@ _WARP_MONOID = {"sum": "Sum", "max": "Max", "min": "Min"}
 def _render_flash(n: K.FlashRows, template, types) -> str:
     load_from, panels, offset = {}, [], 0
     for p in n.panels:
-        column = f"a{n.inner_var}" if p.side == "k" else "c"
-        load_from[p.name] = f"{p.name}_panel[(stage * {p.rows} + j) * {p.cols} + {column}]"
+        load_from[p.name] = panel_element_c(p, "j", f"a{n.inner_var}" if p.side == "k" else "c")
         stmt = next(s for s in (*n.dot, *n.per_col) if getattr(s, "name", None) == p.name)
         panels.append({"p": p, "storage": STORAGE[p.dtype], "offset": offset, **panel_copy(p, n.how),
                        "index": affine_c(flat_index(stmt.expr.buffer, stmt.expr.index, types))})

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from emmy.kernel_ir import nodes as K
-from emmy.kernel_ir.cuda import panel_copy, store_index_c, stored_value_c, vector_index_c
-from emmy.kernel_ir.scalar_c import affine_c
+from emmy.kernel_ir.cuda import panel_copy
+from emmy.kernel_ir.scalar_c import affine_c, store_index_c, stored_value_c, vector_index_c
 from emmy.schedule.knobs import STAGE_ASYNC, STAGE_TMA
 from emmy.loop_ir import nodes as L
 from emmy.loop_ir.printer import statement_text
@@ -49,93 +49,10 @@ def _tile(k: K.KernelIR) -> str:
 
 def _node(n, k: K.KernelIR, depth: int, out: list[str]) -> None:
     pad = "  " * depth
-    if isinstance(n, K.RowIndex):
-        who = {"block": "row = blockIdx.x", "column": "row = blockIdx.x * 32 + lane (32 outputs a block)"}.get(
-            n.per, "row = blockIdx.x * blockDim.x + threadIdx.x")
-        if n.split > 1:
-            who = who.replace("blockIdx.x", f"blockIdx.x / {n.split}") + f", slice = blockIdx.x % {n.split}"
-        out.append(pad + who + "".join(f"; a{v} in 0..{e}" for v, e in n.vars))
-    elif isinstance(n, K.Scalar):
-        out += [pad + statement_text(s) for s in n.stmts]
-    elif isinstance(n, K.ElementLoop):
-        who = "tid" if n.workers > 1 else "0"
-        out.append(f"{pad}for a{n.var} in {who}*{n.width}..{n.extent} step {n.workers * n.width}"
-                   f" ({n.unroll} per step):")
-        for v in n.vectors:
-            out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{vector_index_c(v)}]")
-        if n.width > 1:
-            out.append(f"{pad}  for u in 0..{n.width}:")
-        inner = pad + ("    " if n.width > 1 else "  ")
-        vectorised = {v.dst[:-2]: v.dst for v in n.vectors}
-        for s in n.body:
-            name = getattr(s, "name", None)
-            out.append(inner + (f"{name} = {vectorised[name]}[u]" if name in vectorised else statement_text(s)))
-        if n.tail:
-            out.append(f"{pad}for a{n.var} in {n.extent - n.extent % n.width}+{who}..{n.extent} step {n.workers}:"
-                       "  (tail, scalar)")
-    elif isinstance(n, K.MapElements):
-        out.append(f"{pad}for j in 0..{n.per_thread}: e = (block * {k.block[0]} + tid) * {n.per_thread} + j"
-                   + "".join(f"; a{v} in 0..{e}" for v, e in n.vars))
-        out += [pad + "  " + statement_text(s) for s in n.body]
-    elif isinstance(n, K.WarpShuffle):
-        out.append(f"{pad}WarpShuffle({n.op}, length={n.length}) {', '.join(n.accs)} -> {n.smem}[warp]")
-    elif isinstance(n, K.Sync):
-        out.append(pad + "Sync")
-    elif isinstance(n, K.TreeHalve):
-        out.append(f"{pad}TreeHalve({n.op}, length={n.length}) {n.smem}")
-    elif isinstance(n, K.ColumnCombine):
-        out.append(f"{pad}ColumnCombine({n.op}, warps={n.warps}) {', '.join(n.accs)} via {n.smem}[warp][lane]")
-    elif isinstance(n, K.Broadcast):
-        out.append(f"{pad}{', '.join(n.accs)} = {n.smem}[0..{len(n.accs)}]")
-    elif isinstance(n, K.SplitFinish):
-        out.append(f"{pad}each output: " + ", ".join(f"{a} = {op} over {n.split} partials in {n.workspace}"
-                                                     for a, op in n.accs))
-        out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
-    elif isinstance(n, K.WorkspaceMerge):
-        out.append(f"{pad}this row: " + ", ".join(f"({', '.join(accs)}) = {op} over {n.split} partials"
-                                                  for op, accs in n.groups) + f" in {n.workspace}")
-    elif isinstance(n, K.Fill):
-        out.append(f"{pad}{n.buffer}[0..{n.total}] = {n.value}")
-    elif isinstance(n, K.ContractionTile):
-        if n.split > 1:
-            how = f"writes its partial results to {n.workspace}" if n.workspace else "adds its partial result atomically"
-            out.append(f"{pad}split K {n.split} ways (grid z); each block {how}")
-        for p in n.panels:
-            wide = f", load.v{p.width} along K" if p.width > 1 else ""
-            copy = panel_copy(p, n.how)
-            if n.how == STAGE_ASYNC and not copy["async"]:
-                wide += f", plain copies ({copy['bytes']} B is no cp.async size)"
-            out.append(f"{pad}Smem {p.dtype} {p.name}_panel[{n.depth}][{p.rows}][{p.cols}]  ({p.side}: {p.buffer}{wide})")
-        out += [pad + statement_text(s) + "  (one per owned output)" for s in n.inits]
-        if n.depth:
-            how = "cp.async, " + f"{n.depth - 1} chunk(s) ahead" if n.how == STAGE_ASYNC else "plain loads"
-            out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.bk}:  stage the panels ({how}), Sync")
-        else:
-            out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.k_extent}:  operands from global memory")
-            for v in n.vectors:
-                out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{vector_index_c(v)}]  "
-                           f"(a{n.k_var} in base..base+{v.width})")
-        out.append(f"{pad}  for a{n.k_var} in k0..k0+{n.bk if n.depth else n.k_extent}, each owned output:")
-        staged = {p.name: p for p in n.panels}
-        for s in (*n.lift, *n.combine):
-            name = getattr(s, "name", None)
-            out.append(f"{pad}    " + (f"{name} = {name}_panel[stage][..]" if name in staged else statement_text(s)))
-        if n.workspace:
-            out.append(f"{pad}each owned output: accumulators to {n.workspace}")
-        else:
-            out.append(f"{pad}each owned output:" + (" (atomic combine into the output)" if n.split > 1 else ""))
-            out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
-    elif isinstance(n, K.MmaTile):
-        _mma(n, pad, out)
-    elif isinstance(n, K.FlashRows):
-        _flash(n, pad, out)
-    elif isinstance(n, K.FlashMma):
-        _flash_mma(n, pad, out)
-    elif isinstance(n, K.OnlyThread):
-        out.append(pad + ("thread 0:" if n.who == "first" else "the first warp's lanes that own an output:"))
-        out += [f"{pad}  {s.buffer}[{store_index_c(s.index)}] = {stored_value_c(s.value)}" for s in n.body]
-    else:
+    listing = _LISTINGS.get(type(n))
+    if listing is None:
         raise TypeError(f"no listing for {type(n).__name__}")
+    listing(n, k, pad, out)
     if depth == 0 and isinstance(n, K.WarpShuffle):
         smem = next(s for s in k.shared if s.name == n.smem)
         out.append(f"{pad}Smem {smem.dtype} {smem.name}[{smem.size}]")
@@ -221,3 +138,144 @@ def _flash_mma(n: K.FlashMma, pad: str, out: list[str]) -> None:
     out.append(f"{pad}  o = {n.atom}(p_frag (p as {n.q.dtype}), ldmatrix.x2.trans v_panel)")
     out.append(f"{pad}d = quad sum of d; each output element:")
     out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+
+
+def _list_row_index(n: K.RowIndex, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    who = {"block": "row = blockIdx.x", "column": "row = blockIdx.x * 32 + lane (32 outputs a block)"}.get(
+        n.per, "row = blockIdx.x * blockDim.x + threadIdx.x")
+    if n.split > 1:
+        who = who.replace("blockIdx.x", f"blockIdx.x / {n.split}") + f", slice = blockIdx.x % {n.split}"
+    out.append(pad + who + "".join(f"; a{v} in 0..{e}" for v, e in n.vars))
+
+
+def _list_scalar(n: K.Scalar, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out += [pad + statement_text(s) for s in n.stmts]
+
+
+def _list_element_loop(n: K.ElementLoop, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    who = "tid" if n.workers > 1 else "0"
+    out.append(f"{pad}for a{n.var} in {who}*{n.width}..{n.extent} step {n.workers * n.width}"
+               f" ({n.unroll} per step):")
+    for v in n.vectors:
+        out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{vector_index_c(v)}]")
+    if n.width > 1:
+        out.append(f"{pad}  for u in 0..{n.width}:")
+    inner = pad + ("    " if n.width > 1 else "  ")
+    vectorised = {v.dst[:-2]: v.dst for v in n.vectors}
+    for s in n.body:
+        name = getattr(s, "name", None)
+        out.append(inner + (f"{name} = {vectorised[name]}[u]" if name in vectorised else statement_text(s)))
+    if n.tail:
+        out.append(f"{pad}for a{n.var} in {n.extent - n.extent % n.width}+{who}..{n.extent} step {n.workers}:"
+                   "  (tail, scalar)")
+
+
+def _list_map_elements(n: K.MapElements, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out.append(f"{pad}for j in 0..{n.per_thread}: e = (block * {k.block[0]} + tid) * {n.per_thread} + j"
+               + "".join(f"; a{v} in 0..{e}" for v, e in n.vars))
+    out += [pad + "  " + statement_text(s) for s in n.body]
+
+
+def _list_warp_shuffle(n: K.WarpShuffle, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out.append(f"{pad}WarpShuffle({n.op}, length={n.length}) {', '.join(n.accs)} -> {n.smem}[warp]")
+
+
+def _list_sync(n: K.Sync, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out.append(pad + "Sync")
+
+
+def _list_tree_halve(n: K.TreeHalve, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out.append(f"{pad}TreeHalve({n.op}, length={n.length}) {n.smem}")
+
+
+def _list_column_combine(n: K.ColumnCombine, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out.append(f"{pad}ColumnCombine({n.op}, warps={n.warps}) {', '.join(n.accs)} via {n.smem}[warp][lane]")
+
+
+def _list_broadcast(n: K.Broadcast, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out.append(f"{pad}{', '.join(n.accs)} = {n.smem}[0..{len(n.accs)}]")
+
+
+def _list_split_finish(n: K.SplitFinish, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out.append(f"{pad}each output: " + ", ".join(f"{a} = {op} over {n.split} partials in {n.workspace}"
+                                                 for a, op in n.accs))
+    out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+
+
+def _list_workspace_merge(n: K.WorkspaceMerge, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out.append(f"{pad}this row: " + ", ".join(f"({', '.join(accs)}) = {op} over {n.split} partials"
+                                              for op, accs in n.groups) + f" in {n.workspace}")
+
+
+def _list_fill(n: K.Fill, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out.append(f"{pad}{n.buffer}[0..{n.total}] = {n.value}")
+
+
+def _list_contraction_tile(n: K.ContractionTile, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    if n.split > 1:
+        how = f"writes its partial results to {n.workspace}" if n.workspace else "adds its partial result atomically"
+        out.append(f"{pad}split K {n.split} ways (grid z); each block {how}")
+    for p in n.panels:
+        wide = f", load.v{p.width} along K" if p.width > 1 else ""
+        copy = panel_copy(p, n.how)
+        if n.how == STAGE_ASYNC and not copy["async"]:
+            wide += f", plain copies ({copy['bytes']} B is no cp.async size)"
+        out.append(f"{pad}Smem {p.dtype} {p.name}_panel[{n.depth}][{p.rows}][{p.cols}]  ({p.side}: {p.buffer}{wide})")
+    out += [pad + statement_text(s) + "  (one per owned output)" for s in n.inits]
+    if n.depth:
+        how = "cp.async, " + f"{n.depth - 1} chunk(s) ahead" if n.how == STAGE_ASYNC else "plain loads"
+        out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.bk}:  stage the panels ({how}), Sync")
+    else:
+        out.append(f"{pad}for k0 in 0..{n.k_extent} step {n.k_extent}:  operands from global memory")
+        for v in n.vectors:
+            out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{vector_index_c(v)}]  "
+                       f"(a{n.k_var} in base..base+{v.width})")
+    out.append(f"{pad}  for a{n.k_var} in k0..k0+{n.bk if n.depth else n.k_extent}, each owned output:")
+    staged = {p.name: p for p in n.panels}
+    for s in (*n.lift, *n.combine):
+        name = getattr(s, "name", None)
+        out.append(f"{pad}    " + (f"{name} = {name}_panel[stage][..]" if name in staged else statement_text(s)))
+    if n.workspace:
+        out.append(f"{pad}each owned output: accumulators to {n.workspace}")
+    else:
+        out.append(f"{pad}each owned output:" + (" (atomic combine into the output)" if n.split > 1 else ""))
+        out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+
+
+def _list_mma_tile(n: K.MmaTile, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    _mma(n, pad, out)
+
+
+def _list_flash_rows(n: K.FlashRows, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    _flash(n, pad, out)
+
+
+def _list_flash_mma(n: K.FlashMma, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    _flash_mma(n, pad, out)
+
+
+def _list_only_thread(n: K.OnlyThread, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out.append(pad + ("thread 0:" if n.who == "first" else "the first warp's lanes that own an output:"))
+    out += [f"{pad}  {s.buffer}[{store_index_c(s.index)}] = {stored_value_c(s.value)}" for s in n.body]
+
+
+# One listing per Kernel IR node type.
+_LISTINGS = {
+    K.RowIndex: _list_row_index,
+    K.Scalar: _list_scalar,
+    K.ElementLoop: _list_element_loop,
+    K.MapElements: _list_map_elements,
+    K.WarpShuffle: _list_warp_shuffle,
+    K.Sync: _list_sync,
+    K.TreeHalve: _list_tree_halve,
+    K.ColumnCombine: _list_column_combine,
+    K.Broadcast: _list_broadcast,
+    K.SplitFinish: _list_split_finish,
+    K.WorkspaceMerge: _list_workspace_merge,
+    K.Fill: _list_fill,
+    K.ContractionTile: _list_contraction_tile,
+    K.MmaTile: _list_mma_tile,
+    K.FlashRows: _list_flash_rows,
+    K.FlashMma: _list_flash_mma,
+    K.OnlyThread: _list_only_thread,
+}

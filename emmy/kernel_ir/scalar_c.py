@@ -14,6 +14,7 @@ from emmy.affine import Affine, Dim, FloorDiv, Gathered, Guard, Mod
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
 from emmy.kernel_ir.index_faults import INDEX_FAULTS, tensor_code
+from emmy.kernel_ir.nodes import PartialSlot
 from emmy.loop_ir import nodes as L
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
@@ -157,3 +158,48 @@ def affine_c(a: Affine, names: dict[int, str] | None = None) -> str:
     if a.const or not parts:
         parts.append(str(a.const))
     return " + ".join(parts).replace("+ -", "- ")
+
+
+# How Kernel IR's words for who works are spelt in CUDA.
+WORKER_C = {"thread": "threadIdx.x", "warp": "threadIdx.x / 32", "alone": "0"}
+ONLY_THREAD_C = {"first": "threadIdx.x == 0", "output_lanes": "threadIdx.x < 32 && row_ok"}
+_MERGE = {"sum": "{0} = {0} + {1};", "prod": "{0} = {0} * {1};", "max": "{0} = emmy::maximum({0}, {1});",
+          "min": "{0} = emmy::minimum({0}, {1});"}
+
+
+def merge_c(op: str, accs: tuple[str, ...], suffix: str) -> str:
+    """The C statement that folds `<acc><suffix>_other` into `<acc><suffix>` (a monoid, or a twisted
+    state merged by the runtime header's emmy::merge_softmax / merge_welford)."""
+    mine = [f"{a}{suffix}" for a in accs]
+    theirs = [f"{a}{suffix}_other" for a in accs]
+    if op in ("softmax", "welford"):
+        return f"emmy::merge_{op}({', '.join(mine)}, {', '.join(theirs)});"
+    return " ".join(_MERGE[op].format(m, t) for m, t in zip(mine, theirs))
+
+
+def store_index_c(index) -> str:
+    """A Kernel IR Store's index: a flat Affine, or a slot of a split row's workspace
+    ([accumulator][row][slice], `row` and `slice` as RowIndex names them)."""
+    if isinstance(index, PartialSlot):
+        return f"({index.slot} * {index.rows} + row) * {index.split} + slice"
+    return affine_c(index)
+
+
+def stored_value_c(value) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
+def vector_index_c(access) -> str:
+    """A VecLoad's or VecStore's flat index, its vector's loop variable read as the thread's `base`."""
+    return affine_c(access.index, {access.base_var: "base"})
+
+
+def panel_element_c(panel, row: str, col: str) -> str:
+    """An element of a staged panel (K.Panel) in the current stage: `row`, `col` name the template's
+    loop variables."""
+    return f"{panel.name}_panel[(stage * {panel.rows} + {row}) * {panel.cols} + {col}]"
+
+
+def micro_register_c(name: str, side: str) -> str:
+    """A micro-tile's operand held in registers for this K step: its row (side "a") or column."""
+    return f"{name}_reg[{'r' if side == 'a' else 'c'}]"
