@@ -18,6 +18,9 @@ KEPT_WHOLE = (
     "_softmax.default",
     "native_layer_norm.default",
     "gelu.default",
+    # edge padding (padding_mode reflect / replicate): its decomposition gathers by computed indices
+    "reflection_pad1d.default", "reflection_pad2d.default", "reflection_pad3d.default",
+    "replication_pad1d.default", "replication_pad2d.default", "replication_pad3d.default",
 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from emmy.affine import Affine, Guard
 from emmy.decompose.registry import Context, lowers
 from emmy.dtypes import DType
+from emmy.errors import UnsupportedOpError
 
 
 @lowers("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
@@ -90,6 +91,61 @@ def cat(ctx: Context, tensors, dim=0):
             result = b.elementwise("where", mask, value, result, dtype=out.dtype, name=ctx.name if last else None)
         start += size
     return result
+
+
+@lowers("aten.constant_pad_nd.default")
+def constant_pad(ctx: Context, x, pad, value=0):
+    """F.pad with a constant: `pad` holds (before, after) pairs from the last dimension back; a negative
+    amount crops. One guarded index map: the value outside the input."""
+    out = ctx.out_type()
+    shape = ctx.b.shape(x)
+    rank = len(shape)
+    if len(pad) % 2 or len(pad) // 2 > rank:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: pad has {len(pad)} values for a rank-{rank} tensor")
+    before = [0] * rank
+    for i in range(len(pad) // 2):
+        before[rank - 1 - i] = int(pad[2 * i])
+    index = [Affine.dim(k) - before[k] for k in range(rank)]
+    guards = [Guard(index[k], 0, shape[k]) for k in range(rank) if before[k] > 0 or out.shape[k] - before[k] > shape[k]]
+    return ctx.b.index_map(x, out.shape, index, guards, value, name=ctx.name)
+
+
+@lowers("aten.reflection_pad1d.default", "aten.reflection_pad2d.default", "aten.reflection_pad3d.default",
+        "aten.replication_pad1d.default", "aten.replication_pad2d.default", "aten.replication_pad3d.default")
+def edge_pad(ctx: Context, x, padding):
+    """Reflection (x[1], x[0], x[1], ...) or replication (x[0], x[0], ...) padding of the last
+    dimensions, `padding` as (before, after) pairs from the last dimension back: per padded
+    dimension, three index maps (before, inside, after), each affine, joined by selects as cat is."""
+    reflect = "reflection" in str(ctx.node.target)
+    b = ctx.b
+    rank = len(b.shape(x))
+    pairs = [(int(padding[2 * i]), int(padding[2 * i + 1])) for i in range(len(padding) // 2)]
+    out = x
+    for i, (before, after) in enumerate(pairs):
+        dim = rank - 1 - i
+        n = b.shape(out)[dim]
+        if reflect and (before >= n or after >= n):
+            raise UnsupportedOpError(f"unsupported op {ctx.where}: reflection padding {max(before, after)} must be "
+                                     f"less than the dimension's size {n}")
+        shape = tuple(s + (before + after if k == dim else 0) for k, s in enumerate(b.shape(out)))
+        d = Affine.dim(dim)
+        # where output position d reads: before the input, inside it, after it
+        regions = [(Guard(d, 0, before), Affine.constant(before) - d if reflect else Affine.constant(0)),
+                   (Guard(d, before, before + n), d - before),
+                   (Guard(d, before + n, None), Affine.constant(2 * n - 2 + before) - d if reflect
+                    else Affine.constant(n - 1))]
+        result = None
+        for k, (within, at) in enumerate(regions):
+            index = [Affine.dim(a) if a != dim else at for a in range(rank)]
+            value = b.index_map(out, shape, index, (within,), 0, suffix=f"edge{k}")
+            if result is None:
+                result = value
+                continue
+            mask = b.index_map(b.const(True, DType.BOOL), shape, (), guards=(within,), fill=False, suffix=f"in_edge{k}")
+            last = k == len(regions) - 1 and i == len(pairs) - 1
+            result = b.elementwise("where", mask, value, result, dtype=b.dtype(out), name=ctx.name if last else None)
+        out = result
+    return out
 
 
 @lowers("aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten.sym_constrain_range.default",

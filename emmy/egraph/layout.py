@@ -10,6 +10,7 @@ calls to fold a reindex of a reindex into one.
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -57,8 +58,15 @@ def encode_layout(layout: Layout) -> str:
         layout.shape,
         tuple(_affine_data(e) for e in layout.index),
         tuple((_affine_data(g.expr), g.lo, g.hi) for g in layout.guards),
-        layout.fill,
+        _fill_data(layout.fill),
     ))
+
+
+def _fill_data(fill):
+    """A fill as a Python literal: -inf (max pooling's padding), inf and NaN are spelt as text."""
+    if isinstance(fill, float) and not math.isfinite(fill):
+        return ("float", repr(fill))
+    return fill
 
 
 @lru_cache(maxsize=4096)
@@ -68,7 +76,7 @@ def decode_layout(text: str) -> Layout:
         tuple(shape),
         tuple(_affine_from(e) for e in index),
         tuple(Guard(_affine_from(g), lo, hi) for g, lo, hi in guards),
-        fill,
+        float(fill[1]) if isinstance(fill, tuple) else fill,
     )
 
 

@@ -97,7 +97,7 @@ class _State:
             if isinstance(stmt, Assign):
                 self.values[stmt.name] = self.evaluate(stmt, coords)
             elif isinstance(stmt, Init):
-                self.values[stmt.acc] = np.asarray(REDUCE_OPS[stmt.op], dtype=stmt.dtype.numpy)
+                self.values[stmt.acc] = _identity(stmt.op, stmt.dtype.numpy)
                 self.dtypes[stmt.acc] = stmt
             elif isinstance(stmt, Accumulate):
                 self.accumulate(stmt, bound)
@@ -152,3 +152,13 @@ class _State:
                 valid = valid & g.holds(coords, self.buffers)
             return to_storage(np.where(valid, self.operand(expr.value), np.asarray(expr.fill)), stmt.dtype)
         raise TypeError(expr)
+
+
+def _identity(op: str, dtype) -> np.ndarray:
+    """A fold's starting value in its dtype: an integer max (min) starts at the type's least (greatest)
+    value, as the emitted CUDA does, not at an infinity integers cannot hold."""
+    value = REDUCE_OPS[op]
+    if np.issubdtype(dtype, np.integer) and np.isinf(value):
+        info = np.iinfo(dtype)
+        value = info.max if value > 0 else info.min
+    return np.asarray(value, dtype=dtype)

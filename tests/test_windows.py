@@ -1,0 +1,94 @@
+"""Convolutions and pooling: decomposed into window index maps plus the contraction or reduction they
+are, checked against torch through the interpreters, and their CUDA in the simulator (ASan on)."""
+
+import pytest
+
+import emmy
+from tests.conftest import check_against_torch
+
+X2 = "x=torch.randn(2,4,9,11); "
+X1 = "x=torch.randn(2,4,13); "
+X3 = "x=torch.randn(1,3,5,6,7); "
+
+CONVOLUTIONS = [
+    ("2d", X2 + "c=nn.Conv2d(4,6,3); c(x)"),
+    ("2d strided padded", X2 + "c=nn.Conv2d(4,6,3,stride=2,padding=1); c(x)"),
+    ("2d padding over the kernel", X2 + "c=nn.Conv2d(4,5,(2,3),padding=(3,4),bias=False); c(x)"),
+    ("2d stride over the kernel", X2 + "c=nn.Conv2d(4,6,2,stride=3); c(x)"),
+    ("2d dilated", X2 + "c=nn.Conv2d(4,6,3,dilation=(2,3),padding=2); c(x)"),
+    ("2d grouped", X2 + "c=nn.Conv2d(4,6,3,groups=2,padding=1); c(x)"),
+    ("2d depthwise", X2 + "c=nn.Conv2d(4,8,3,groups=4,padding=1); c(x)"),
+    ("2d same", X2 + "c=nn.Conv2d(4,3,4,padding='same'); c(x)"),
+    ("2d asymmetric", X2 + "c=nn.Conv2d(4,3,3); c(F.pad(x, (1, 2, 0, 1)))"),
+    ("2d reflect", X2 + "c=nn.Conv2d(4,3,3,padding=(1,2),padding_mode='reflect'); c(x)"),
+    ("2d replicate", X2 + "c=nn.Conv2d(4,3,3,padding=2,padding_mode='replicate'); c(x)"),
+    ("1d reflect pad", X1 + "F.pad(x, (3, 2), mode='reflect')"),
+    ("1d", X1 + "c=nn.Conv1d(4,5,4,stride=2,padding=2,dilation=2); c(x)"),
+    ("3d", X3 + "c=nn.Conv3d(3,4,(2,3,2),stride=(1,2,1),padding=1); c(x)"),
+    ("transposed 2d", X2 + "c=nn.ConvTranspose2d(4,3,3,stride=2,padding=1,output_padding=1); c(x)"),
+    ("transposed grouped dilated", X2 + "c=nn.ConvTranspose2d(4,6,3,stride=(2,3),groups=2,dilation=2); c(x)"),
+    ("transposed 1d", X1 + "c=nn.ConvTranspose1d(4,2,5,stride=3,padding=2,output_padding=2); c(x)"),
+    ("transposed 3d", X3 + "c=nn.ConvTranspose3d(3,2,2,stride=2); c(x)"),
+    ("f16", "x=torch.randn(2,4,9,11,dtype=torch.float16); c=nn.Conv2d(4,6,3,padding=1).half(); c(x)"),
+    ("bf16", "x=torch.randn(2,4,9,11,dtype=torch.bfloat16); c=nn.Conv2d(4,6,3,stride=2).bfloat16(); c(x)"),
+]
+
+POOLS = [
+    ("max 2d", X2 + "F.max_pool2d(x, 3, stride=2, padding=1)"),
+    ("max 2d ceil dilated", X2 + "F.max_pool2d(x, (2,3), stride=2, dilation=2, ceil_mode=True)"),
+    ("max 2d indices", X2 + "F.max_pool2d(x, 2, return_indices=True)[1]"),
+    ("max 1d", X1 + "F.max_pool1d(x, 3, stride=2, padding=1)"),
+    ("max 3d", X3 + "F.max_pool3d(x, 2, stride=(1,2,2), padding=1)"),
+    ("avg 2d", X2 + "F.avg_pool2d(x, 3, stride=2, padding=1)"),
+    ("avg 2d no pad count ceil", X2 + "F.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)"),
+    ("avg 2d ceil with pad", X2 + "F.avg_pool2d(x, 2, stride=2, padding=1, ceil_mode=True)"),
+    ("avg 2d divisor", X2 + "F.avg_pool2d(x, (2,4), divisor_override=3)"),
+    ("avg 1d", X1 + "F.avg_pool1d(x, 4, stride=3)"),
+    ("avg 3d", X3 + "F.avg_pool3d(x, 2, padding=1, count_include_pad=False)"),
+    ("adaptive avg", X2 + "F.adaptive_avg_pool2d(x, (4, 5))"),
+    ("adaptive avg 3d", X3 + "F.adaptive_avg_pool3d(x, (2, 4, 3))"),
+    ("adaptive max", X2 + "F.adaptive_max_pool2d(x, (4, 3))"),
+    ("global avg", X2 + "F.adaptive_avg_pool2d(x, 1)"),
+    ("avg f16", "x=torch.randn(2,4,9,11,dtype=torch.float16); F.avg_pool2d(x, 3, stride=2, padding=1)"),
+]
+
+
+@pytest.mark.parametrize("name,code", CONVOLUTIONS + POOLS, ids=[c[0] for c in CONVOLUTIONS + POOLS])
+def test_windowed_ops_match_torch_in_the_interpreters(name, code):
+    import torch
+
+    program = emmy.optimize(code)
+    check_against_torch(program)
+    # the Loop IR the e-graph extracts computes the same values
+    loop = program.interpret(stage="loop")
+    tensor = program.interpret()
+    for a, b in zip(loop, tensor):
+        assert torch.allclose(a.double(), b.double(), rtol=1e-3, atol=1e-3, equal_nan=True)
+
+
+@pytest.mark.parametrize("code", [
+    X2 + "c=nn.Conv2d(4,6,3,stride=2,padding=2,dilation=2,groups=2); F.relu(c(x))",
+    X2 + "c=nn.ConvTranspose2d(4,3,3,stride=2,padding=1,output_padding=1); c(x)",
+    X2 + "(F.max_pool2d(x, 3, stride=2, padding=1), F.avg_pool2d(x, 2, ceil_mode=True, padding=1))",
+    "x=torch.randn(2,4,9,11,dtype=torch.float16); c=nn.Conv2d(4,8,3,padding=1,groups=4).half(); "
+    "F.adaptive_avg_pool2d(c(x), (3, 4))",
+], ids=["conv", "transposed", "pools", "depthwise-f16"])
+def test_windowed_ops_run_right_in_the_simulator(code):
+    from emmy.runtime import check_program
+
+    program = emmy.optimize(code, target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+@pytest.mark.parametrize("code,message", [
+    # circular padding is traced to an uninitialised buffer filled by copies: not taken, said in one line
+    ("x=torch.randn(1,2,8,8); c=nn.Conv2d(2,2,3,padding=1,padding_mode='circular'); c(x)", "line 1"),
+    ("x=torch.randn(1,2,8,8); c=nn.Conv2d(2,2,4,stride=2,padding='same'); c(x)", "padding='same'"),
+])
+def test_bad_convolution_arguments_are_one_clear_line(code, message):
+    from tests.conftest import run_emmy
+
+    result = run_emmy("compile", "-c", code)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
