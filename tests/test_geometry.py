@@ -44,6 +44,8 @@ HELD_OUT = {
     "scaled_mean_few_rows": "x=torch.randn(3,9000); w=torch.randn(3); x.mean(-1)*w",
     "centered_sq_few_rows": "x=torch.randn(3,9000); m=torch.randn(3,1); ((x-m)**2).sum(-1)",
     "sum_few_columns": "x=torch.randn(3000,40); x.sum(dim=0)",
+    # a padded convolution: its input staged through the padding's guards (SIMT, micro-tile and mma rows)
+    "conv_padded_f16": "x=torch.randn(1,32,10,10,dtype=torch.float16); c=nn.Conv2d(32,64,3,padding=1).half(); c(x)",
 }
 PROGRAMS = {w.name: w.sim_code or w.code for w in WORKLOADS} | HELD_OUT
 
@@ -96,7 +98,7 @@ def _staged_bytes(kernel: K.KernelIR) -> int:
 
 
 STAGED = sorted(w.name for w in WORKLOADS if w.name in ("matmul_small", "mlp", "matmul_f16", "attention",
-                                                        "llama_decoder", "lm_step"))
+                                                        "llama_decoder", "lm_step")) + ["conv_padded_f16"]
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_89", "sm_120"])

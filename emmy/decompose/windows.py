@@ -89,7 +89,7 @@ def convolution(ctx: Context, x, weight, bias, stride, padding, dilation, transp
     stride, padding = _per_dim(stride, d, "stride", ctx), _per_dim(padding, d, "padding", ctx)
     dilation = _per_dim(dilation, d, "dilation", ctx)
     groups = int(groups)
-    xf, wf = ctx.tensor(x, acc), ctx.tensor(weight, acc)
+    xf, wf = x, ctx.tensor(weight, acc)  # x is cast after its window map: its loads stay 16-bit where it is
     if transposed:
         product = _transposed_product(ctx, xf, wf, stride, padding, dilation, groups, out.shape)
     else:
@@ -123,7 +123,7 @@ def _product(ctx: Context, x: str, w: str, stride, padding, dilation, groups: in
     xs = b.index_map(x, space, index, guards, 0.0, suffix="window")
     ws = b.index_map(w, space, [Affine.dim(1) * cog + Affine.dim(2), ci, *(Affine.dim(4 + d + i) for i in range(d))],
                      suffix="weights")
-    return b.elementwise("multiply", xs, ws, suffix="prod")
+    return b.elementwise("multiply", b.cast(xs, b.dtype(w)), ws, suffix="prod")
 
 
 def _transposed_product(ctx: Context, x: str, w: str, stride, padding, dilation, groups: int, out_shape) -> str:
@@ -150,7 +150,7 @@ def _transposed_product(ctx: Context, x: str, w: str, stride, padding, dilation,
     xs = b.index_map(x, space, index, guards, 0.0, suffix="window")
     ws = b.index_map(w, space, [Affine.dim(1) * cig + ci, Affine.dim(2), *(Affine.dim(4 + d + i) for i in range(d))],
                      suffix="weights")
-    return b.elementwise("multiply", xs, ws, suffix="prod")
+    return b.elementwise("multiply", b.cast(xs, b.dtype(w)), ws, suffix="prod")
 
 
 # -- pooling ------------------------------------------------------------------------------

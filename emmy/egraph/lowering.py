@@ -11,6 +11,8 @@ dependencies.
 
 from __future__ import annotations
 
+import math
+
 import heapq
 from dataclasses import dataclass, field
 
@@ -48,6 +50,7 @@ class KernelLowering:
         self.extents: list[int] = []
         self.items: list[_Item] = []
         self.memo: dict = {}
+        self.load_guards: dict[str, tuple] = {}  # load name -> the guards it is made under (reads 0 where they fail)
         self.reduction_deps: dict[int, frozenset] = {}
         self.siblings: dict[tuple, list] = {}
         self.counters = {"in": 0, "v": 0, "acc": 0}
@@ -119,6 +122,7 @@ class KernelLowering:
             deps = _vars(coords) | frozenset().union(*(g.expr.dims() for g in guards))
             self._emit(Assign(name, dtype, Load(buffer, coords, guards)), deps, defs=[name])
             self.memo[key] = (name, deps)
+            self.load_guards[name] = guards
         return self.memo[key]
 
     def _op(self, op: str, dtype: DType, args: list[tuple]) -> tuple:
@@ -162,7 +166,8 @@ class KernelLowering:
             guards = tuple(Guard(g.expr.substitute(coords, self.extents), g.lo, g.hi) for g in layout.guards)
             guards = tuple(g for g in guards if not g.always(self.extents))
             inner, deps = yield a[0], sub, guards
-            if not guards:
+            if not guards or (_zero(layout.fill) and set(guards) <= set(self.load_guards.get(inner, ()))):
+                # a buffer's element read under these guards: the load reads 0 where they fail
                 return inner, deps
             name = self._fresh("v")
             deps = deps | frozenset().union(*(g.expr.dims() for g in guards))
@@ -492,3 +497,8 @@ def _vars(coords) -> frozenset:
 
 def _names(*operands) -> set:
     return {o for o in operands if isinstance(o, str)}
+
+
+def _zero(fill) -> bool:
+    """A fill a guarded load's 0 stands for (not -0.0, whose sign a load's 0 would lose)."""
+    return fill is not None and fill == 0 and not (isinstance(fill, float) and math.copysign(1.0, fill) < 0)

@@ -11,7 +11,7 @@ from pathlib import Path
 from emmy.kernel_ir import nodes as K
 from emmy.kernel_ir.lower_common import MONOID, flat_index
 from emmy.kernel_ir.scalar_c import (ONLY_THREAD_C, REGISTER, STORAGE, WORKER_C, affine_c, buffer_c, literal, merge_c,
-                                     micro_register_c, panel_element_c, statement, store_index_c, stored_value_c,
+                                     guards_c, micro_register_c, panel_element_c, statement, store_index_c, stored_value_c,
                                      vector_index_c)
 from emmy.dtypes import DType
 from emmy.schedule.knobs import STAGE_ASYNC
@@ -156,7 +156,7 @@ def _render_contraction(n: K.ContractionTile, template, types) -> str:
         load_from[p.name] = micro_register_c(p.name, p.side) if n.micro_m else panel_element_c(p, row, col)
         stmt = next(s for s in n.lift if getattr(s, "name", None) == p.name)
         index = affine_c(flat_index(stmt.expr.buffer, stmt.expr.index, types))
-        panels.append({"p": p, "index": index, "storage": STORAGE[p.dtype], **panel_copy(p, n.how),
+        panels.append({"p": p, "index": index, "storage": STORAGE[p.dtype], **panel_copy(p, n.how), "guard": guards_c(p.guards),
                        "outer_dec": _decomposition(n.m_vars if p.side == "a" else n.n_vars),
                        "outer_total": total(n.m_vars if p.side == "a" else n.n_vars),
                        "outer_start": "m0" if p.side == "a" else "n0"})
@@ -183,7 +183,7 @@ def _render_mma(n: K.MmaTile, template, types) -> str:
     for o in n.operands:
         outer = n.m_vars if o.side == "a" else n.n_vars
         ops.append({"o": o, **panel_copy(o, n.how), "outer_dec": _decomposition(outer), "outer_total": total(outer),
-                    "prologue": _lines(o.prologue, types)})
+                    "prologue": _lines(o.prologue, types), "guard": guards_c(o.guards)})
     tma_bytes = sum(o.rows * o.cols * o.dtype.itemsize for o in n.operands)
     return template.render(
         n=n, ops=ops, storage=STORAGE[n.operands[0].dtype], M=total(n.m_vars), N=total(n.n_vars),

@@ -516,8 +516,8 @@ def _panel_loads(fold: Fold, m_vars, n_vars, batch, types: dict):
     """(Loop IR load, its flat index, side) for each load of the fold that walks K and one side's
     outputs, the loads a staged contraction reads from shared memory."""
     for stmt in fold.lift:
-        if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)) or stmt.expr.guards:
-            continue  # a guarded load is read where its guards hold, from global memory
+        if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)):
+            continue
         flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
         side = panel_side(flat.dims() - {v for v, _ in batch}, fold.var, [v for v, _ in m_vars],
                           [v for v, _ in n_vars])
@@ -536,13 +536,14 @@ def _micro_panels(tile: TileKernel, fold: Fold, m_vars, n_vars, batch, types: di
         inner_var, inner_extent = outer[-1]
         cols = g.tile_m if side == "a" else g.tile_n
         itemsize = types[stmt.expr.buffer].dtype.itemsize
-        fits = MICRO_VECTOR * itemsize <= 16
+        fits = MICRO_VECTOR * itemsize <= 16 and not stmt.expr.guards  # a guarded load fills an element at a time
         along_outer = fits and inner_extent % MICRO_VECTOR == 0 and vectorizable(flat, inner_var, MICRO_VECTOR)
         along_k = (not along_outer and fits and fold.extent % MICRO_VECTOR == 0
                    and vectorizable(flat, fold.var, MICRO_VECTOR))
         width = MICRO_VECTOR if along_outer or along_k else 1
         panels.append(Panel(name=stmt.name, buffer=stmt.expr.buffer, dtype=types[stmt.expr.buffer].dtype, side=side,
-                            rows=g.tile_k, cols=cols, k_fast=False, width=width, fill_along_k=along_k))
+                            rows=g.tile_k, cols=cols, k_fast=False, width=width, fill_along_k=along_k,
+                            guards=stmt.expr.guards))
     return panels
 
 
@@ -557,11 +558,11 @@ def _simt_panels(tile: TileKernel, fold: Fold, m_vars, n_vars, batch, types: dic
     if not g.stage_depth:
         return panels
     for stmt, flat, side in _panel_loads(fold, m_vars, n_vars, batch, types):
-        width = g.vec if g.vec > 1 and vectorizable(flat, fold.var, g.vec) else 1
+        width = g.vec if g.vec > 1 and not stmt.expr.guards and vectorizable(flat, fold.var, g.vec) else 1
         k_fast = side == "a" or width > 1
         rows, cols = ((g.tile_m if side == "a" else g.tile_n), g.tile_k) if k_fast else (g.tile_k, g.tile_n)
         panels.append(Panel(name=stmt.name, buffer=stmt.expr.buffer, dtype=types[stmt.expr.buffer].dtype, side=side,
-                            rows=rows, cols=cols, k_fast=k_fast, width=width))
+                            rows=rows, cols=cols, k_fast=k_fast, width=width, guards=stmt.expr.guards))
     return panels
 
 

@@ -31,11 +31,6 @@ def supports_mma(tile: TileKernel, types: dict | None = None, memo: dict | None 
         return f"REDUCE={row.REDUCE}: atomics into a {tile.kernel.type.dtype} output are not lowered yet"
 
     memo = {} if memo is None else memo
-    if "guarded" not in memo:
-        memo["guarded"] = any(s.expr.guards for p in tile.parts if isinstance(p, Fold) for s in p.lift
-                              if isinstance(s, L.Assign) and isinstance(s.expr, L.Load))
-    if memo["guarded"]:
-        return "a guarded operand load (a concatenation or padding) is not staged for tensor cores yet"
     if "mma parts" not in memo:  # the fold structure is the kernel's, not the row's
         # a prologue is applied whole, its roundings too (schedule.shape.mma_operand admitted it)
         memo["mma parts"] = contraction_parts(tile) or ("" if tile.shape.prologue else _rounding_casts(tile))
@@ -89,7 +84,9 @@ def _operands(tile: TileKernel, types: dict) -> tuple[MmaOperand, MmaOperand]:
         side = "a" if uses & set(shape.m_vars) else "b"
         outer = m_vars if side == "a" else n_vars
         last_var, last_extent = outer[-1]
-        if vectorizable(flat, fold.var, PANEL_VECTOR):
+        if stmt.expr.guards:  # filled an element at a time, the guards read per element (a convolution's padding)
+            k_fast, width = True, 1
+        elif vectorizable(flat, fold.var, PANEL_VECTOR):
             k_fast, width = True, PANEL_VECTOR
         elif last_extent % PANEL_VECTOR == 0 and vectorizable(flat, last_var, PANEL_VECTOR):
             k_fast, width = False, PANEL_VECTOR
@@ -98,11 +95,11 @@ def _operands(tile: TileKernel, types: dict) -> tuple[MmaOperand, MmaOperand]:
         span = bm if side == "a" else bn
         rows, cols = (span, bk) if k_fast else (bk, span)
         tma, first_row = _matrix_rows(flat, fold.var, outer, k_fast, batch, types[stmt.expr.buffer]) \
-            if g.stage_how == STAGE_TMA else (0, ())
+            if g.stage_how == STAGE_TMA and not stmt.expr.guards else (0, ())
         chain, value = prologues.get(stmt.name, ((), stmt.name))
         found[side] = MmaOperand(name=stmt.name, buffer=stmt.expr.buffer, dtype=types[stmt.expr.buffer].dtype,
                                  side=side, index=flat, rows=rows, cols=cols, k_fast=k_fast, width=width, tma=tma,
-                                 tma_batch_rows=first_row, prologue=chain, value=value)
+                                 tma_batch_rows=first_row, guards=stmt.expr.guards, prologue=chain, value=value)
     return found["a"], found["b"]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from emmy.affine import Affine
+from emmy.affine import Affine, Guard
 from emmy.dtypes import DType
 from emmy.loop_ir.nodes import Init
 from emmy.loop_ir.nodes import Stmt as LoopStmt
@@ -152,6 +152,7 @@ class Panel:
     k_fast: bool = True
     width: int = 1
     fill_along_k: bool = False  # K along the rows, yet filled `width` along K (the source's contiguous axis)
+    guards: tuple[Guard, ...] = ()  # the load's guards: the fill reads where they hold, 0 elsewhere (width 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,6 +209,7 @@ class MmaOperand:
     width: int = 1
     tma: int = 0
     tma_batch_rows: tuple[tuple[int, int], ...] = ()  # with `tma`, a batched operand: (batch variable, rows a step of it)
+    guards: tuple[Guard, ...] = ()  # the load's guards: the fill reads where they hold, 0 elsewhere (width 1)
     prologue: tuple[LoopStmt, ...] = ()  # Loop IR statements turning a loaded element (`name`) into `value`, in registers
     value: str = ""  # what the tensor cores multiply (the prologue's last value; `name` without one)
 

@@ -132,6 +132,11 @@ def _op(op: str, args: tuple[str, ...], dtype: DType | None = None) -> str:
     raise EmmyError(f"no C form for the scalar op {op!r}")
 
 
+def guards_c(guards) -> str:
+    """Where every guard holds, as one C condition ("" for none)."""
+    return " && ".join(_guard(g) for g in guards)
+
+
 def _guard(g: Guard) -> str:
     text = affine_c(g.expr)
     parts = ([f"{text} >= {g.lo}"] if g.lo is not None else []) + ([f"{text} < {g.hi}"] if g.hi is not None else [])

@@ -335,14 +335,15 @@ def _panel_loads(fold: Loop, m_vars, n_vars, free_vars) -> tuple[int, int]:
     """Loads of a contraction's fold staged in shared memory (panel_side), per side: a panel each."""
     batch = set(free_vars) - set(m_vars) - set(n_vars)
     sides = [panel_side(_vars(s.expr.index) - batch, fold.var, m_vars, n_vars) for s in statements(fold.body)
-             if isinstance(s, Assign) and isinstance(s.expr, Load) and not s.expr.guards]
+             if isinstance(s, Assign) and isinstance(s.expr, Load)]
     return sides.count("a"), sides.count("b")
 
 
 def panel_side(deps: set[int], fold_var: int, m_vars, n_vars) -> str:
     """Which operand panel a contraction load whose index reads `deps` (batch variables aside)
     fills: "a" when it walks K and only M's variables, "b" when K and only N's, else "" (read from
-    global memory). Guarded loads are read where their guards hold, never staged."""
+    global memory). A guarded load (a convolution's padding) is staged too: its fill reads the
+    element where the guards hold and leaves 0 elsewhere."""
     if fold_var not in deps:
         return ""
     outputs = deps - {fold_var}
