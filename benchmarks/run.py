@@ -38,6 +38,15 @@ def cold_caches() -> None:
     geometry.cache_clear()
 
 
+def contraction_flops(tile_kernel) -> tuple[float, bool]:
+    """(FLOPs, on tensor cores) of a contraction kernel (convolutions are contractions too): two per
+    multiply-add of M x N x K per batch; 0 for other kernels."""
+    shape = tile_kernel.shape
+    if shape.kind != "contraction":
+        return 0.0, False
+    return 2.0 * shape.rows * shape.cols * shape.red * shape.batch, tile_kernel.row.tile.mma
+
+
 def measure(workload) -> dict:
     best = {}
     for _ in range(REPEATS):
@@ -68,7 +77,7 @@ def measure(workload) -> dict:
             "kernels": len(result.program.kernels),
             "phases": result.reports,
             "spaces": spaces,
-            "predicted": [(k.kernel.name, str(k.row), k.breakdown) for k in tile.kernels],
+            "predicted": [(k.kernel.name, str(k.row), k.breakdown, contraction_flops(k)) for k in tile.kernels],
         }
         if not best or sample["total"] < best["total"]:
             best = sample
@@ -102,12 +111,13 @@ def main() -> int:
         for report in m["phases"]:
             phase_lines.append(f"| {workload.name} | {report.phase} | {report.iterations} | {report.enodes} | "
                                f"{report.seconds * 1000:.1f} | {'saturated' if report.saturated else report.stopped_by} |")
-        bandwidth = TARGETS["sm_90"].dram_bandwidth
-        for kernel, row, b in m["predicted"]:
-            bound = b.bytes / bandwidth
+        h200 = TARGETS["sm_90"]
+        for kernel, row, b, (flops, mma) in m["predicted"]:
+            flop_bound = flops / (h200.tensor_flops if mma else h200.fp32_flops)
+            bound = max(b.bytes / h200.dram_bandwidth, flop_bound)
             predicted_lines.append(f"| {workload.name} | {kernel} | `{row}` | {b.total_s * 1e6:.2f} | "
-                                   f"{(b.total_s - b.launch_s) * 1e6:.2f} | {bound * 1e6:.3f} | "
-                                   f"{(b.total_s - b.launch_s) / bound:.1f} |")
+                                   f"{(b.total_s - b.launch_s) * 1e6:.2f} | {b.bytes / h200.dram_bandwidth * 1e6:.3f} | "
+                                   f"{flop_bound * 1e6:.3f} | {(b.total_s - b.launch_s) / bound:.1f} |")
         space_lines.append(f"| {workload.name} | " + " | ".join(
             f"{m['spaces'][t][1]} / {m['spaces'][t][0]:.3f}" for t in TARGETS) + " |")
         print(f"{workload.name:18s} capture {m['capture']:.3f}s  decompose {m['decompose']:.3f}s  "
@@ -148,12 +158,15 @@ def main() -> int:
         "",
         "## Predicted times on sm_90 (the analytic model; no GPU measurement)",
         "",
-        f"Bound: the kernel's bytes over the measured H200 copy bandwidth "
-        f"({TARGETS['sm_90'].dram_bandwidth / 1e12:.1f} TB/s). `device` is the prediction without the "
-        f"{TARGETS['sm_90'].launch_seconds * 1e6:.0f} us launch estimate; `x bound` is device over bound.",
+        f"Bounds: the kernel's bytes over the measured H200 copy bandwidth "
+        f"({TARGETS['sm_90'].dram_bandwidth / 1e12:.1f} TB/s), and a contraction's (or convolution's) FLOPs "
+        f"over the f16 tensor-core peak ({TARGETS['sm_90'].tensor_flops / 1e12:.0f} TFLOP/s) for mma rows, "
+        f"else the FP32 peak ({TARGETS['sm_90'].fp32_flops / 1e12:.0f} TFLOP/s). `device` is the prediction "
+        f"without the {TARGETS['sm_90'].launch_seconds * 1e6:.0f} us launch estimate; `x bound` is device over "
+        "the larger bound.",
         "",
-        "| workload | kernel | chosen row | total us | device us | bound us | x bound |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | kernel | chosen row | total us | device us | bytes bound us | FLOP bound us | x bound |",
+        "|---|---|---|---|---|---|---|---|",
         *predicted_lines,
         "",
         "### RMSNorm by size (f32[1, rows, 2048], sm_90)",

@@ -99,6 +99,49 @@ def _lm_step(tokens: int, dim: int, vocab: int) -> str:
             "F.cross_entropy(head(norm(embed(ids))), targets)\n")
 
 
+_RESNET_BLOCK = """\
+class Block(nn.Module):
+    # A ResNet basic block in inference: conv-bn-relu, conv-bn, the residual, relu.
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + x)
+"""
+
+_SEPARABLE_BLOCK = """\
+class Separable(nn.Module):
+    # A MobileNet depthwise-separable block in inference: depthwise 3x3, bn, relu6, pointwise 1x1, bn, relu6.
+
+    def __init__(self, c, out):
+        super().__init__()
+        self.dw, self.bn1 = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False), nn.BatchNorm2d(c)
+        self.pw, self.bn2 = nn.Conv2d(c, out, 1, bias=False), nn.BatchNorm2d(out)
+
+    def forward(self, x):
+        return F.relu6(self.bn2(self.pw(F.relu6(self.bn1(self.dw(x))))))
+"""
+
+
+def _resnet_block(n: int, c: int, size: int) -> str:
+    return _RESNET_BLOCK + (f"block = Block({c}).eval().half(); x = torch.randn({n}, {c}, {size}, {size}, "
+                            "dtype=torch.float16)\nblock(x)\n")
+
+
+def _separable_block(n: int, c: int, out: int, size: int) -> str:
+    return _SEPARABLE_BLOCK + (f"block = Separable({c}, {out}).eval().half(); "
+                               f"x = torch.randn({n}, {c}, {size}, {size}, dtype=torch.float16)\nblock(x)\n")
+
+
+def _conv3d_pool(n: int, c: int, out: int, size: int) -> str:
+    return (f"x = torch.randn({n}, {c}, {size}, {size}, {size}, dtype=torch.float16); "
+            f"conv = nn.Conv3d({c}, {out}, 3, padding=1).half(); F.max_pool3d(F.relu(conv(x)), 2)")
+
+
 WORKLOADS: tuple[Workload, ...] = (
     Workload("add3", "x=torch.randn(8); y=torch.randn(8); x+x+y", "canonical form"),
     Workload("matmul_small", "x=torch.randn(4,3); w=torch.randn(3,2); x @ w", "Tensor IR example"),
@@ -118,6 +161,12 @@ WORKLOADS: tuple[Workload, ...] = (
              sim_code=_llama(9, 56, 7, 1, 64)),
     Workload("lm_step", _lm_step(64, 256, 2048), "embedding gather, LM head, cross entropy",
              sim_code=_lm_step(16, 32, 200)),
+    Workload("resnet_block", _resnet_block(8, 64, 56), "implicit GEMM on tensor cores, bn and residual fused",
+             sim_code=_resnet_block(1, 16, 8)),
+    Workload("separable_block", _separable_block(8, 64, 128, 56), "depthwise 3x3 as a row fold, pointwise 1x1",
+             sim_code=_separable_block(1, 8, 16, 8)),
+    Workload("conv3d_pool", _conv3d_pool(2, 16, 32, 32), "3-D convolution, relu, 3-D max pooling",
+             sim_code=_conv3d_pool(1, 4, 8, 8)),
 )
 
 

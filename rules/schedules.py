@@ -79,7 +79,7 @@ MAX_FLASH_ACC_REGS = 128  # S tile + O accumulators a thread, flash attention
 # A kernel is its name (a stand-in name per distinct shape when spaces are shared).
 kernel = relation("kernel", String, String, i64, i64, i64, i64, i64, i64)  # name kind rows cols red inner itemsize batch
 kernel_flag = relation("kernel_flag", String, String)  # foldonly | raw | atomic
-kernel_panels = relation("kernel_panels", String, i64, i64)  # contraction: loads staged on the A side, the B side
+kernel_panels = relation("kernel_panels", String, i64, i64)  # contraction: staged element bytes, A side, B side
 kernel_mma = relation("kernel_mma", String, String)  # tensor-core operand dtype: f16 | bf16
 target = relation("target", i64, i64, i64, i64)  # smem per block, SMs, has cp.async, has TMA
 work_threads = relation("work_threads", String, i64)
@@ -206,13 +206,13 @@ def _tiled_stage_fits(block_m, block_n, block_k):
     """geometry.contraction_stage_bytes in egglog arithmetic: the micro-tile and mma guards run for
     every (block, stage) pair, and a PyObject call there doubles the time the space takes; the
     schedule tests hold this spelling to the geometry's on every offered row."""
-    return depth * (pa * block_m * block_k + pb * block_k * block_n) * isz <= smem
+    return depth * (pa * block_m * block_k + pb * block_k * block_n) <= smem
 
 
 def _simt_staged(stage_atom, feature_guard):
     return rule(kernel(k, "contraction", rows, cols, red, inner, isz, batch), simt_block(k, w, t, per_block),
                 kernel_panels(k, pa, pb), target(smem, sms, has_async, has_tma), stage_atom, *feature_guard,
-                _fits(simt_staged_fits, per_block, pa, pb, isz, depth, smem),
+                _fits(simt_staged_fits, per_block, pa, pb, depth, smem),
                 ).then(_SIMT_STAGED)
 
 

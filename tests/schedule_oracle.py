@@ -93,7 +93,7 @@ def enumerate_rows(shape, target) -> set[Schedule]:
         for t, elems, vec in simt:
             per_block = threads * elems
             if per_block <= shape.rows * shape.cols * shape.batch + 31 and vector_ok(shape.red, vec):
-                stage = contraction_stage_bytes(*simt_tile(per_block), SIMT_K, *shape.panel_loads, shape.itemsize)
+                stage = contraction_stage_bytes(*simt_tile(per_block), SIMT_K, *shape.panel_bytes)
                 blocks.append((w, t, stage, 1,
                                ceil(shape.rows * shape.cols * shape.batch / per_block), shape.red // 32, "simt"))
         if threads not in MICRO_THREADS:
@@ -103,7 +103,7 @@ def enumerate_rows(shape, target) -> set[Schedule]:
             bm, bn = along_m * rm, along_n * rn
             if bm <= shape.rows and bn <= shape.cols and MICRO_K <= shape.red:
                 brows = ceil(shape.rows / bm)
-                blocks.append((w, t, contraction_stage_bytes(bm, bn, MICRO_K, *shape.panel_loads, shape.itemsize), brows,
+                blocks.append((w, t, contraction_stage_bytes(bm, bn, MICRO_K, *shape.panel_bytes), brows,
                                brows * ceil(shape.cols / bn) * shape.batch, shape.red // MICRO_K, "micro"))
     if shape.mma:
         for w, wm, wn in warps_of:
@@ -112,7 +112,7 @@ def enumerate_rows(shape, target) -> set[Schedule]:
                 if (dtype == shape.mma and bm <= shape.rows and bn <= shape.cols and bk <= shape.red
                         and shape.red % bk == 0 and fm * fn * 4 <= MAX_ACC_REGS):
                     brows = ceil(shape.rows / bm)
-                    blocks.append((w, t, contraction_stage_bytes(bm, bn, bk, *shape.panel_loads, shape.itemsize), brows,
+                    blocks.append((w, t, contraction_stage_bytes(bm, bn, bk, *shape.panel_bytes), brows,
                                    brows * ceil(shape.cols / bn) * shape.batch, shape.red // bk, "mma"))
     for w, t, smem_per_depth, brows, nblocks, ksteps, block_kind in blocks:
         staged = [] if block_kind == "micro" else [""]

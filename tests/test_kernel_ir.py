@@ -18,7 +18,8 @@ LOWERED = ["add3", "rmsnorm", "softmax", "layernorm", "layernorm_bf16",  # map a
            "matmul_small", "gelu_chain", "mlp",  # SIMT contractions staged through shared memory (mlp: split K)
            "matmul_f16",  # tensor cores: mma atoms fed by ldmatrix from a cp.async pipeline
            "attention", "attention_causal",  # flash attention: S = QK^T and O += PV on tensor cores, one pass
-           "llama_decoder", "lm_step"]  # whole models: RoPE and GQA attention; an embedding gather and a loss
+           "llama_decoder", "lm_step",  # whole models: RoPE and GQA attention; an embedding gather and a loss
+           "resnet_block", "separable_block", "conv3d_pool"]  # convolutions: implicit GEMM, depthwise, 3-D + pooling
 assert set(LOWERED) == {w.name for w in WORKLOADS}
 
 

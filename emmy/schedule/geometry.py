@@ -40,10 +40,11 @@ def simt_tile(per_block: int) -> tuple[int, int]:
 # Shared memory, one formula for the schedule rules' guards (called through egglog's PyObject), the
 # geometry the cost model prices, and the tests that hold the lowerings to it.
 
-def contraction_stage_bytes(bm: int, bn: int, bk: int, panels_a: int, panels_b: int, itemsize: int) -> int:
+def contraction_stage_bytes(bm: int, bn: int, bk: int, bytes_a: int, bytes_b: int) -> int:
     """One stage of a staged contraction: a BM x BK panel for each load on the A side, a BK x BN
-    panel for each load on the B side (an operand prologue with several loads stages each)."""
-    return (panels_a * bm * bk + panels_b * bk * bn) * itemsize
+    panel for each load on the B side (an operand prologue with several loads stages each);
+    `bytes_a`, `bytes_b`: the element bytes of a side's loads, summed (KernelShape.panel_bytes)."""
+    return bytes_a * bm * bk + bytes_b * bk * bn
 
 
 def flash_bytes(bm: int, bn: int, inner: int, cols: int, itemsize: int, depth: int, mma: bool) -> int:
@@ -61,8 +62,8 @@ def fits(need: int, limit: int) -> str:
     return "yes" if need <= limit else ""
 
 
-def simt_staged_fits(per_block: int, panels_a: int, panels_b: int, itemsize: int, depth: int, limit: int) -> str:
-    return fits(depth * contraction_stage_bytes(*simt_tile(per_block), SIMT_K, panels_a, panels_b, itemsize), limit)
+def simt_staged_fits(per_block: int, bytes_a: int, bytes_b: int, depth: int, limit: int) -> str:
+    return fits(depth * contraction_stage_bytes(*simt_tile(per_block), SIMT_K, bytes_a, bytes_b), limit)
 
 
 def flash_fits(bm: int, bn: int, inner: int, cols: int, itemsize: int, depth: int, mma: int, limit: int) -> str:
@@ -106,7 +107,7 @@ def geometry(shape: KernelShape, row: Schedule) -> Geometry:
         bn = 8 * tile.frag_n * work.warps_n
         bk = 16 * tile.k_chunks
         blocks = ceil(shape.rows / bm) * ceil(shape.cols / bn) * shape.batch * split
-        smem = depth * contraction_stage_bytes(bm, bn, bk, *shape.panel_loads, shape.itemsize)
+        smem = depth * contraction_stage_bytes(bm, bn, bk, *shape.panel_bytes)
         return Geometry(threads, blocks, tile.frag_m * tile.frag_n, 1, smem, split, bm, bn, bk, True,
                         depth, how, group)
     if tile.is_micro:  # SIMT contraction, register micro-tiles, K staged MICRO_K at a time
@@ -114,7 +115,7 @@ def geometry(shape: KernelShape, row: Schedule) -> Geometry:
         along_n, along_m = micro_layout(threads)
         bm, bn = along_m * rm, along_n * rn
         blocks = ceil(shape.rows / bm) * ceil(shape.cols / bn) * shape.batch * split
-        smem = depth * contraction_stage_bytes(bm, bn, MICRO_K, *shape.panel_loads, shape.itemsize)
+        smem = depth * contraction_stage_bytes(bm, bn, MICRO_K, *shape.panel_bytes)
         # panels fill 16 bytes at a time where the source is contiguous (the TILE promises no vectors)
         return Geometry(threads, blocks, rm * rn, 4, smem, split, bm, bn, MICRO_K, False, depth, how, group, rm, rn)
     elems, vec = tile.elems, tile.vec
@@ -132,7 +133,7 @@ def geometry(shape: KernelShape, row: Schedule) -> Geometry:
         return Geometry(threads, shape.rows * split, elems, vec, 0, split)
     bm, bn = simt_tile(threads * elems)  # the Kernel IR lowering's tiles
     blocks = ceil(shape.rows / bm) * ceil(shape.cols / bn) * shape.batch * split
-    smem = depth * contraction_stage_bytes(bm, bn, SIMT_K, *shape.panel_loads, shape.itemsize)
+    smem = depth * contraction_stage_bytes(bm, bn, SIMT_K, *shape.panel_bytes)
     return Geometry(threads, blocks, elems, vec, smem, split, bm, bn, SIMT_K, False, depth, how, group)
 
 

@@ -54,6 +54,7 @@ class KernelShape:
     m_vars: tuple[int, ...] = ()  # contraction: free variables only the first operand reads
     n_vars: tuple[int, ...] = ()  # ... only the second operand reads
     panel_loads: tuple[int, int] = (1, 1)  # contraction: loads walking K on the A side, on the B side (staged each)
+    panel_bytes: tuple[int, int] = (4, 4)  # the same loads' element bytes summed per side: a stage's bytes per row
 
     def signature(self) -> str:
         """What a measurement of this kernel is keyed by, besides knobs and GPU: kind, extents, types."""
@@ -114,7 +115,7 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
                            epilogue=not output_is_acc, atomic_ok=atomic_ok, mma=mma,
                            free_vars=tuple(l[0] for l in outer), m_vars=m_vars, n_vars=n_vars,
                            prologue=prologue_ops is not None, prologue_ops=prologue_ops or (0, 0),
-                           panel_loads=_panel_loads(reductions[0], m_vars, n_vars, [l[0] for l in outer]))
+                           **_panels(reductions[0], m_vars, n_vars, [l[0] for l in outer]))
     rows = prod(l[1] for l in outer) if outer else 1
     folded = [s for fold in reductions for s in statements(fold.body)
               if isinstance(s, Assign) and isinstance(s.expr, Load) and fold.var in _vars(s.expr.index)]
@@ -331,12 +332,14 @@ def _source_load(defs, name):
     return None
 
 
-def _panel_loads(fold: Loop, m_vars, n_vars, free_vars) -> tuple[int, int]:
-    """Loads of a contraction's fold staged in shared memory (panel_side), per side: a panel each."""
+def _panels(fold: Loop, m_vars, n_vars, free_vars) -> dict:
+    """Loads of a contraction's fold staged in shared memory (panel_side), per side: a panel each
+    (`panel_loads`), of its element's bytes (`panel_bytes`: operands of two dtypes stage both)."""
     batch = set(free_vars) - set(m_vars) - set(n_vars)
-    sides = [panel_side(_vars(s.expr.index) - batch, fold.var, m_vars, n_vars) for s in statements(fold.body)
-             if isinstance(s, Assign) and isinstance(s.expr, Load)]
-    return sides.count("a"), sides.count("b")
+    staged = [(panel_side(_vars(s.expr.index) - batch, fold.var, m_vars, n_vars), s.dtype.itemsize)
+              for s in statements(fold.body) if isinstance(s, Assign) and isinstance(s.expr, Load)]
+    return {"panel_loads": tuple(sum(1 for side, _ in staged if side == x) for x in "ab"),
+            "panel_bytes": tuple(sum(size for side, size in staged if side == x) for x in "ab")}
 
 
 def panel_side(deps: set[int], fold_var: int, m_vars, n_vars) -> str:

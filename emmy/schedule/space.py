@@ -100,7 +100,7 @@ def _kernel_facts(shape: KernelShape) -> list:
     if shape.mma:
         facts.append(R.kernel_mma(name, shape.mma))
     if shape.kind == "contraction":
-        facts.append(R.kernel_panels(name, *shape.panel_loads))
+        facts.append(R.kernel_panels(name, *shape.panel_bytes))
     return facts
 
 
