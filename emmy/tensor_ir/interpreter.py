@@ -23,6 +23,16 @@ from emmy.tensor_ir.nodes import Constant, Elementwise, IndexMap, Input, Reduce,
 from emmy.tensor_ir.scalar_ops import SCALAR_OPS
 
 
+MATERIALIZED_LIMIT = 2 ** 26  # elements of one value the interpreter holds (float64: 512 MB)
+
+
+def too_big_to_interpret(graph: TensorGraph) -> bool:
+    """Whether evaluating `graph` would materialize a value over MATERIALIZED_LIMIT elements that no
+    shortcut avoids: a guarded index map (a padded convolution window at full size; strided views
+    take no guards). Callers then check the same program at a small shape."""
+    return any(isinstance(n, IndexMap) and n.guards and n.type.numel > MATERIALIZED_LIMIT for n in graph.nodes)
+
+
 def evaluate(graph: TensorGraph, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray] | None = None,
              *, use_shortcuts: bool = True) -> list[np.ndarray]:
     """Evaluate `graph`; returns one array per output, in order."""
