@@ -44,6 +44,29 @@ def variants(program) -> list[dict]:
     return [{name: rows[j] for name, rows in per_kernel.items() if j < len(rows)} for j in range(count)]
 
 
+WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*|")  # a name or a word ("block", "smem-async"), or nothing
+_LOOP_IR_FIELDS = ("knobs", "summary", "stmts", "body", "lift", "combine", "epilogue", "inits", "per_key", "held",
+                   "dot", "per_col", "scores", "prologue")
+
+
+def node_strings(node, path=""):
+    """(field path, value) of every str a Kernel IR node holds, through nested Kernel IR nodes and
+    tuples (Loop IR statements, which keep their own names, and the listing's knobs/summary excluded)."""
+    import dataclasses
+
+    from emmy.kernel_ir import nodes as K
+
+    if isinstance(node, str):
+        yield path, node
+    elif isinstance(node, tuple):
+        for i, item in enumerate(node):
+            yield from node_strings(item, f"{path}[{i}]")
+    elif dataclasses.is_dataclass(node) and type(node).__module__ == K.__name__:
+        for f in dataclasses.fields(node):
+            if f.name not in _LOOP_IR_FIELDS or isinstance(node, (K.KernelIR, K.OnlyThread)) and f.name == "body":
+                yield from node_strings(getattr(node, f.name), f"{path}.{type(node).__name__}.{f.name}")
+
+
 def snapshot() -> dict[str, str]:
     """Label -> emitted CUDA text."""
     import emmy
