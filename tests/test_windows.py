@@ -66,14 +66,16 @@ def test_windowed_ops_match_torch_in_the_interpreters(name, code):
         assert torch.allclose(a.double(), b.double(), rtol=1e-3, atol=1e-3, equal_nan=True)
 
 
-@pytest.mark.parametrize("code", [
-    X2 + "c=nn.Conv2d(4,6,3,stride=2,padding=2,dilation=2,groups=2); F.relu(c(x))",
-    X2 + "c=nn.ConvTranspose2d(4,3,3,stride=2,padding=1,output_padding=1); c(x)",
-    X2 + "(F.max_pool2d(x, 3, stride=2, padding=1), F.avg_pool2d(x, 2, ceil_mode=True, padding=1))",
-    "x=torch.randn(2,4,9,11,dtype=torch.float16); c=nn.Conv2d(4,8,3,padding=1,groups=4).half(); "
-    "F.adaptive_avg_pool2d(c(x), (3, 4))",
-], ids=["conv", "transposed", "pools", "depthwise-f16"])
-def test_windowed_ops_run_right_in_the_simulator(code):
+@pytest.mark.parametrize("name,code", CONVOLUTIONS + POOLS + [
+    ("fused", X2 + "c=nn.Conv2d(4,6,3,stride=2,padding=2,dilation=2,groups=2); F.relu(c(x))"),
+    ("pools", X2 + "(F.max_pool2d(x, 3, stride=2, padding=1), F.avg_pool2d(x, 2, ceil_mode=True, padding=1))"),
+    ("depthwise-f16", "x=torch.randn(2,4,9,11,dtype=torch.float16); c=nn.Conv2d(4,8,3,padding=1,groups=4).half(); "
+                      "F.adaptive_avg_pool2d(c(x), (3, 4))"),
+    ("bf16 transposed", "x=torch.randn(2,4,5,6,dtype=torch.bfloat16); "
+                        "c=nn.ConvTranspose2d(4,3,3,stride=2,padding=1,output_padding=1).bfloat16(); c(x)"),
+], ids=lambda v: v if isinstance(v, str) and len(v) < 40 else None)
+def test_windowed_ops_run_right_in_the_simulator(name, code):
+    """Every form above, and fused ones, emitted as CUDA and run in the simulator with ASan on."""
     from emmy.runtime import check_program
 
     program = emmy.optimize(code, target="sm_90")

@@ -129,15 +129,19 @@ def edge_pad(ctx: Context, x, padding):
                                      f"less than the dimension's size {n}")
         shape = tuple(s + (before + after if k == dim else 0) for k, s in enumerate(b.shape(out)))
         d = Affine.dim(dim)
-        # where output position d reads: before the input, inside it, after it
-        regions = [(Guard(d, 0, before), Affine.constant(before) - d if reflect else Affine.constant(0)),
-                   (Guard(d, before, before + n), d - before),
-                   (Guard(d, before + n, None), Affine.constant(2 * n - 2 + before) - d if reflect
-                    else Affine.constant(n - 1))]
+        # where output position d reads: before the input, inside it, after it; each read's guard is
+        # written on the index it reads (the same region), so the bounds proof sees it in range
+        if reflect:
+            left, right = Affine.constant(before) - d, Affine.constant(2 * n - 2 + before) - d
+            reads = [(left, Guard(left, 1, None)), (d - before, Guard(d - before, 0, n)), (right, Guard(right, None, n - 1))]
+        else:
+            reads = [(Affine.constant(0), Guard(d, 0, before)), (d - before, Guard(d - before, 0, n)),
+                     (Affine.constant(n - 1), Guard(d, before + n, None))]
+        regions = [Guard(d, 0, before), Guard(d, before, before + n), Guard(d, before + n, None)]
         result = None
-        for k, (within, at) in enumerate(regions):
+        for k, (within, (at, reading)) in enumerate(zip(regions, reads)):
             index = [Affine.dim(a) if a != dim else at for a in range(rank)]
-            value = b.index_map(out, shape, index, (within,), 0, suffix=f"edge{k}")
+            value = b.index_map(out, shape, index, (reading,), 0, suffix=f"edge{k}")
             if result is None:
                 result = value
                 continue
