@@ -49,8 +49,12 @@ def _per_dim(value, dims: int, what: str, ctx: Context) -> tuple[int, ...]:
     return values
 
 
-def _window_index(o: Affine, k: Affine, w: Window) -> Affine:
-    return o * w.stride + k * w.dilation - w.pad
+def _window_reads(windows: list[Window], first_out: int, first_tap: int) -> tuple[list[Affine], list[Guard]]:
+    """Per spatial dimension, the input position `o*stride + k*dilation - pad` read for output axis
+    first_out + i and tap axis first_tap + i, and the guard that keeps it inside the input."""
+    at = [Affine.dim(first_out + i) * w.stride + Affine.dim(first_tap + i) * w.dilation - w.pad
+          for i, w in enumerate(windows)]
+    return at, [Guard(a, 0, w.size) for a, w in zip(at, windows)]
 
 
 def _window_space(ctx: Context, x: str, lead: int, windows: list[Window], fill) -> str:
@@ -59,13 +63,8 @@ def _window_space(ctx: Context, x: str, lead: int, windows: list[Window], fill) 
     b = ctx.b
     d = len(windows)
     space = (*b.shape(x)[:lead], *(w.out for w in windows), *(w.kernel for w in windows))
-    index = [Affine.dim(i) for i in range(lead)]
-    guards = []
-    for i, w in enumerate(windows):
-        at = _window_index(Affine.dim(lead + i), Affine.dim(lead + d + i), w)
-        index.append(at)
-        guards.append(Guard(at, 0, w.size))
-    return b.index_map(x, space, index, guards, fill, suffix="window")
+    at, guards = _window_reads(windows, lead, lead + d)
+    return b.index_map(x, space, [Affine.dim(i) for i in range(lead)] + at, guards, fill, suffix="window")
 
 
 def _out_size(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
@@ -114,13 +113,8 @@ def _product(ctx: Context, x: str, w: str, stride, padding, dilation, groups: in
     windows = [Window(sizes[i], out_shape[2 + i], kernel[i], stride[i], padding[i], dilation[i]) for i in range(d)]
     space = (n, groups, cog, *out_shape[2:], cig, *kernel)
     ci = Affine.dim(3 + d)
-    index = [Affine.dim(0), Affine.dim(1) * cig + ci]
-    guards = []
-    for i, win in enumerate(windows):
-        at = _window_index(Affine.dim(3 + i), Affine.dim(4 + d + i), win)
-        index.append(at)
-        guards.append(Guard(at, 0, win.size))
-    xs = b.index_map(x, space, index, guards, 0.0, suffix="window")
+    at, guards = _window_reads(windows, 3, 4 + d)
+    xs = b.index_map(x, space, [Affine.dim(0), Affine.dim(1) * cig + ci, *at], guards, 0.0, suffix="window")
     ws = b.index_map(w, space, [Affine.dim(1) * cog + Affine.dim(2), ci, *(Affine.dim(4 + d + i) for i in range(d))],
                      suffix="weights")
     return b.elementwise("multiply", b.cast(xs, b.dtype(w)), ws, suffix="prod")

@@ -147,7 +147,7 @@ def _atomic_stores(n, types) -> list[tuple]:
             for s in n.epilogue if n.atomics]
 
 
-def _render_contraction(n: K.ContractionTile, template, types) -> str:
+def _render_contraction(n: K.ContractionTile, template, k: K.KernelIR, types) -> str:
     total = lambda vars_: prod(e for _, e in vars_)  # noqa: E731
     load_from, panels = {}, []
     for p in n.panels:
@@ -177,7 +177,7 @@ def _render_contraction(n: K.ContractionTile, template, types) -> str:
         epilogue=_lines(n.epilogue, types))
 
 
-def _render_mma(n: K.MmaTile, template, types) -> str:
+def _render_mma(n: K.MmaTile, template, k: K.KernelIR, types) -> str:
     total = lambda vars_: prod(e for _, e in vars_)  # noqa: E731
     ops = []
     for o in n.operands:
@@ -195,7 +195,7 @@ def _render_mma(n: K.MmaTile, template, types) -> str:
 _WARP_MONOID = {"sum": "Sum", "max": "Max", "min": "Min"}
 
 
-def _render_flash(n: K.FlashRows, template, types) -> str:
+def _render_flash(n: K.FlashRows, template, k: K.KernelIR, types) -> str:
     load_from, panels, offset = {}, [], 0
     for p in n.panels:
         load_from[p.name] = panel_element_c(p, "j", f"a{n.inner_var}" if p.side == "k" else "c")
@@ -221,7 +221,7 @@ def _render_flash(n: K.FlashRows, template, types) -> str:
         b_dec=_decomposition(n.batch_vars))
 
 
-def _render_flash_mma(n: K.FlashMma, template, types) -> str:
+def _render_flash_mma(n: K.FlashMma, template, k: K.KernelIR, types) -> str:
     cols = prod(e for _, e in n.col_vars)
     return template.render(
         n=n, T=STORAGE[n.q.dtype], ROWS=prod(e for _, e in n.row_vars), COLS=cols, D=n.inner_extent,
@@ -237,8 +237,6 @@ _RENDERERS = {
     K.TreeHalve: _render_tree, K.SplitFinish: _render_split_finish, K.Fill: _render_fill,
     K.WorkspaceMerge: _render_workspace_merge, K.OnlyThread: _render_only_thread, K.Sync: _render_plain,
     K.Broadcast: _render_plain,
-    K.ContractionTile: lambda n, template, k, types: _render_contraction(n, template, types),
-    K.MmaTile: lambda n, template, k, types: _render_mma(n, template, types),
-    K.FlashRows: lambda n, template, k, types: _render_flash(n, template, types),
-    K.FlashMma: lambda n, template, k, types: _render_flash_mma(n, template, types),
+    K.ContractionTile: _render_contraction, K.MmaTile: _render_mma, K.FlashRows: _render_flash,
+    K.FlashMma: _render_flash_mma,
 }
