@@ -1,7 +1,8 @@
 """The one script for a GPU session: every workload emmy lowers to CUDA, built by nvcc for the
 GPU, run there with the example inputs, checked against torch (float64) and timed (CUDA events:
-warm-up until ~10 ms, then batches of launches, per-launch median); then the simulator's test
-kernels compared with the GPU bit for bit (benchmarks/gpu_sim_compare.py).
+warm-up until ~10 ms, then batches of launches, per-launch median), with a few probe programs
+beside them (PROBES); then the simulator's test kernels compared with the GPU bit for bit
+(benchmarks/gpu_sim_compare.py).
 
     .venv/bin/python benchmarks/gpu_check.py [--arch 90] [--out benchmarks/GPU_REPORT.md]
 
@@ -15,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -26,6 +28,21 @@ import emmy  # noqa: E402
 from emmy.kernel_ir.lower import Unsupported, supports  # noqa: E402
 from emmy.runtime import compare_outputs, host_buffers  # noqa: E402
 from emmy.workloads import WORKLOADS  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A program beside the workloads whose prediction the GPU should check: few long rows (a
+    grid-synced LayerNorm over (C, H, W)) and a middle-axis sum."""
+    name: str
+    code: str
+
+
+PROBES = (
+    Probe("layer_norm_chw_16x4M", "x=torch.randn(16,64,256,256); w=torch.randn(64,256,256); "
+                                  "b=torch.randn(64,256,256); torch.nn.functional.layer_norm(x,(64,256,256),w,b)"),
+    Probe("sum_dim1_16x1024x1023", "x=torch.randn(16,1024,1023); x.sum(dim=1)"),
+)
 
 
 def run_workload(workload, arch: str, work: Path) -> dict:
@@ -73,7 +90,7 @@ def main() -> int:
              "summed) | predicted us | per kernel us |", "|---|---|---|---|---|---|---|"]
     failures = 0
     with tempfile.TemporaryDirectory() as work:
-        for workload in WORKLOADS:
+        for workload in (*WORKLOADS, *PROBES):
             r = run_workload(workload, args.arch, Path(work))
             if "skipped" in r:
                 lines.append(f"| {r['name']} | - | - | not lowered: {r['skipped']} | - | - | - |")

@@ -16,6 +16,9 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #define EMMY_DEVICE __device__ __forceinline__
+#include <cooperative_groups.h>
+// a cooperative launch's grid-wide barrier
+#define EMMY_GRID_SYNC() ::cooperative_groups::this_grid().sync()
 #else
 #include <source_location>
 
@@ -23,6 +26,7 @@
 #define EMMY_DEVICE inline
 // the caller's line, for the simulator's reports (warp collectives, waits)
 #define EMMY_CALLER std::source_location caller = std::source_location::current()
+#define EMMY_GRID_SYNC() ::emmy_sim::grid_sync(__LINE__)
 #endif
 
 namespace emmy {
@@ -190,6 +194,16 @@ EMMY_DEVICE T block_reduce(T value, T* scratch, T identity) {
 // ---- vector loads and stores ---------------------------------------------------
 // N consecutive elements at p (p aligned to N * sizeof(T)) in one access.
 template <int N, class T> struct Vec { T v[N]; };
+// A value another block wrote before a grid barrier: read from L2, past this SM's L1 (which may
+// hold the slot as an earlier row left it).
+EMMY_DEVICE float load_fresh(const float* p) {
+#if defined(__CUDACC__)
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+
 template <int N, class T>
 EMMY_DEVICE Vec<N, T> load_vec(const T* p) {
   static_assert(N * sizeof(T) == 4 || N * sizeof(T) == 8 || N * sizeof(T) == 16, "4, 8 or 16 bytes");

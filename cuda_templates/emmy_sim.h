@@ -10,6 +10,15 @@
 // where nothing can move is a deadlock and is reported (which threads wait
 // where, and which are missing) instead of hanging.
 //
+// A grid-wide barrier (emmy::grid_sync, a cooperative launch's grid.sync): a
+// block whose threads all wait there is parked, its fibers kept, and the next
+// block starts on stacks of its own; once every block is parked, they are
+// released and resumed one after another, up to the next grid barrier. Blocks
+// take turns in one OS thread, so their static __shared__ arrays are one
+// storage: a kernel must not keep shared memory live across a grid barrier
+// (dynamic shared memory is refilled with 0xff bytes at every turn, so a
+// value kept there comes back as NaN).
+//
 // Modes (chosen by the launcher, emmy/sim/): plain; EMMY_SIM_ASAN (built with
 // -fsanitize=address: out-of-bounds accesses are ASan reports); and
 // EMMY_SIM_RACECHECK (built with -fsanitize=thread but linked without the TSan
@@ -210,7 +219,7 @@ using std::fminf;
 namespace emmy_sim {
 
 // ---- the fibers of one block ----------------------------------------------
-enum class State { runnable, barrier, warp, done, polling };
+enum class State { runnable, barrier, warp, done, polling, grid };
 enum class Collective { none, shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, all, any, syncwarp, exchange };
 
 struct Thread {
@@ -249,6 +258,9 @@ struct Launch {
   unsigned long events = 0;  // arrivals on mbarriers, async completions: what a polling thread waits for
   unsigned long barrier_epoch = 0;  // barriers released so far (all blocks): race-check epochs
   std::vector<unsigned> warp_epochs;
+  bool parked = false;  // the block just run waits at a grid barrier, every live thread of it
+  struct Parked { uint3 block_index; std::vector<Thread> threads; char* stacks; };
+  std::vector<Parked> waiting;  // blocks at the grid barrier, in launch order
 #if defined(__SANITIZE_ADDRESS__)
   void* fake_stack = nullptr;
   const void* scheduler_stack = nullptr;
@@ -453,6 +465,8 @@ EMMY_SIM_INTERNAL inline bool resolve_barrier() {
   return false;
 }
 
+EMMY_SIM_INTERNAL inline void resume_block();
+
 EMMY_SIM_INTERNAL inline void run_block() {
   Launch& L = launch_state;
   const unsigned n = L.block.x * L.block.y * L.block.z;
@@ -473,6 +487,13 @@ EMMY_SIM_INTERNAL inline void run_block() {
     __asan_unpoison_memory_region(t.stack, L.stack_bytes);
 #endif
   }
+  resume_block();
+}
+
+// Run the current block's threads until they end, fail, or all wait at a grid barrier (parked).
+EMMY_SIM_INTERNAL inline void resume_block() {
+  Launch& L = launch_state;
+  L.parked = false;
   for (;;) {
     bool live = false, worked = false;
     const unsigned long events = L.events;
@@ -495,6 +516,20 @@ EMMY_SIM_INTERNAL inline void run_block() {
     }
     if (!live) return;
     if (resolve_warps()) continue;
+    bool at_grid = false, all_at_grid = true;
+    for (const Thread& t : L.threads) {
+      at_grid = at_grid || t.state == State::grid;
+      all_at_grid = all_at_grid && (t.state == State::grid || t.state == State::done);
+    }
+    if (at_grid) {
+      bool exited = false;
+      for (const Thread& t : L.threads) exited = exited || t.state == State::done;
+      if (all_at_grid && !exited) { L.parked = true; return; }
+      fail(std::string(exited ? "a grid barrier reached by only part of the block (after an early return)"
+                              : "deadlock: threads wait at a grid barrier while others wait elsewhere") +
+           " in " + where(L) + waiting_report(L));
+      return;
+    }
     bool polling = false;
     for (const Thread& t : L.threads) polling = polling || t.state == State::polling;
     if (polling && (worked || L.events != events)) continue;  // someone moved: poll again
@@ -504,6 +539,38 @@ EMMY_SIM_INTERNAL inline void run_block() {
     }
     if (!L.error.empty() || !resolve_barrier()) return;
   }
+}
+
+// The current block's threads on a new stack pool (the old one is freed, unless a parked block
+// took it: then L.stacks is null).
+EMMY_SIM_INTERNAL inline void fresh_pool(unsigned n) {
+  Launch& L = launch_state;
+  std::free(L.stacks);
+  L.stacks = static_cast<char*>(std::malloc(L.stack_pool_bytes));
+  L.threads.assign(n, Thread{});
+  for (unsigned i = 0; i < n; ++i) L.threads[i].stack = L.stacks + i * L.stack_bytes;
+}
+
+EMMY_SIM_INTERNAL inline int grid_unmet(uint3 waiting, uint3 ended) {
+  auto text = [](uint3 b) {
+    return "(" + std::to_string(b.x) + "," + std::to_string(b.y) + "," + std::to_string(b.z) + ")";
+  };
+  fail("a grid barrier reached by only part of the grid: block " + text(waiting) + " waits at it while block " +
+       text(ended) + " ended without reaching it");
+  return 1;
+}
+
+// Frees the stacks of blocks left waiting (a fault, or a barrier some blocks never reach).
+EMMY_SIM_INTERNAL inline int release_parked(int rc) {
+  Launch& L = launch_state;
+  for (Launch::Parked& p : L.waiting) {
+#if defined(__SANITIZE_ADDRESS__)
+    __asan_unpoison_memory_region(p.stacks, L.stack_pool_bytes);
+#endif
+    std::free(p.stacks);
+  }
+  L.waiting.clear();
+  return rc;
 }
 
 template <class F>
@@ -523,13 +590,8 @@ EMMY_SIM_INTERNAL int launch(dim3 grid, dim3 block, F&& body) {
 #else
   L.stack_bytes = 128 * 1024;
 #endif
-  if (L.threads.size() != n) {
-    std::free(L.stacks);
-    L.stack_pool_bytes = n * L.stack_bytes;
-    L.stacks = static_cast<char*>(std::malloc(L.stack_pool_bytes));
-    L.threads.assign(n, Thread{});
-    for (unsigned i = 0; i < n; ++i) L.threads[i].stack = L.stacks + i * L.stack_bytes;
-  }
+  L.stack_pool_bytes = n * L.stack_bytes;
+  if (L.threads.size() != n) fresh_pool(n);
 #if defined(__SANITIZE_ADDRESS__)
   __asan_unpoison_memory_region(L.stacks, L.stack_pool_bytes);
 #endif
@@ -537,6 +599,7 @@ EMMY_SIM_INTERNAL int launch(dim3 grid, dim3 block, F&& body) {
   auto invoke = [](void* closure) { (*static_cast<std::remove_reference_t<F>*>(closure))(); };
   L.invoke = invoke;
   L.closure = &body;
+  const unsigned long blocks = (unsigned long)grid.x * grid.y * grid.z;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
@@ -544,8 +607,40 @@ EMMY_SIM_INTERNAL int launch(dim3 grid, dim3 block, F&& body) {
         for (DynamicShared& d : dynamic_arrays()) std::memset(d.base, 0xff, dynamic_bytes);
         ++L.barrier_epoch;  // nothing of the last block races with this one
         run_block();
-        if (!L.error.empty()) return 1;
+        if (!L.error.empty()) return release_parked(1);
+        if (L.parked) {  // it keeps its fibers; the next block gets stacks of its own
+          L.waiting.push_back({L.block_index, std::move(L.threads), L.stacks});
+          L.stacks = nullptr;
+          fresh_pool(n);
+        } else if (!L.waiting.empty()) {
+          return release_parked(grid_unmet(L.waiting.front().block_index, L.block_index));
+        }
       }
+  while (!L.waiting.empty()) {  // every block waits at the grid barrier: release them all
+    if (L.waiting.size() != blocks) return release_parked(grid_unmet(L.waiting.front().block_index, L.block_index));
+    std::vector<Launch::Parked> round = std::move(L.waiting);
+    L.waiting.clear();
+    ++L.barrier_epoch;
+    bool some_ended = false;
+    uint3 ended{};
+    for (size_t b = 0; b < round.size(); ++b) {
+      std::swap(L.threads, round[b].threads);
+      std::swap(L.stacks, round[b].stacks);
+      L.block_index = round[b].block_index;
+      for (DynamicShared& d : dynamic_arrays()) std::memset(d.base, 0xff, dynamic_bytes);
+      for (Thread& t : L.threads) if (t.state == State::grid) t.state = State::runnable;
+      resume_block();
+      std::swap(L.threads, round[b].threads);
+      std::swap(L.stacks, round[b].stacks);
+      if (!L.error.empty()) {
+        for (size_t r = b; r < round.size(); ++r) L.waiting.push_back(std::move(round[r]));
+        return release_parked(1);
+      }
+      if (L.parked) L.waiting.push_back(std::move(round[b]));
+      else { if (!some_ended) ended = round[b].block_index; some_ended = true; std::free(round[b].stacks); }
+    }
+    if (some_ended && !L.waiting.empty()) return release_parked(grid_unmet(L.waiting.front().block_index, ended));
+  }
   return 0;
 }
 
@@ -606,6 +701,9 @@ EMMY_SIM_INLINE void exchange(unsigned mask, int line, const char* what, const O
 }
 
 EMMY_SIM_INLINE void syncthreads(int line) { wait_here(State::barrier, line, "__syncthreads"); }
+
+// A cooperative launch's grid-wide barrier (cooperative_groups::this_grid().sync() under nvcc).
+EMMY_SIM_INLINE void grid_sync(int line) { wait_here(State::grid, line, "grid sync"); }
 
 inline void count_copy(const void* source, size_t bytes);  // race-check builds count what a copy reads
 

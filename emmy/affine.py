@@ -231,6 +231,18 @@ class Affine:
             return inner.mod(q // g, extents) * g + remainder
         return Affine(((Mod(self, q), 1),), 0)
 
+    def digit(self, stride: int, size: int, extents: Sequence[int]) -> "Affine":
+        """The coordinate of a row-major axis of `size` positions, `stride` elements apart, in the
+        linear offset `self`: (self // stride) % size, with the multiples of `stride` divided out
+        first ((stride*A + r) // stride == A + r // stride for every integer r), so the offset of a
+        reshaped tensor's loops gives plain coordinates such as 8*a1 + a2 // 1024; likewise the
+        multiples of `size` before the remainder."""
+        stride = _positive(stride)
+        high, rest = self._split(stride)
+        quotient = Affine._build({a: c // stride for a, c in high.terms}, high.const // stride)
+        _, remainder = (quotient + rest.floordiv(stride, extents))._split(size)  # (size*B + r) % size == r % size
+        return remainder.mod(size, extents)
+
     def _common_factor(self, q: int, extents: Sequence[int]):
         """The largest g | q (1 < g < q) with self == g*inner + r, 0 <= r < g; else None."""
         for g in sorted((d for d in range(2, q) if q % d == 0), reverse=True):

@@ -27,9 +27,10 @@ class GpuError(EmmyError):
     """The CUDA runtime refused: no device, no driver, a launch that failed."""
 
 
-def host_library_source(source: Path, names: list[str]) -> str:
+def host_library_source(source: Path, names: list[str], cooperative: tuple[str, ...] = ()) -> str:
     """The host side of a CUDA source: it includes the source and adds allocation, copies, TMA
-    descriptors and a launcher and a timer per kernel (cuda_templates/host_library.cu.j2)."""
+    descriptors and a launcher and a timer per kernel (cuda_templates/host_library.cu.j2); the
+    kernels named in `cooperative` (grid barriers) launch cooperatively."""
     import jinja2
 
     import emmy.cuda_templates
@@ -37,20 +38,21 @@ def host_library_source(source: Path, names: list[str]) -> str:
     folder = Path(emmy.cuda_templates.__path__[0])
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)
-    return env.get_template("host_library.cu.j2").render(source=source, names=names)
+    return env.get_template("host_library.cu.j2").render(source=source, names=names, cooperative=set(cooperative))
 
 
 class Gpu:
     """A CUDA source built by nvcc into a library with a host launcher (and timer) per kernel."""
 
-    def __init__(self, source: Path, names: list[str], arch: str, work: Path | None = None, fmad: bool = True):
+    def __init__(self, source: Path, names: list[str], arch: str, work: Path | None = None, fmad: bool = True,
+                 cooperative: tuple[str, ...] = ()):
         from emmy.config import settings
         from emmy.sim.build import HEADERS, headers_digest
 
         nvcc = shutil.which("nvcc")
         if nvcc is None:
             raise KernelBuildError("nvcc is not on PATH; it is needed to build for a GPU")
-        text = host_library_source(source.resolve(), names)
+        text = host_library_source(source.resolve(), names, cooperative)
         flags = ["-shared", "-Xcompiler", "-fPIC", "-O3", f"-fmad={'true' if fmad else 'false'}", f"-arch=sm_{arch}"]
         key = hashlib.sha256("\0".join([" ".join(names), source.read_text(), " ".join(flags), headers_digest(),
                                         text]).encode())
@@ -131,7 +133,8 @@ class ProgramOnGpu:
         self._folder = tempfile.TemporaryDirectory()
         source = Path(self._folder.name) / "program.cu"
         source.write_text(program.cuda_source)
-        self.gpu = Gpu(source, [k.name for k in self.kernels], program.target.name.removeprefix("sm_"), work)
+        self.gpu = Gpu(source, [k.name for k in self.kernels], program.target.name.removeprefix("sm_"), work,
+                       cooperative=tuple(k.name for k in self.kernels if k.cooperative))
         self.device = {name: self.gpu.upload(array) for name, array in buffers.items()}
         self._keep, self.argvs = [], []
         for k in self.kernels:

@@ -60,6 +60,10 @@ CANDIDATES = {
     "TILE_MMA_FRAGMENTS": (1, 2, 4),
     "TILE_MMA_K": (1, 2, 4, 8),
     "REDUCE_SPLITS": (2, 4, 8, 16, 32, 64),  # contractions and attention take up to MAX_TILE_SPLIT
+    # grids of a grid-synced row (g<N>s): one block an SM on each GPU extract.targets knows (A100 108,
+    # RTX 4090 128, H100/H200 132, L40S 142, RTX 5090 170); a GPU takes those up to its own count
+    # (a pin may ask for any other: g4s runs a small grid in the simulator)
+    "REDUCE_GRID_BLOCKS": (108, 128, 132, 142, 170),
     "STAGE_PLAIN_DEPTHS": (1, 2),
     "STAGE_PIPELINE_DEPTHS": (2, 3, 4),
     "RASTER_GROUPS": (4, 8),
@@ -88,7 +92,7 @@ tile_simt = relation("tile_simt", String, i64, i64)
 tile_mma = relation("tile_mma", String, String, i64, i64, i64)  # spelling, dtype, FM, FN, KC
 tile_micro = relation("tile_micro", String, i64, i64)  # spelling, RM, RN
 micro_threads = relation("micro_threads", i64, i64, i64)  # threads, along N, along M (geometry.micro_layout)
-reduce_split = relation("reduce_split", String, i64, String)  # spelling, blocks, a | k
+reduce_split = relation("reduce_split", String, i64, String)  # spelling, blocks, a | k | s
 stage_plain = relation("stage_plain", String, i64)  # d<D>/smem
 stage_async = relation("stage_async", String, i64)  # d<D>/smem-async
 stage_tma = relation("stage_tma", String, i64)  # d<D>/smem-tma
@@ -151,6 +155,13 @@ row_rows = ruleset(
          kernel_flag(k, "atomic"), target(smem, sms, has_async, has_tma),
          work_threads(w, threads), tile_simt(t, elems, vec), stage_none(s), reduce_split(r, split, "a"), raster_none(g),
          rows < sms, threads * elems * split <= red, *_vector_ok(inner, vec, isz)).then(legal_row(k, w, t, r, s, g)),
+    # ... or a grid of `split` blocks, at most one an SM (a cooperative launch needs every block
+    # resident), taking every row in turn: a slice of each row a block, a grid barrier after each
+    # fold, so the row's sweep runs in the same kernel (few long rows: LayerNorm over (C, H, W))
+    rule(kernel(k, "row", rows, cols, red, inner, isz, batch), target(smem, sms, has_async, has_tma),
+         work_threads(w, threads), tile_simt(t, elems, vec), stage_none(s), reduce_split(r, split, "s"), raster_none(g),
+         rows < sms, split <= sms, threads * elems * split <= red, *_vector_ok(inner, vec, isz)
+         ).then(legal_row(k, w, t, r, s, g)),
     name="row",
 )
 
@@ -298,7 +309,8 @@ SCHEDULE_RULESETS = (map_rows, row_rows, column_rows, contraction_blocks, contra
 # For `emmy rules`: each schedule ruleset and what its rules add.
 SCHEDULE_DESCRIPTIONS = {
     "map": "elementwise kernels: threads x elements a thread, vector loads that divide the row",
-    "row": "row reductions: a thread a row, a block a row (coop), or split across blocks (g<N>k, g<N>a)",
+    "row": "row reductions: a thread a row, a block a row (coop), split across blocks (g<N>k, g<N>a), or a "
+           "grid of blocks taking each row in turn and meeting at grid barriers (g<N>s)",
     "column": "column reductions: a thread an output, or 32 outputs a block with its warps splitting the fold (coop), "
               "or that split across blocks too (g<N>a)",
     "contraction blocks": "matrix products: SIMT blocks, register micro-tiles, or mma atoms tiled by warps within the extents",

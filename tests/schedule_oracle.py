@@ -67,6 +67,10 @@ def enumerate_rows(shape, target) -> set[Schedule]:
                 if threads * elems <= shape.red:
                     add(w, t, "coop")
                 for r, split, mode in splits:
+                    if mode == "s":  # a grid-synced row: at most one block an SM
+                        if shape.rows < target.sms and split <= target.sms and threads * elems * split <= shape.red:
+                            add(w, t, r)
+                        continue
                     allowed = not shape.sweep and (mode == "k" or (not shape.epilogue and shape.atomic_ok))
                     if allowed and shape.rows < target.sms and threads * elems * split <= shape.red:
                         add(w, t, r)
@@ -129,7 +133,7 @@ def enumerate_rows(shape, target) -> set[Schedule]:
                 if g and 2 * f["group"] <= brows:
                     add(w, t, "", s, g)
             for r, split, mode in splits:
-                if mode == "a" and (shape.epilogue or not shape.atomic_ok):
+                if mode == "s" or (mode == "a" and (shape.epilogue or not shape.atomic_ok)):
                     continue
                 if nblocks < target.sms and 2 * split <= ksteps and split <= MAX_TILE_SPLIT:
                     add(w, t, r, s, "")

@@ -44,6 +44,8 @@ HELD_OUT = {
     "scaled_mean_few_rows": "x=torch.randn(3,9000); w=torch.randn(3); x.mean(-1)*w",
     "centered_sq_few_rows": "x=torch.randn(3,9000); m=torch.randn(3,1); ((x-m)**2).sum(-1)",
     "sum_few_columns": "x=torch.randn(3000,40); x.sum(dim=0)",
+    # few long rows with a sweep: a grid-synced row offered (its sweep's bytes too)
+    "softmax_few_long_rows": "x=torch.randn(3,4096); torch.softmax(x, dim=-1)",
     # a padded convolution: its input staged through the padding's guards (SIMT, micro-tile and mma rows)
     "conv_padded_f16": "x=torch.randn(1,32,10,10,dtype=torch.float16); c=nn.Conv2d(32,64,3,padding=1).half(); c(x)",
 }
@@ -124,14 +126,16 @@ def test_the_rules_the_geometry_and_the_lowerings_agree_on_shared_memory(target)
 
 
 def _sampled_rows(program, kernel, shape) -> list:
-    """The cheapest row of each (REDUCE, TILE) pair, cheapest first, three at most."""
+    """The cheapest row of each (REDUCE, TILE) pair, cheapest first, three at most; and the
+    cheapest grid-synced row (REDUCE=g<N>s) where one is offered."""
     ranked = program.ranked_rows(kernel)
     picked, seen = [], set()
     for breakdown in ranked:
         if (breakdown.row.REDUCE, breakdown.row.TILE) not in seen:
             seen.add((breakdown.row.REDUCE, breakdown.row.TILE))
             picked.append(breakdown.row)
-    return picked[:3]
+    grid = [b.row for b in ranked if b.row.reduce.grid]
+    return picked[:3] + [r for r in grid[:1] if r not in picked[:3]]
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))

@@ -44,7 +44,7 @@ def test_every_legal_row_prints_as_it_parses(values):
     ("TILE", "mma_m16n8k16_f16/f1x1/k8", "mma_m16n8k16_f16_f32 | mma_m16n8k16_bf16_f32"),
     ("TILE", "f6/v4", "multiple of the vector width"),
     ("TILE", "f8/v3", "vector width must be one of"),
-    ("REDUCE", "cooperative", "coop, g<N>a or g<N>k"),
+    ("REDUCE", "cooperative", "coop, g<N>a, g<N>k or g<N>s"),
     ("REDUCE", "g1a", "at least 2 blocks"),
     ("STAGE", "d3/tma", "d<D>/smem-tma"),
     ("RASTER", "g4", "gm<G>"),

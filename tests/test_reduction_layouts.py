@@ -134,8 +134,9 @@ def test_few_long_rows_with_an_epilogue_split_across_the_gpu_and_are_priced_near
 def test_the_search_fuses_several_reductions_into_their_reader_at_once():
     """GroupNorm's sum and sum of squares each cost more fused alone than materialized (with
     split rows they are cheap kernels), but fused together into the normalizing sweep they save
-    both kernels: one move that fuses every reduction a kernel reads finds it."""
-    program = emmy.optimize("x=torch.randn(2,64,128,128); torch.nn.functional.group_norm(x,8)", target="h100")
+    both kernels: one move that fuses every reduction a kernel reads finds it (128 rows of a group's
+    32768 elements: enough rows for a block each)."""
+    program = emmy.optimize("x=torch.randn(16,64,64,64); torch.nn.functional.group_norm(x,8)", target="h100")
     assert len(program.tile_ir.kernels) == 1
     decisions = program.explain().decisions
     singles = [d for d in decisions if d.kind == "boundary" and d.chosen == "fused"]

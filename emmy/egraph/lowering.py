@@ -16,7 +16,7 @@ import math
 import heapq
 from dataclasses import dataclass, field
 
-from emmy.affine import Affine, Guard
+from emmy.affine import Affine, Guard, recombined
 from emmy.dtypes import DType
 from emmy.egraph.layout import decode_layout
 from emmy.egraph.view import EGraphView, ENode, reaches
@@ -54,21 +54,72 @@ class KernelLowering:
         self.reduction_deps: dict[int, frozenset] = {}
         self.siblings: dict[tuple, list] = {}
         self.counters = {"in": 0, "v": 0, "acc": 0}
+        self.shortcut = None
         while self.choice[root].kind == "mat":  # a forced boundary at the root is the root itself
             root = self.root = self.choice[root].args[0]
         out_type = self.view.type(root)
-        coords = []
-        free = []
-        for extent in out_type.shape:
+        reshape = self._iteration_reshape(root)
+        shape = self.view.type(reshape.args[0]).shape if reshape else out_type.shape
+        loop_coords, free = [], []
+        for extent in shape:
             if extent == 1:
-                coords.append(Affine.constant(0))
+                loop_coords.append(Affine.constant(0))
             else:
                 free.append(len(self.extents))
-                coords.append(Affine.dim(len(self.extents)))
+                loop_coords.append(Affine.dim(len(self.extents)))
                 self.extents.append(extent)
-        value, deps = self._node_value(root, tuple(coords))
-        self._emit(Store(output, tuple(coords), value), deps | _vars(coords), uses=_names(value))
-        return Kernel(name, output, out_type, _renumber(self._nest(free), self.extents))
+        loop_coords = tuple(loop_coords)
+        coords = loop_coords
+        if reshape:  # the output's coordinates from the loops' linear offset
+            offset = sum((c * s for c, s in zip(loop_coords, _strides(shape))), Affine.constant(0))
+            coords = tuple(Affine.constant(0) if n == 1 else offset.digit(s, n, self.extents)
+                           for n, s in zip(out_type.shape, _strides(out_type.shape)))
+            self.shortcut = (reshape.id, coords, loop_coords)
+        value, deps = self._node_value(root, coords)
+        self._emit(Store(output, coords, value), deps | _vars(loop_coords), uses=_names(value))
+        body = _coalesce_sweeps(self._nest(free), self.extents)
+        return Kernel(name, output, out_type, _renumber(body, self.extents))
+
+    def _iteration_reshape(self, root: str) -> ENode | None:
+        """A reshape on the kernel's elementwise spine (the root, or an operand of its element
+        functions, down to the first fold or buffer) whose source has fewer axes than the output
+        and holds a fold: the kernel then loops over the source's shape and stores through the
+        inverse map, so a norm over several axes (GroupNorm's channels and positions, LayerNorm
+        over (C, H, W)) folds and sweeps one row of the row's full length instead of sweeping
+        the output's axes one nested loop at a time."""
+        out_shape = self.view.type(root).shape
+        axes = sum(1 for n in out_shape if n > 1)
+        pending, seen = [root], {root}
+        while pending:
+            cid = pending.pop()
+            node = self.choice[cid]
+            if node.kind == "reindex":
+                source = node.args[0]
+                source_shape = self.view.type(source).shape
+                if (sum(1 for n in source_shape if n > 1) < axes and source not in self.buffer_of
+                        and _is_reshape(decode_layout(node.args[1]), source_shape) and self._folds_within(source)):
+                    return node
+                continue
+            if node.kind not in ("unary", "binary", "select"):
+                continue
+            for child in node.children:
+                if child not in seen and child not in self.buffer_of and self.view.type(child).shape == out_shape:
+                    seen.add(child)
+                    pending.append(child)
+        return None
+
+    def _folds_within(self, cid: str) -> bool:
+        """Whether the term this kernel computes for `cid` holds a fold (stopping at buffers)."""
+        pending, seen = [cid], {cid}
+        while pending:
+            node = self.choice[pending.pop()]
+            if node.kind in ("reduce", "online_sum", "welford_m2", "softmax_wsum"):
+                return True
+            for child in node.children:
+                if child not in seen and child not in self.buffer_of:
+                    seen.add(child)
+                    pending.append(child)
+        return False
 
     # -- emission -------------------------------------------------------------
     def _fresh(self, prefix: str) -> str:
@@ -163,6 +214,8 @@ class KernelLowering:
         if kind == "reindex":
             layout = decode_layout(a[1])
             sub = tuple(e.substitute(coords, self.extents) for e in layout.index)
+            if self.shortcut and self.shortcut[:2] == (node.id, coords):  # the reshape the loops run over
+                sub = self.shortcut[2]
             guards = tuple(Guard(g.expr.substitute(coords, self.extents), g.lo, g.hi) for g in layout.guards)
             guards = tuple(g for g in guards if not g.always(self.extents))
             inner, deps = yield a[0], sub, guards
@@ -380,6 +433,71 @@ def _max_step(op, dtype: DType, m, x) -> tuple:
     return m_new, scale, term
 
 
+def _coalesce_sweeps(body: tuple, extents: list[int]) -> tuple:
+    """A row's sweep over several axes as one loop: where a level of the nest holds a fold, each
+    perfect nest of element loops beside it (a loop whose body is one element loop) becomes one
+    loop over their product, its coordinates recovered by division and remainder (exact, and
+    simplified away where the reads are contiguous). A norm over (C, H, W) then sweeps its row of
+    C*H*W elements with every thread of the row's block, as its fold does, rather than spreading
+    the block over C and running H and W serially. Appends the new loops' extents to `extents`."""
+    out = []
+    has_fold = any(isinstance(s, Loop) and s.reduction for s in body)
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            if has_fold and not stmt.reduction:
+                stmt = _coalesced(stmt, extents)
+            stmt = Loop(stmt.var, stmt.extent, _coalesce_sweeps(stmt.body, extents), stmt.reduction)
+        out.append(stmt)
+    return tuple(out)
+
+
+def _coalesced(loop: Loop, extents: list[int]) -> Loop:
+    """`loop` and the element loops nested in it as one; what a level computes before its inner
+    loop (plain assignments: a per-channel weight's load) sinks into the element, computed there."""
+    nest, sunk = [loop], []
+    while True:
+        inner = [s for s in nest[-1].body if isinstance(s, Loop)]
+        if len(inner) != 1 or inner[0].reduction or inner[0] is not nest[-1].body[-1]:
+            break
+        if not all(isinstance(s, Assign) for s in nest[-1].body[:-1]):
+            break
+        sunk += nest[-1].body[:-1]
+        nest.append(inner[0])
+    if len(nest) == 1:
+        return loop
+    var = len(extents)
+    extents.append(math.prod(n.extent for n in nest))
+    merged = Affine.dim(var)
+    dims = [Affine.dim(v) for v in range(len(extents))]
+    stride = 1
+    for n in reversed(nest):
+        dims[n.var] = merged.digit(stride, n.extent, extents)
+        stride *= n.extent
+    return Loop(var, extents[var], _substituted((*sunk, *nest[-1].body), dims, extents), False)
+
+
+def _substituted(stmts: tuple, dims: list, extents: list[int]) -> tuple:
+    """`stmts` with every index and guard's coordinates replaced by `dims`."""
+    def index(exprs):
+        return tuple(e.substitute(dims, extents) for e in exprs)
+
+    def guards(gs):
+        return tuple(Guard(g.expr.substitute(dims, extents), g.lo, g.hi) for g in gs)
+
+    out = []
+    for stmt in stmts:
+        if isinstance(stmt, Loop):
+            stmt = Loop(stmt.var, stmt.extent, _substituted(stmt.body, dims, extents), stmt.reduction)
+        elif isinstance(stmt, Assign) and isinstance(stmt.expr, Load):
+            stmt = Assign(stmt.name, stmt.dtype, Load(stmt.expr.buffer, index(stmt.expr.index), guards(stmt.expr.guards)))
+        elif isinstance(stmt, Assign) and isinstance(stmt.expr, Masked):
+            stmt = Assign(stmt.name, stmt.dtype, Masked(guards(stmt.expr.guards), stmt.expr.value, stmt.expr.fill))
+        elif isinstance(stmt, Store):
+            stmt = Store(stmt.buffer, index(stmt.index), stmt.value)
+        out.append(stmt)
+    return tuple(out)
+
+
 def _renumber(body: tuple, extents: list[int]) -> tuple:
     """Loop variables and SSA names numbered in the order the printed kernel
     introduces them (a0, a1, ...; in0, in1, v0, ...)."""
@@ -486,6 +604,29 @@ def _needed(guards: tuple, coords: tuple, shape: tuple[int, ...], extents) -> tu
         if g not in unique:
             unique.append(g)
     return tuple(unique)
+
+
+def _strides(shape) -> list[int]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return strides[::-1]
+
+
+def _is_reshape(layout, source_shape) -> bool:
+    """Whether `layout` reads `source_shape` as a row-major reshape: unguarded, in range, and the
+    source offset of every output coordinate is that coordinate's own offset (so it is a bijection)."""
+    if layout.guards or math.prod(layout.shape) != math.prod(source_shape) or len(layout.index) != len(source_shape):
+        return False
+    extents = list(layout.shape)
+    coords = [Affine.constant(0) if n == 1 else Affine.dim(j) for j, n in enumerate(extents)]
+    index = [e.substitute(coords, extents) for e in layout.index]
+    if any(not (0 <= e.bounds(extents)[0] and e.bounds(extents)[1] < n) for e, n in zip(index, source_shape)):
+        return False
+    source_offset = sum((e * s for e, s in zip(index, _strides(source_shape))), Affine.constant(0))
+    offset = sum((c * s for c, s in zip(coords, _strides(extents))), Affine.constant(0))
+    return recombined(source_offset) == offset
 
 
 def _vars(coords) -> frozenset:

@@ -116,6 +116,18 @@ def _render_workspace_merge(n: K.WorkspaceMerge, template, k, types) -> str:
     return template.render(n=n, groups=groups)
 
 
+def _render_grid_rows(n: K.GridRows, template, k: K.KernelIR, types) -> str:
+    body = "\n".join(_render(child, k, types) for child in n.body)
+    return template.render(n=n, k=k, rows=k.tile.rows, decomposition=_decomposition(n.vars), body=body)
+
+
+def _render_grid_merge(n: K.GridMerge, template, k, types) -> str:
+    slots, groups = iter(range(sum(len(accs) for _, accs in n.groups))), []
+    for op, accs in n.groups:
+        groups.append((merge_c(op, accs, ""), [(acc, next(slots)) for acc in accs]))
+    return template.render(n=n, groups=groups, accs=[acc for _, accs in n.groups for acc in accs])
+
+
 def _render_only_thread(n: K.OnlyThread, template, k, types) -> str:
     stores = [(buffer_c(s.buffer), store_index_c(s.index), stored_value_c(s.value), s.atomic, STORAGE[s.dtype])
               for s in n.body]
@@ -236,7 +248,7 @@ _RENDERERS = {
     K.MapElements: _render_elements, K.WarpShuffle: _render_merging, K.ColumnCombine: _render_merging,
     K.TreeHalve: _render_tree, K.SplitFinish: _render_split_finish, K.Fill: _render_fill,
     K.WorkspaceMerge: _render_workspace_merge, K.OnlyThread: _render_only_thread, K.Sync: _render_plain,
-    K.Broadcast: _render_plain,
+    K.Broadcast: _render_plain, K.GridRows: _render_grid_rows, K.GridMerge: _render_grid_merge,
     K.ContractionTile: _render_contraction, K.MmaTile: _render_mma, K.FlashRows: _render_flash,
     K.FlashMma: _render_flash_mma,
 }

@@ -13,9 +13,10 @@ import dataclasses
 from math import prod
 
 from emmy.dtypes import DType
-from emmy.kernel_ir.nodes import (Broadcast, ColumnCombine, ContractionTile, ElementLoop, Fill, KernelIR, MapElements, MmaTile,
-                                  OnlyThread, Panel, Param, PartialSlot, RowIndex, Scalar, Smem, SplitFinish, Store, Sync, Tile,
-                                  TreeHalve, VecLoad, VecStore, WarpShuffle, WorkspaceMerge)
+from emmy.kernel_ir.nodes import (Broadcast, ColumnCombine, ContractionTile, ElementLoop, Fill, GridMerge, GridRows,
+                                  KernelIR, MapElements, MmaTile, OnlyThread, Panel, Param, PartialSlot, RowIndex, Scalar,
+                                  Smem, SplitFinish, Store, Sync, Tile, TreeHalve, VecLoad, VecStore, WarpShuffle,
+                                  WorkspaceMerge)
 from emmy.kernel_ir.lower_common import (MONOID, Unsupported, contraction_parts, flat_index, free_loops,
                                          split_outputs, vectorizable)
 from emmy.kernel_ir.index_faults import INDEX_FAULTS, faults_param
@@ -60,7 +61,7 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
     if tile.shape.kind not in ("map", "row", "column"):
         return f"{tile.shape.kind} kernels are not lowered to Kernel IR yet"
     split_ok = tile.shape.kind in ("row", "column") and row.reduce.atomic and tile.kernel.type.dtype.value == "f32"
-    workspace_ok = tile.shape.kind == "row" and row.reduce.workspace
+    workspace_ok = tile.shape.kind == "row" and (row.reduce.workspace or row.reduce.grid)
     blocking = [f"REDUCE={row.REDUCE}"] if row.reduce.split > 1 and not (split_ok or workspace_ok) else []
     blocking += [f"{knob}={getattr(row, knob)}" for knob in ("STAGE", "RASTER") if getattr(row, knob)]
     if blocking:
@@ -80,7 +81,7 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
         except Unsupported as why:
             return f"REDUCE={row.REDUCE}: {why}"
     if workspace_ok:
-        why = _workspace_split(tile)
+        why = _grid_split(tile) if row.reduce.grid else _workspace_split(tile)
         if why:
             return f"REDUCE={row.REDUCE}: {why}"
     if row.reduce.coop or split_ok or workspace_ok:  # folds merged across threads: the runtime header's merges
@@ -167,6 +168,8 @@ def lower_kernel(tile: TileKernel, types: dict) -> list[KernelIR]:
         return [_fill_kernel(tile, types, REDUCE_OPS[body.atomics[0][1]]), main]
     if tile.shape.kind == "row" and tile.geometry.split > 1 and tile.row.reduce.workspace:
         return _lower_row_workspace(tile, types, params)
+    if tile.shape.kind == "row" and tile.row.reduce.grid:
+        return [_lower_row_grid(tile, types, params)]
     if tile.shape.kind == "column" and not tile.row.reduce.serial:
         main = _lower_column(tile, types, params)
     else:
@@ -206,6 +209,65 @@ def _workspace_split(tile: TileKernel) -> str:
     if any(not i.dtype.is_float for i in folds[0].init):
         return "a workspace split needs float accumulators (the workspace is f32)"
     return ""
+
+
+def _grid_split(tile: TileKernel) -> str:
+    """Why a row cannot run as a grid-synced row (REDUCE=g<N>s), or "": one fold (one grid barrier
+    a row), nothing stored before it (every block runs what precedes the fold), float accumulators
+    (the workspace is f32)."""
+    folds = [p for p in tile.parts if isinstance(p, Fold)]
+    if len(folds) != 1:
+        return f"a grid-synced row needs one fold, not {len(folds)}"
+    before = tile.parts[:tile.parts.index(folds[0])]
+    if any(isinstance(s, L.Store) for p in before for s in p.body):
+        return "a row that stores before its fold cannot split it across blocks"
+    if any(not i.dtype.is_float for i in folds[0].init):
+        return "a grid-synced row needs float accumulators (the workspace is f32)"
+    return ""
+
+
+def _lower_row_grid(tile: TileKernel, types: dict, params) -> KernelIR:
+    """A grid-synced row (REDUCE=g<N>s): a cooperative grid of `split` blocks takes every row in
+    turn; each block folds a whole-step slice of the row, combines it across its threads and leaves
+    its partial state in a workspace ([accumulator][row parity][slice]: a row's states are written
+    while the last row's may still be read); after a grid barrier each block merges all of them
+    in slice order, runs the row's epilogue (the row's results stored by the grid's first thread)
+    and sweeps its slice of the row. One launch, and the row's second read comes from L2."""
+    g = tile.geometry
+    loops, _ = free_loops(tile.kernel, tile.placement.free)
+    rows, split, threads, width = prod(e for _, e in loops), g.split, g.threads, g.vec
+    unroll = max(1, g.elems // max(1, width))
+    (fold,) = [p for p in tile.parts if isinstance(p, Fold)]
+    groups = _fold_groups(fold)
+    accs = [acc for _, _, group in groups for acc in group]
+    workspace, size = workspace_name(tile.kernel.name), len(accs) * 2 * split
+    plain = tuple(p for p in params if p.name != INDEX_FAULTS)
+    faults = tuple(p for p in params if p.name == INDEX_FAULTS)
+    body: list = []
+    shared: list[Smem] = [Smem(DType.F32, "grid_partials", len(accs))]
+    for part in tile.parts:
+        if isinstance(part, Epilogue):
+            body += [dataclasses.replace(n, who="grid_first") if isinstance(n, OnlyThread) else n
+                     for n in _scalar_and_stores(part.body, types, True)]
+        elif isinstance(part, Fold):
+            body.append(Scalar(part.init))
+            loop = _element_loop(part.var, part.extent, part.lift + part.combine, types, width, threads, unroll, "thread")
+            body.append(dataclasses.replace(loop, split=split))
+            combine, smem = _block_combine(part, threads)
+            body += combine
+            shared += [m for m in smem if m not in shared]
+            body.append(OnlyThread(tuple(Store(workspace, DType.F32, PartialSlot(slot, 2, split, alternate=True), acc)
+                                         for slot, acc in enumerate(accs))))
+            body.append(GridMerge(tuple((op, group) for op, _, group in groups), workspace, split, "grid_partials"))
+        elif isinstance(part, Sweep):
+            loop = _element_loop(part.var, part.extent, part.body, types, width, threads, unroll, "thread")
+            body.append(dataclasses.replace(loop, split=split))
+    twists = ((fold.twist, tuple(i.acc for i in fold.init if _in_state(i, fold))),) if fold.twist else ()
+    extent = max(p.extent for p in tile.parts if isinstance(p, (Fold, Sweep)))
+    return KernelIR(name=tile.kernel.name, params=(*plain, Param(workspace, DType.F32, True, size), *faults),
+                    tile=Tile(("row", "col"), extent, rows, threads), grid=(split, 1, 1), block=(threads, 1, 1),
+                    shared=tuple(shared), body=(GridRows(tuple(loops), tuple(body)),), knobs=str(tile.row),
+                    summary=tile.shape.describe(), twists=twists, cooperative=True)
 
 
 def _lower_row_workspace(tile: TileKernel, types: dict, params) -> list[KernelIR]:

@@ -362,10 +362,13 @@ class Broadcast:
 @dataclass(frozen=True)
 class PartialSlot:
     """Where this row's slice leaves accumulator `slot`'s partial state in a workspace laid out
-    [accumulator][row][slice] (`rows` rows, `split` slices)."""
+    [accumulator][row][slice] (`rows` rows, `split` slices). A grid-synced row (REDUCE=g<N>s)
+    takes two rows of workspace in turn (`alternate`: the row's parity), so one row's partial
+    states are written while the last row's may still be read."""
     slot: int
     rows: int
     split: int
+    alternate: bool = False
 
 
 @dataclass(frozen=True)
@@ -382,8 +385,9 @@ class Store:
 @dataclass(frozen=True)
 class OnlyThread:
     """Statements one thread of the row runs (a row's result, written once): `who` is "first" (the
-    block's first thread) or "output_lanes" (in a column reduction, the first warp's lanes that own
-    an output)."""
+    block's first thread), "grid_first" (the first thread of the grid's first block: a grid-synced
+    row, which every block holds) or "output_lanes" (in a column reduction, the first warp's lanes
+    that own an output)."""
     body: tuple[Store, ...]
     who: str = "first"
 
@@ -415,6 +419,27 @@ class WorkspaceMerge:
     rows: int
 
 
+@dataclass(frozen=True)
+class GridRows:
+    """Every row in turn, for a grid-synced row (REDUCE=g<N>s, a cooperative launch): each of the
+    grid's blocks takes a slice (`slice` = its block index) of each row and runs `body` on it,
+    meeting the other blocks at a grid barrier after each fold (GridMerge)."""
+    vars: tuple[tuple[int, int], ...]  # (loop variable, extent) of the row, outermost first
+    body: tuple  # Kernel IR statements, per row
+
+
+@dataclass(frozen=True)
+class GridMerge:
+    """After a fold of a grid-synced row: the grid barrier, then the first thread of each block
+    merges the blocks' partial states (workspace [accumulator][row parity][slice], `split` slices)
+    in slice order by each group's monoid or twist, and the block reads the row's state from
+    shared memory `smem`."""
+    groups: tuple[tuple[str, tuple[str, ...]], ...]  # (monoid or twist, accumulators), workspace order
+    workspace: str
+    split: int
+    smem: str
+
+
 @dataclass(frozen=True, kw_only=True)
 class KernelIR:
     name: str
@@ -431,3 +456,4 @@ class KernelIR:
     dynamic_smem: int = 0  # bytes of dynamic shared memory the launch provides
     # TMA descriptors passed after the params: (buffer, row length, box rows, box cols)
     tensor_maps: tuple[tuple[str, int, int, int], ...] = ()
+    cooperative: bool = False  # launched cooperatively: its blocks meet at grid barriers (GridMerge)

@@ -7,7 +7,7 @@ from emmy.kernel_ir.cuda import panel_copy
 from emmy.kernel_ir.scalar_c import affine_c, store_index_c, stored_value_c, vector_index_c
 from emmy.schedule.knobs import STAGE_ASYNC, STAGE_TMA
 from emmy.loop_ir import nodes as L
-from emmy.loop_ir.printer import statement_text
+from emmy.loop_ir.printer import padded_text, statement_text
 
 
 def print_kernel_ir(kernels: list[K.KernelIR]) -> str:
@@ -85,7 +85,7 @@ def _mma(n: K.MmaTile, pad: str, out: list[str]) -> None:
     out.append(f"{pad}  {n.atom}(acc[fm][fn], a_frag[fm], b_frag[fn])  for fm < {n.frag_m}, fn < {n.frag_n}")
     out.append(f"{pad}each accumulator element:" + (" (partial result out)" if n.split > 1 else ""))
     if n.split == 1:
-        out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+        out += [padded_text(f"{pad}  ", s) for s in n.epilogue]
 
 
 def _flash(n: K.FlashRows, pad: str, out: list[str]) -> None:
@@ -111,12 +111,12 @@ def _flash(n: K.FlashRows, pad: str, out: list[str]) -> None:
             acc = next(x.acc for x in s.body if isinstance(x, L.Accumulate))
             out.append(f"{pad}    WarpShuffle(sum, length=32) {acc}")
         else:
-            out.append(f"{pad}    {statement_text(s)}")
+            out.append(padded_text(f"{pad}    ", s))
     out.append(f"{pad}    each owned column:")
     out += [f"{pad}      " + (f"{x.name} = {x.name}_panel[stage][..]" if getattr(x, "name", None) in staged
                              else statement_text(x)) for x in n.per_col]
     out.append(f"{pad}each owned output:")
-    out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+    out += [padded_text(f"{pad}  ", s) for s in n.epilogue]
 
 
 def _flash_mma(n: K.FlashMma, pad: str, out: list[str]) -> None:
@@ -132,12 +132,12 @@ def _flash_mma(n: K.FlashMma, pad: str, out: list[str]) -> None:
         out.append(f"{pad}for a{n.key_var} in 0..{n.key_extent} step {n.bn}:  fragments from global memory")
     out.append(f"{pad}  s = {n.atom}(q_frag, k_frag)  over a{n.inner_var} in 0..{n.inner_extent} step 16")
     out.append(f"{pad}  each s element ({n.dot_acc}):")
-    out += [f"{pad}    " + statement_text(s) for s in n.scores]
+    out += [padded_text(f"{pad}    ", s) for s in n.scores]
     out.append(f"{pad}  m' = max(m, quad max of {n.score}); p = exp({n.score} - m'); d = d * exp(m - m') + sum p; "
                "o *= exp(m - m')")
     out.append(f"{pad}  o = {n.atom}(p_frag (p as {n.q.dtype}), ldmatrix.x2.trans v_panel)")
     out.append(f"{pad}d = quad sum of d; each output element:")
-    out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+    out += [padded_text(f"{pad}  ", s) for s in n.epilogue]
 
 
 def _list_row_index(n: K.RowIndex, k: K.KernelIR, pad: str, out: list[str]) -> None:
@@ -149,7 +149,7 @@ def _list_row_index(n: K.RowIndex, k: K.KernelIR, pad: str, out: list[str]) -> N
 
 
 def _list_scalar(n: K.Scalar, k: K.KernelIR, pad: str, out: list[str]) -> None:
-    out += [pad + statement_text(s) for s in n.stmts]
+    out += [padded_text(pad, s) for s in n.stmts]
 
 
 def _list_element_loop(n: K.ElementLoop, k: K.KernelIR, pad: str, out: list[str]) -> None:
@@ -164,7 +164,7 @@ def _list_element_loop(n: K.ElementLoop, k: K.KernelIR, pad: str, out: list[str]
     vectorised = {v.dst[:-2]: v.dst for v in n.vectors}
     for s in n.body:
         name = getattr(s, "name", None)
-        out.append(inner + (f"{name} = {vectorised[name]}[u]" if name in vectorised else statement_text(s)))
+        out.append(inner + f"{name} = {vectorised[name]}[u]" if name in vectorised else padded_text(inner, s))
     if n.tail:
         out.append(f"{pad}for a{n.var} in {n.extent - n.extent % n.width}+{who}..{n.extent} step {n.workers}:"
                    "  (tail, scalar)")
@@ -173,7 +173,7 @@ def _list_element_loop(n: K.ElementLoop, k: K.KernelIR, pad: str, out: list[str]
 def _list_map_elements(n: K.MapElements, k: K.KernelIR, pad: str, out: list[str]) -> None:
     out.append(f"{pad}for j in 0..{n.per_thread}: e = (block * {k.block[0]} + tid) * {n.per_thread} + j"
                + "".join(f"; a{v} in 0..{e}" for v, e in n.vars))
-    out += [pad + "  " + statement_text(s) for s in n.body]
+    out += [padded_text(pad + "  ", s) for s in n.body]
 
 
 def _list_warp_shuffle(n: K.WarpShuffle, k: K.KernelIR, pad: str, out: list[str]) -> None:
@@ -199,12 +199,26 @@ def _list_broadcast(n: K.Broadcast, k: K.KernelIR, pad: str, out: list[str]) -> 
 def _list_split_finish(n: K.SplitFinish, k: K.KernelIR, pad: str, out: list[str]) -> None:
     out.append(f"{pad}each output: " + ", ".join(f"{a} = {op} over {n.split} partials in {n.workspace}"
                                                  for a, op in n.accs))
-    out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+    out += [padded_text(f"{pad}  ", s) for s in n.epilogue]
 
 
 def _list_workspace_merge(n: K.WorkspaceMerge, k: K.KernelIR, pad: str, out: list[str]) -> None:
     out.append(f"{pad}this row: " + ", ".join(f"({', '.join(accs)}) = {op} over {n.split} partials"
                                               for op, accs in n.groups) + f" in {n.workspace}")
+
+
+def _list_grid_rows(n: K.GridRows, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out.append(f"{pad}for row in 0..{k.tile.rows} (every block in turn; slice = blockIdx.x of {k.grid[0]})"
+               + "".join(f"; a{v} in 0..{e}" for v, e in n.vars) + ":")
+    for child in n.body:
+        _node(child, k, len(pad) // 2 + 1, out)
+
+
+def _list_grid_merge(n: K.GridMerge, k: K.KernelIR, pad: str, out: list[str]) -> None:
+    out.append(f"{pad}GridSync")
+    out.append(f"{pad}this row: " + ", ".join(f"({', '.join(accs)}) = {op} over {n.split} partials"
+                                              for op, accs in n.groups)
+               + f" in {n.workspace}[row & 1] (first thread), shared through {n.smem}")
 
 
 def _list_fill(n: K.Fill, k: K.KernelIR, pad: str, out: list[str]) -> None:
@@ -234,12 +248,12 @@ def _list_contraction_tile(n: K.ContractionTile, k: K.KernelIR, pad: str, out: l
     staged = {p.name: p for p in n.panels}
     for s in (*n.lift, *n.combine):
         name = getattr(s, "name", None)
-        out.append(f"{pad}    " + (f"{name} = {name}_panel[stage][..]" if name in staged else statement_text(s)))
+        out.append(f"{pad}    {name} = {name}_panel[stage][..]" if name in staged else padded_text(f"{pad}    ", s))
     if n.workspace:
         out.append(f"{pad}each owned output: accumulators to {n.workspace}")
     else:
         out.append(f"{pad}each owned output:" + (" (atomic combine into the output)" if n.split > 1 else ""))
-        out += [f"{pad}  " + statement_text(s) for s in n.epilogue]
+        out += [padded_text(f"{pad}  ", s) for s in n.epilogue]
 
 
 def _list_mma_tile(n: K.MmaTile, k: K.KernelIR, pad: str, out: list[str]) -> None:
@@ -272,6 +286,8 @@ _LISTINGS = {
     K.Broadcast: _list_broadcast,
     K.SplitFinish: _list_split_finish,
     K.WorkspaceMerge: _list_workspace_merge,
+    K.GridRows: _list_grid_rows,
+    K.GridMerge: _list_grid_merge,
     K.Fill: _list_fill,
     K.ContractionTile: _list_contraction_tile,
     K.MmaTile: _list_mma_tile,

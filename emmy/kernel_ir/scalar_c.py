@@ -167,7 +167,8 @@ def affine_c(a: Affine, names: dict[int, str] | None = None) -> str:
 
 # How Kernel IR's words for who works are spelt in CUDA.
 WORKER_C = {"thread": "threadIdx.x", "warp": "threadIdx.x / 32", "alone": "0"}
-ONLY_THREAD_C = {"first": "threadIdx.x == 0", "output_lanes": "threadIdx.x < 32 && row_ok"}
+ONLY_THREAD_C = {"first": "threadIdx.x == 0", "grid_first": "blockIdx.x == 0 && threadIdx.x == 0",
+                 "output_lanes": "threadIdx.x < 32 && row_ok"}
 _MERGE = {"sum": "{0} = {0} + {1};", "prod": "{0} = {0} * {1};", "max": "{0} = emmy::maximum({0}, {1});",
           "min": "{0} = emmy::minimum({0}, {1});"}
 
@@ -186,7 +187,8 @@ def store_index_c(index) -> str:
     """A Kernel IR Store's index: a flat Affine, or a slot of a split row's workspace
     ([accumulator][row][slice], `row` and `slice` as RowIndex names them)."""
     if isinstance(index, PartialSlot):
-        return f"({index.slot} * {index.rows} + row) * {index.split} + slice"
+        row = "(row & 1)" if index.alternate else "row"
+        return f"({index.slot} * {index.rows} + {row}) * {index.split} + slice"
     return affine_c(index)
 
 

@@ -60,6 +60,14 @@ def _lines(body, depth: int, out: list[str]) -> None:
             out.append(pad + statement_text(stmt))
 
 
+def padded_text(pad: str, stmt) -> str:
+    """A statement as `--ir loop` prints it, every line led by `pad`: a loop (a kernel's serial
+    inner loop) spans several lines."""
+    lines: list[str] = []
+    _lines((stmt,), 0, lines)
+    return "\n".join(pad + line for line in lines)
+
+
 def print_loop_ir(program: LoopProgram) -> str:
     out: list[str] = []
     for k, kernel in enumerate(program.kernels):

@@ -26,7 +26,9 @@ time with every term that made it.
   registers (an estimate from the tile's accumulators); `hiding` is the share
   of memory latency that resident warps or a cp.async/TMA pipeline hide;
   `spread` the share of SMs with work; `tail` the last wave's fill;
-- sync: barrier and shuffle steps of cooperative reductions; extra: the
+- sync: barrier and shuffle steps of cooperative reductions (and, for a
+  grid-synced row, per row a grid barrier and the first thread's merge of
+  the blocks' partial states); extra: the
   kernel a split reduction adds (the finishing kernel of a workspace split,
   the fill that sets the output before atomic adds).
 
@@ -44,6 +46,10 @@ from emmy.schedule.geometry import geometry, lane_access, workspace_name
 from emmy.schedule.shape import KernelShape
 
 SYNC_STEP = 2.0e-8  # s per barrier or shuffle step of a block
+# A grid-wide barrier of a cooperative launch, one block an SM (an estimate of the order reported for
+# cooperative_groups grid.sync on recent GPUs, about a microsecond or two; not yet measured here)
+GRID_SYNC_SECONDS = 2.0e-6
+GRID_MERGE_STEP = 1.0e-8  # s per block partial state one thread reads (from L2, pipelined) and merges (estimate)
 BASE_REGS = 32  # registers a thread needs besides its accumulators and tiles
 SECTOR_BYTES = 32  # the unit of a global-memory transaction
 
@@ -128,7 +134,8 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     issue = min(1.0, occupancy / (0.125 if g.mma else 0.25))
     if shape.kind in ("map", "row", "column"):  # contractions and attention price their re-reads by their tiles
         rows_per_block = 1 if shape.kind == "row" and not row.reduce.serial else g.threads
-        seconds, again = reread_seconds(loop_cost.rereads, target, min(shape.rows, slots * rows_per_block))
+        in_flight = 1 if row.reduce.grid else min(shape.rows, slots * rows_per_block)  # a grid-synced row: one
+        seconds, again = reread_seconds(loop_cost.rereads, target, in_flight)
         memory_s, moved = memory_s + seconds, moved + again
     memory_s *= 2.0 if spills else 1.0
     compute_s = max(arith_s, tensor_s, special_s, issue_s)
@@ -138,6 +145,8 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     if row.reduce.coop or shape.kind == "attention" or (g.split > 1 and shape.kind in ("row", "column")):
         steps = 5 + max(0, int(log2(max(g.threads, 32) // 32)))  # warp shuffles, then the block tree
         sync_s = SYNC_STEP * steps * waves
+        if row.reduce.grid:  # every row in turn: its block trees, a grid barrier, the merge
+            sync_s = shape.rows * (SYNC_STEP * steps + GRID_SYNC_SECONDS + GRID_MERGE_STEP * g.split)
     extra_s = 0.0
     if row.reduce.workspace:  # workspace out and back, and a finishing launch
         workspace = shape.rows * shape.cols * shape.batch * g.split * 4 * 2
@@ -172,6 +181,11 @@ def requested_bytes(shape: KernelShape, row: Schedule, g, loop_cost) -> Requeste
     if shape.kind not in ("map", "row", "column"):
         return RequestedBytes(0.0, 0.0, ())
     written = loop_cost.bytes_written
+    if shape.kind == "row" and row.reduce.grid:  # each block's partial states out, every block reads them all
+        states = loop_cost.accumulators * shape.rows * g.split * 4
+        by_buffer = {b.buffer: b.loop + b.row * (g.threads * g.split - 1) for b in loop_cost.buffers}
+        by_buffer[workspace_name(shape.kernel)] = states * g.split
+        return RequestedBytes(sum(by_buffer.values()), written + states, tuple(sorted(by_buffer.items())))
     if shape.kind == "row" and g.split > 1 and row.reduce.workspace:
         workspace = loop_cost.accumulators * shape.rows * g.split * 4
         by_buffer = {b.buffer: b.loop - b.row + (b.row - b.row_after) * g.threads * g.split + b.row

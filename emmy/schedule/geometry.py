@@ -130,6 +130,8 @@ def geometry(shape: KernelShape, row: Schedule) -> Geometry:
     if shape.kind == "row":
         if row.reduce.serial:  # a thread a row
             return Geometry(threads, ceil(shape.rows / threads), elems, vec, 0)
+        if row.reduce.grid:  # `split` blocks in all, taking every row in turn
+            return Geometry(threads, split, elems, vec, 0, split)
         return Geometry(threads, shape.rows * split, elems, vec, 0, split)
     bm, bn = simt_tile(threads * elems)  # the Kernel IR lowering's tiles
     blocks = ceil(shape.rows / bm) * ceil(shape.cols / bn) * shape.batch * split

@@ -44,7 +44,7 @@ _FORMS = {
         f"f<N>[/v<V>], r<RM>x<RN> (RM, RN of {MICRO_SIDES}) or <atom>/f<FM>x<FN>/k<K> with atom "
         f"{' | '.join(MMA_ATOMS)}",
     ),
-    "REDUCE": (rf"|coop|g(?P<split>{_NUMBER})(?P<mode>[ak])", "(empty), coop, g<N>a or g<N>k"),
+    "REDUCE": (rf"|coop|g(?P<split>{_NUMBER})(?P<mode>[aks])", "(empty), coop, g<N>a, g<N>k or g<N>s"),
     "STAGE": (rf"|d(?P<depth>{_NUMBER})/(?P<how>{STAGE_PLAIN}|{STAGE_ASYNC}|{STAGE_TMA})",
               "(empty), d<D>/smem, d<D>/smem-async or d<D>/smem-tma"),
     "RASTER": (rf"|gm(?P<group>{_NUMBER})", "(empty) or gm<G>"),
@@ -113,7 +113,9 @@ class Tile:
 @dataclass(frozen=True)
 class Reduce:
     """REDUCE: a thread a fold (serial), a block a fold (`coop`), or `split` blocks a fold that meet
-    through atomics (`mode` "a") or a workspace and a finishing kernel (`mode` "k")."""
+    through atomics (`mode` "a"), a workspace and a finishing kernel (`mode` "k"), or a workspace
+    and a grid barrier (`mode` "s": a grid of `split` blocks takes every row in turn, each block a
+    slice of it, so a row's sweep follows its fold in the same kernel)."""
 
     coop: bool = False
     split: int = 1
@@ -130,6 +132,10 @@ class Reduce:
     @property
     def workspace(self) -> bool:
         return self.mode == "k"
+
+    @property
+    def grid(self) -> bool:
+        return self.mode == "s"
 
     def __str__(self) -> str:
         return f"g{self.split}{self.mode}" if self.mode else "coop" if self.coop else ""

@@ -41,7 +41,8 @@ def default_candidates() -> dict[str, list[str]]:
         "TILE": [Tile(e, v) for e, v in c["TILE_SIMT"]] + [Tile.micro(m, n) for m, n in c["TILE_MICRO"]]
         + [Tile.of_atom(a, fm, fn, kc) for a in R.ATOM_DTYPE for fm in c["TILE_MMA_FRAGMENTS"]
            for fn in c["TILE_MMA_FRAGMENTS"] for kc in c["TILE_MMA_K"]],
-        "REDUCE": [Reduce(), Reduce(coop=True)] + [Reduce(split=n, mode=m) for n in c["REDUCE_SPLITS"] for m in "ak"],
+        "REDUCE": [Reduce(), Reduce(coop=True)] + [Reduce(split=n, mode=m) for n in c["REDUCE_SPLITS"] for m in "ak"]
+        + [Reduce(split=n, mode="s") for n in c["REDUCE_GRID_BLOCKS"]],
         "STAGE": [Stage()] + [Stage(d, STAGE_PLAIN) for d in c["STAGE_PLAIN_DEPTHS"]]
         + [Stage(d, how) for how in (STAGE_ASYNC, STAGE_TMA) for d in c["STAGE_PIPELINE_DEPTHS"]],
         "RASTER": [Raster()] + [Raster(g) for g in c["RASTER_GROUPS"]],
