@@ -232,3 +232,13 @@ def test_the_simulator_counts_the_bytes_a_launch_reads_and_writes(tmp_path):
     plain = sim.load(source, "vector_add.cu", mode="plain", cache_dir=tmp_path)
     with pytest.raises(EmmyError, match="racecheck build"):
         plain.count("vector_add", grid=4, block=256, args=[a, b, c, n])
+
+
+def test_the_reductions_fused_into_a_kernel_can_be_cut_out_of_it_together():
+    """The inverse of fusing every reduction a kernel reads: cutting them all out at once (each
+    where it ends or where its kernel would end) is a move the search prices, and `explain` shows
+    what it would cost. For GroupNorm with enough rows, keeping them fused is cheaper."""
+    program = emmy.optimize("x=torch.randn(16,64,64,64); torch.nn.functional.group_norm(x,8)", target="h100")
+    outs = [d for d in program.explain().decisions if d.subject.endswith("cut out of it")]
+    assert outs and all(d.chosen == "cut at neither" and d.delta_seconds > 0 for d in outs)
+    assert all(d.alternative.startswith("cut at ") and "," in d.alternative for d in outs)  # two cuts at once

@@ -31,6 +31,7 @@ those prices are the explanation (`Decision`), what each alternative would have 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -165,6 +166,9 @@ def shared(chosen: ChosenGraph, cid: str) -> bool:
     return False
 
 
+MAX_CUT_OUT = 3  # fused reductions a kernel's cut-out move takes at once (2 ** n combinations are priced)
+
+
 def initial_boundaries(chosen: ChosenGraph) -> set[str]:
     """Every reduction's result cut at its top, and shared elementwise work computed once."""
     boundaries = set(chosen.required())
@@ -235,6 +239,20 @@ class BoundarySearch:
                                 and any(chosen.is_heavy(m) for m in regions[c])))
             if len(cuts) >= 2:
                 group(Move("boundary", root, cuts, what=f"the reductions {self.name(root)} reads, fused into it"))
+            # ... and the way back: the reductions fused into a kernel, cut out of it together (a
+            # norm's statistics back into a kernel of their own, its sweep a map again)
+            # (each cut where the reduction ends or where its kernel would end, every combination)
+            sites = []
+            for c in sorted(regions[root]):
+                if c != root and chosen.is_heavy(c) and c not in self.kernels.boundaries:
+                    options = tuple(dict.fromkeys(t for t in (c, top_of(chosen, c))
+                                                  if t != root and t not in self.kernels.boundaries and flippable(t)))
+                    if options:
+                        sites.append(options)
+            if 2 <= len(sites) <= MAX_CUT_OUT:
+                group(*(Move("boundary", root, tuple(sorted(set(cuts))),
+                             what=f"the reductions {self.name(root)} reads, cut out of it")
+                        for cuts in itertools.product(*sites)))
         return groups
 
     # -- applying and undoing ----------------------------------------------------
