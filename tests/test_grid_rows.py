@@ -138,3 +138,15 @@ def test_the_gpu_library_launches_grid_synced_kernels_cooperatively(tmp_path):
     assert "cudaLaunchKernel((const void*)" not in text
     gpu = Gpu(source, names, "90", work=tmp_path / "lib", cooperative=tuple(names))
     assert isinstance(getattr(gpu.lib, f"emmy_gpu_launch_{names[0]}"), ctypes._CFuncPtr)
+
+
+def test_a_row_the_grid_cannot_take_is_refused_with_the_reason():
+    """Integer accumulators (argmax's index) do not travel through the f32 workspace: a pin asking
+    for a grid-synced row says so in one line, exit status 2."""
+    from tests.conftest import run_emmy
+
+    result = run_emmy("compile", "-c", "x=torch.randn(3,5000); x.argmax(-1)", "--ir", "kernel",
+                      "--knobs", "WORK=t32,REDUCE=g4s")
+    assert result.returncode == 2
+    assert "REDUCE=g4s: a grid-synced row needs float accumulators" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -81,7 +81,7 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
         except Unsupported as why:
             return f"REDUCE={row.REDUCE}: {why}"
     if workspace_ok:
-        why = _grid_split(tile) if row.reduce.grid else _workspace_split(tile)
+        why = _workspace_split(tile)
         if why:
             return f"REDUCE={row.REDUCE}: {why}"
     if row.reduce.coop or split_ok or workspace_ok:  # folds merged across threads: the runtime header's merges
@@ -195,34 +195,21 @@ def _row_atomic(tile: TileKernel) -> str:
 
 def _workspace_split(tile: TileKernel) -> str:
     """Why a row cannot split its fold over blocks that hand their partial states on through a
-    workspace (REDUCE=g<N>k), or "": one fold, nothing stored before it, nothing swept after it
-    (a sweep would need the whole row's result in every block), float accumulators (the
-    workspace is f32)."""
+    workspace, or "": one fold (REDUCE=g<N>s: one grid barrier a row), nothing stored before it
+    (every block runs what precedes the fold), float accumulators (the workspace is f32), and for
+    REDUCE=g<N>k nothing swept after it (a sweep would need the whole row's result in every block,
+    which only the grid barrier of g<N>s gives)."""
+    what = "a grid-synced row" if tile.row.reduce.grid else "a workspace split"
     folds = [p for p in tile.parts if isinstance(p, Fold)]
     if len(folds) != 1:
-        return f"a workspace split needs one fold, not {len(folds)}"
-    if any(isinstance(p, Sweep) for p in tile.parts):
+        return f"{what} needs one fold, not {len(folds)}"
+    if not tile.row.reduce.grid and any(isinstance(p, Sweep) for p in tile.parts):
         return "a row swept after its fold cannot split it across blocks"
     before = tile.parts[:tile.parts.index(folds[0])]
     if any(isinstance(s, L.Store) for p in before for s in p.body):
         return "a row that stores before its fold cannot split it across blocks"
     if any(not i.dtype.is_float for i in folds[0].init):
-        return "a workspace split needs float accumulators (the workspace is f32)"
-    return ""
-
-
-def _grid_split(tile: TileKernel) -> str:
-    """Why a row cannot run as a grid-synced row (REDUCE=g<N>s), or "": one fold (one grid barrier
-    a row), nothing stored before it (every block runs what precedes the fold), float accumulators
-    (the workspace is f32)."""
-    folds = [p for p in tile.parts if isinstance(p, Fold)]
-    if len(folds) != 1:
-        return f"a grid-synced row needs one fold, not {len(folds)}"
-    before = tile.parts[:tile.parts.index(folds[0])]
-    if any(isinstance(s, L.Store) for p in before for s in p.body):
-        return "a row that stores before its fold cannot split it across blocks"
-    if any(not i.dtype.is_float for i in folds[0].init):
-        return "a grid-synced row needs float accumulators (the workspace is f32)"
+        return f"{what} needs float accumulators (the workspace is f32)"
     return ""
 
 
