@@ -600,6 +600,8 @@ EMMY_SIM_INTERNAL int launch(dim3 grid, dim3 block, F&& body) {
   L.invoke = invoke;
   L.closure = &body;
   const unsigned long blocks = (unsigned long)grid.x * grid.y * grid.z;
+  bool ended_early = false;  // a block ended before any waited at a grid barrier
+  uint3 first_ended{};
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
@@ -614,10 +616,13 @@ EMMY_SIM_INTERNAL int launch(dim3 grid, dim3 block, F&& body) {
           fresh_pool(n);
         } else if (!L.waiting.empty()) {
           return release_parked(grid_unmet(L.waiting.front().block_index, L.block_index));
+        } else if (!ended_early) {
+          ended_early = true;
+          first_ended = L.block_index;
         }
       }
   while (!L.waiting.empty()) {  // every block waits at the grid barrier: release them all
-    if (L.waiting.size() != blocks) return release_parked(grid_unmet(L.waiting.front().block_index, L.block_index));
+    if (L.waiting.size() != blocks) return release_parked(grid_unmet(L.waiting.front().block_index, first_ended));
     std::vector<Launch::Parked> round = std::move(L.waiting);
     L.waiting.clear();
     ++L.barrier_epoch;

@@ -40,6 +40,11 @@ extern "C" __global__ void one_block_leaves(float* out) {
   EMMY_GRID_SYNC();
   out[blockIdx.x] = 1.f;
 }
+extern "C" __global__ void first_block_leaves(float* out) {
+  if (blockIdx.x == 0) return;
+  EMMY_GRID_SYNC();
+  out[blockIdx.x] = 1.f;
+}
 extern "C" __global__ void one_thread_leaves(float* out) {
   if (threadIdx.x == 3) return;
   EMMY_GRID_SYNC();
@@ -62,6 +67,7 @@ def test_the_simulator_runs_grid_barriers(mode):
 
 @pytest.mark.parametrize("kernel,message", [
     ("one_block_leaves", "block (0,0,0) waits at it while block (1,0,0) ended without reaching it"),
+    ("first_block_leaves", "block (1,0,0) waits at it while block (0,0,0) ended without reaching it"),
     ("one_thread_leaves", "a grid barrier reached by only part of the block"),
 ])
 def test_a_grid_barrier_some_threads_never_reach_is_reported(kernel, message):
