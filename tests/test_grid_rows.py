@@ -89,8 +89,8 @@ NORMS = {
 }
 
 
-@pytest.mark.parametrize("name", NORMS)
-@pytest.mark.parametrize("knobs", ["WORK=t32,REDUCE=g4s", "WORK=t32,TILE=f2,REDUCE=g3s"])
+@pytest.mark.parametrize("name,knobs", [(name, ["WORK=t32,REDUCE=g4s", "WORK=t32,TILE=f2,REDUCE=g3s"][i % 2])
+                                        for i, name in enumerate(NORMS)])
 def test_grid_synced_norms_run_right_in_the_simulator(name, knobs):
     """One cooperative kernel a norm, its rows taken in turn by every block (ASan on)."""
     from emmy.runtime import check_program

@@ -50,9 +50,8 @@ def test_the_coalesced_sweeps_run_right_in_the_simulator(name):
     from emmy.runtime import check_program
 
     code, _, _ = CASES[name]
-    for knobs in ("REDUCE=coop", "REDUCE=coop,TILE=f4/v4"):
-        program = emmy.optimize(code, target="sm_90", knobs=knobs)
-        assert all(c.ok for c in check_program(program, mode="asan")), (name, knobs)
+    program = emmy.optimize(code, target="sm_90", knobs="REDUCE=coop,TILE=f4/v4")  # vectors where contiguous
+    assert all(c.ok for c in check_program(program, mode="asan")), name
 
 
 def test_a_contiguous_sweep_loads_and_stores_vectors_with_plain_offsets():
