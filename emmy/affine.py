@@ -315,6 +315,20 @@ class Affine:
         return text if (len(self.terms) + (1 if self.const else 0)) <= 1 and "*" not in text else f"({text})"
 
 
+def row_major_strides(shape: Sequence[int]) -> list[int]:
+    """Elements between neighbours along each axis of a row-major `shape`."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return strides[::-1]
+
+
+def row_major_offset(index: Sequence[Affine], shape: Sequence[int]) -> Affine:
+    """The linear offset of `index` into a row-major `shape` (not simplified: see `recombined`)."""
+    return sum((e * s for e, s in zip(index, row_major_strides(shape))), Affine.constant(0))
+
+
 def recombined(expr: Affine) -> Affine:
     """`expr` with the digits of a reshape put back together: a remainder rewritten as
     e - q*(e // q) and nested divisions as one ((e // a) // b == e // (a*b)), both exact for any

@@ -16,7 +16,7 @@ import math
 import heapq
 from dataclasses import dataclass, field
 
-from emmy.affine import Affine, Guard, recombined
+from emmy.affine import Affine, Guard, recombined, row_major_offset, row_major_strides
 from emmy.dtypes import DType
 from emmy.egraph.layout import decode_layout
 from emmy.egraph.view import EGraphView, ENode, reaches
@@ -71,9 +71,9 @@ class KernelLowering:
         loop_coords = tuple(loop_coords)
         coords = loop_coords
         if reshape:  # the output's coordinates from the loops' linear offset
-            offset = sum((c * s for c, s in zip(loop_coords, _strides(shape))), Affine.constant(0))
+            offset = row_major_offset(loop_coords, shape)
             coords = tuple(Affine.constant(0) if n == 1 else offset.digit(s, n, self.extents)
-                           for n, s in zip(out_type.shape, _strides(out_type.shape)))
+                           for n, s in zip(out_type.shape, row_major_strides(out_type.shape)))
             self.shortcut = (reshape.id, coords, loop_coords)
         value, deps = self._node_value(root, coords)
         self._emit(Store(output, coords, value), deps | _vars(loop_coords), uses=_names(value))
@@ -606,14 +606,6 @@ def _needed(guards: tuple, coords: tuple, shape: tuple[int, ...], extents) -> tu
     return tuple(unique)
 
 
-def _strides(shape) -> list[int]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return strides[::-1]
-
-
 def _is_reshape(layout, source_shape) -> bool:
     """Whether `layout` reads `source_shape` as a row-major reshape: unguarded, in range, and the
     source offset of every output coordinate is that coordinate's own offset (so it is a bijection)."""
@@ -624,9 +616,7 @@ def _is_reshape(layout, source_shape) -> bool:
     index = [e.substitute(coords, extents) for e in layout.index]
     if any(not (0 <= e.bounds(extents)[0] and e.bounds(extents)[1] < n) for e, n in zip(index, source_shape)):
         return False
-    source_offset = sum((e * s for e, s in zip(index, _strides(source_shape))), Affine.constant(0))
-    offset = sum((c * s for c, s in zip(coords, _strides(extents))), Affine.constant(0))
-    return recombined(source_offset) == offset
+    return recombined(row_major_offset(index, source_shape)) == row_major_offset(coords, extents)
 
 
 def _vars(coords) -> frozenset:

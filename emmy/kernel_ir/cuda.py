@@ -109,11 +109,14 @@ def _render_fill(n: K.Fill, template, k, types) -> str:
     return template.render(n=n, value=literal(n.value, DType.F32), storage=STORAGE[n.dtype])
 
 
+def _merge_groups(groups) -> list:
+    """(merge statement, [(accumulator, workspace slot)]) per group of a workspace's partial states."""
+    slots = iter(range(sum(len(accs) for _, accs in groups)))
+    return [(merge_c(op, accs, ""), [(acc, next(slots)) for acc in accs]) for op, accs in groups]
+
+
 def _render_workspace_merge(n: K.WorkspaceMerge, template, k, types) -> str:
-    slots, groups = iter(range(sum(len(accs) for _, accs in n.groups))), []
-    for op, accs in n.groups:
-        groups.append((merge_c(op, accs, ""), [(acc, next(slots)) for acc in accs]))
-    return template.render(n=n, groups=groups)
+    return template.render(n=n, groups=_merge_groups(n.groups))
 
 
 def _render_grid_rows(n: K.GridRows, template, k: K.KernelIR, types) -> str:
@@ -122,10 +125,7 @@ def _render_grid_rows(n: K.GridRows, template, k: K.KernelIR, types) -> str:
 
 
 def _render_grid_merge(n: K.GridMerge, template, k, types) -> str:
-    slots, groups = iter(range(sum(len(accs) for _, accs in n.groups))), []
-    for op, accs in n.groups:
-        groups.append((merge_c(op, accs, ""), [(acc, next(slots)) for acc in accs]))
-    return template.render(n=n, groups=groups, accs=[acc for _, accs in n.groups for acc in accs])
+    return template.render(n=n, groups=_merge_groups(n.groups), accs=[acc for _, accs in n.groups for acc in accs])
 
 
 def _render_only_thread(n: K.OnlyThread, template, k, types) -> str:

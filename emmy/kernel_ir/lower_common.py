@@ -4,9 +4,7 @@ a contraction's parts are laid out, and how a split contraction hands on its par
 
 from __future__ import annotations
 
-from math import prod
-
-from emmy.affine import Affine, Dim, recombined
+from emmy.affine import Affine, Dim, recombined, row_major_offset
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
 from emmy.kernel_ir.nodes import Param
@@ -42,12 +40,8 @@ def free_loops(kernel: L.Kernel, free: tuple[int, ...]) -> tuple[list[tuple[int,
 
 
 def flat_index(buffer: str, index: tuple[Affine, ...], types: dict) -> Affine:
-    shape = types[buffer].shape
-    strides = [prod(shape[i + 1:]) for i in range(len(shape))]
-    flat = Affine.constant(0)
-    for part, stride in zip(index, strides):
-        flat = flat + part * stride
-    return recombined(flat)  # a merged reduction's reshape reads back as one contiguous walk
+    # a merged reduction's reshape reads back as one contiguous walk
+    return recombined(row_major_offset(index, types[buffer].shape))
 
 
 def vectorizable(flat: Affine, var: int, width: int) -> bool:
