@@ -1,6 +1,6 @@
 """Kernels on a real GPU from Python: a CUDA source built by nvcc into a shared library with a
 host launcher and a timer per kernel (plus allocation, copies and TMA descriptors), driven
-through ctypes. `emmy run --device cuda` and benchmarks/gpu_check.py use it; on a machine
+through ctypes. `emmy run --device cuda` and benchmarks/gpu_session.py use it; on a machine
 without a GPU or driver the first call fails with the CUDA runtime's own reason (GpuError).
 
 The library is cached by content under EMMY_CACHE_DIR/gpu (source, arch, flags, nvcc and the
@@ -41,34 +41,51 @@ def host_library_source(source: Path, names: list[str], cooperative: tuple[str, 
     return env.get_template("host_library.cu.j2").render(source=source, names=names, cooperative=set(cooperative))
 
 
+def build_library(source: Path, names: list[str], arch: str, work: Path | None = None, fmad: bool = True,
+                  cooperative: tuple[str, ...] = ()) -> Path:
+    """The shared library of a CUDA source and its host side, built by nvcc for sm_`arch` unless one
+    with the same content is cached (so many can be built at once, in threads, before any is loaded)."""
+    from emmy.config import settings
+    from emmy.sim.build import HEADERS, headers_digest
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise KernelBuildError("nvcc is not on PATH; it is needed to build for a GPU")
+    text = host_library_source(source.resolve(), names, cooperative)
+    flags = ["-shared", "-Xcompiler", "-fPIC", "-O3", f"-fmad={'true' if fmad else 'false'}", f"-arch=sm_{arch}"]
+    key = hashlib.sha256("\0".join([" ".join(names), source.read_text(), " ".join(flags), headers_digest(),
+                                    text]).encode())
+    folder = work or settings().cache_dir / "gpu"
+    folder.mkdir(parents=True, exist_ok=True)
+    lib = folder / f"{key.hexdigest()[:24]}-sm_{arch}.so"
+    if not lib.exists():
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            wrapper = Path(tmp) / f"{source.stem}.wrap.cu"
+            wrapper.write_text(text)
+            done = subprocess.run([nvcc, *flags, "-I", str(HEADERS), str(wrapper), "-o", str(Path(tmp) / "lib.so")],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                raise KernelBuildError(f"nvcc could not build the GPU library for sm_{arch}:\n{done.stderr[:4000]}")
+            os.replace(Path(tmp) / "lib.so", lib)
+    return lib
+
+
 class Gpu:
     """A CUDA source built by nvcc into a library with a host launcher (and timer) per kernel."""
 
     def __init__(self, source: Path, names: list[str], arch: str, work: Path | None = None, fmad: bool = True,
                  cooperative: tuple[str, ...] = ()):
-        from emmy.config import settings
-        from emmy.sim.build import HEADERS, headers_digest
+        self._load(build_library(source, names, arch, work, fmad, cooperative))
 
-        nvcc = shutil.which("nvcc")
-        if nvcc is None:
-            raise KernelBuildError("nvcc is not on PATH; it is needed to build for a GPU")
-        text = host_library_source(source.resolve(), names, cooperative)
-        flags = ["-shared", "-Xcompiler", "-fPIC", "-O3", f"-fmad={'true' if fmad else 'false'}", f"-arch=sm_{arch}"]
-        key = hashlib.sha256("\0".join([" ".join(names), source.read_text(), " ".join(flags), headers_digest(),
-                                        text]).encode())
-        folder = work or settings().cache_dir / "gpu"
-        folder.mkdir(parents=True, exist_ok=True)
-        lib = folder / f"{key.hexdigest()[:24]}-sm_{arch}.so"
-        if not lib.exists():
-            with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                wrapper = Path(tmp) / f"{source.stem}.wrap.cu"
-                wrapper.write_text(text)
-                done = subprocess.run([nvcc, *flags, "-I", str(HEADERS), str(wrapper), "-o", str(Path(tmp) / "lib.so")],
-                                      capture_output=True, text=True)
-                if done.returncode != 0:
-                    raise KernelBuildError(f"nvcc could not build the GPU library for sm_{arch}:\n{done.stderr[:4000]}")
-                os.replace(Path(tmp) / "lib.so", lib)
-        self.lib = ctypes.CDLL(str(lib))
+    @classmethod
+    def of_library(cls, library: Path) -> Gpu:
+        """A library build_library already made."""
+        gpu = cls.__new__(cls)
+        gpu._load(library)
+        return gpu
+
+    def _load(self, library: Path) -> None:
+        self.lib = ctypes.CDLL(str(library))
         self.lib.emmy_gpu_error.restype = ctypes.c_char_p
 
     def check(self, rc: int, what: str) -> None:
@@ -91,6 +108,15 @@ class Gpu:
     def download(self, ptr: ctypes.c_void_p, into: np.ndarray) -> None:
         self.check(self.lib.emmy_gpu_get(into.ctypes.data_as(ctypes.c_void_p), ptr, ctypes.c_size_t(into.nbytes)),
                    "copy from the GPU")
+
+    def alloc(self, nbytes: int) -> ctypes.c_void_p:
+        ptr = ctypes.c_void_p()
+        self.check(self.lib.emmy_gpu_alloc(ctypes.byref(ptr), ctypes.c_size_t(max(1, nbytes))), "cudaMalloc")
+        return ptr
+
+    def fill(self, ptr: ctypes.c_void_p, byte: int, nbytes: int) -> None:
+        """Every byte of a device buffer set to `byte` (outputs poisoned before a checked run)."""
+        self.check(self.lib.emmy_gpu_fill(ptr, ctypes.c_int(byte), ctypes.c_size_t(nbytes)), "cudaMemset")
 
     def free(self, ptr: ctypes.c_void_p) -> None:
         self.lib.emmy_gpu_free(ptr)
@@ -117,10 +143,31 @@ class Gpu:
                                                                iters, ctypes.byref(ms)), f"timing {name}")
         return ms.value
 
+    def samples(self, name: str, grid, block, shared: int, argv, reps: int, batch: int = 1,
+                flush: ctypes.c_void_p | None = None, flush_bytes: int = 0) -> list[float]:
+        """Milliseconds per launch of `reps` samples, each `batch` back-to-back launches timed by
+        CUDA events, with `flush_bytes` at `flush` overwritten before each sample (a cold L2)."""
+        ms = (ctypes.c_float * reps)()
+        self.check(getattr(self.lib, f"emmy_gpu_samples_{name}")(
+            _dims(grid), _dims(block), ctypes.c_ulong(shared), argv, ctypes.c_int(reps), ctypes.c_int(batch),
+            flush, ctypes.c_size_t(flush_bytes), ms), f"timing {name}")
+        return list(ms)
+
 
 def _dims(v) -> ctypes.Array:
     values = ((v,) if isinstance(v, int) else tuple(v)) + (1, 1)
     return (ctypes.c_uint * 3)(*values[:3])
+
+
+def program_library(program, work: Path) -> Path:
+    """A compiled program's GPU library, built (or found in `work`) from its CUDA source, kept at a
+    path named by its content so a library built ahead (in another thread) is found again."""
+    source = work / f"{hashlib.sha256(program.cuda_source.encode()).hexdigest()[:20]}.cu"
+    if not source.exists():
+        work.mkdir(parents=True, exist_ok=True)
+        source.write_text(program.cuda_source)
+    return build_library(source, [k.name for k in program.kernel_ir], program.target.name.removeprefix("sm_"), work,
+                         cooperative=tuple(k.name for k in program.kernel_ir if k.cooperative))
 
 
 class ProgramOnGpu:
@@ -131,10 +178,7 @@ class ProgramOnGpu:
         self.program, self.host = program, buffers
         self.kernels = program.kernel_ir
         self._folder = tempfile.TemporaryDirectory()
-        source = Path(self._folder.name) / "program.cu"
-        source.write_text(program.cuda_source)
-        self.gpu = Gpu(source, [k.name for k in self.kernels], program.target.name.removeprefix("sm_"), work,
-                       cooperative=tuple(k.name for k in self.kernels if k.cooperative))
+        self.gpu = Gpu.of_library(program_library(program, work or Path(self._folder.name)))
         self.device = {name: self.gpu.upload(array) for name, array in buffers.items()}
         self._keep, self.argvs = [], []
         for k in self.kernels:
@@ -146,6 +190,12 @@ class ProgramOnGpu:
                 self._keep.append(owner)
                 addresses.append(view.ctypes.data)
             self.argvs.append((ctypes.c_void_p * max(1, len(addresses)))(*addresses))
+
+    def poison(self, byte: int = 0xFF) -> None:
+        """Every output of the program's kernels overwritten (0xFF bytes: NaN in every float type), so
+        an element no kernel writes cannot pass the check."""
+        for name in {n for k in self.program.loop_ir.kernels for n, _ in k.outputs}:
+            self.gpu.fill(self.device[name], byte, self.host[name].nbytes)
 
     def run(self) -> None:
         """Every kernel in order; a bad index value a kernel recorded is raised after its launch."""

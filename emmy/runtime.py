@@ -202,12 +202,13 @@ def check_program(program, inputs=None, device: str = "sim", mode: str | None = 
     return compare_outputs(program, run_program(program, inputs, device, mode), inputs)
 
 
-def compare_outputs(program, results: dict[str, np.ndarray], inputs=None) -> list[Check]:
-    """The program's outputs (buffer name -> values in interpreter storage) against torch."""
+def compare_outputs(program, results: dict[str, np.ndarray], inputs=None, references=None) -> list[Check]:
+    """The program's outputs (buffer name -> values in interpreter storage) against torch
+    (`references`: emmy.checking.torch_comparison's, when already computed for these inputs)."""
     from emmy.checking import compare, torch_comparison
     from emmy.tile_ir.nodes import Fold
 
-    references = torch_comparison(program.captured, inputs)
+    references = references if references is not None else torch_comparison(program.captured, inputs)
     # kernels fold sequentially: the longest fold sets how far f32 rounding may drift
     longest = max((p.extent for k in program.tile_ir.kernels for p in k.parts if isinstance(p, Fold)), default=1)
     checks = []

@@ -71,3 +71,31 @@ def test_one_wrong_element_fails(long_sum):
     wrong[7] += 0.05  # a few hundred ulps on one output of ~256
     result = compare(wrong, want, DType.F32, 512, scale, theirs)
     assert not result.ok and result.why == "tolerance"
+
+
+def test_a_lean_in_more_outputs_than_the_lean_sample_is_still_caught(monkeypatch):
+    """Past LEAN_SAMPLE outputs the lean is measured on an even stride of them (a 64M-element
+    check took seconds on a GPU machine): a half-ulp lean on every output still fails, rounding
+    alone still passes, and a wrong element anywhere (off the stride) still fails the tolerance."""
+    import emmy.checking
+
+    monkeypatch.setattr(emmy.checking, "LEAN_SAMPLE", 1000)
+    rng = np.random.default_rng(1)
+    want = rng.standard_normal(20_000)
+    rounded = want.astype(np.float32).astype(np.float64)
+    assert compare(rounded, want, DType.F32, 1, None, rounded).ok
+    ulp = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+    leaning = rounded - 0.5 * ulp * (rng.random(want.size) < 0.9)
+    result = compare(leaning, want, DType.F32, 1, None, rounded)
+    assert not result.ok and result.why == "bias" and result.bias_ulps < -0.25
+    wrong = rounded.copy()
+    wrong[12_345] += 1.0  # 12345 is not on the stride of 20
+    assert compare(wrong, want, DType.F32, 1, None, rounded).why == "tolerance"
+
+
+def test_errors_count_matching_nans_and_infinities_as_none_and_any_other_mismatch_as_infinite():
+    from emmy.checking import _errors
+
+    a = np.array([1.0, np.nan, np.inf, np.inf, np.nan, 2.0, -np.inf])
+    e = np.array([1.5, np.nan, np.inf, -np.inf, 1.0, np.inf, -np.inf])
+    np.testing.assert_array_equal(_errors(a, e), [0.5, 0.0, 0.0, np.inf, np.inf, np.inf, 0.0])
