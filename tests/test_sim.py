@@ -116,10 +116,16 @@ def test_three_stage_cp_async_pipeline_and_its_waits(cache, rng):
 
 def test_tma_tile_load_completing_on_an_mbarrier(cache):
     module = load("tma_tile.cu", cache)
-    a = np.arange(40 * 70, dtype=np.float32).reshape(40, 70)  # 3 x 3 tiles of 16 x 32, ragged at both edges
+    a = np.arange(40 * 72, dtype=np.float32).reshape(40, 72)  # 3 x 3 tiles of 16 x 32, ragged at both edges
     out = np.zeros_like(a)
-    module.launch("tma_tile_double", grid=(3, 3), block=128, args=[sim.TensorMap(a, box=(16, 32)), out, 40, 70])
+    module.launch("tma_tile_double", grid=(3, 3), block=128, args=[sim.TensorMap(a, box=(16, 32)), out, 40, 72])
     np.testing.assert_array_equal(out, 2 * a)
+
+
+def test_tma_map_refuses_rows_the_driver_refuses():
+    # 70 floats a row (280 bytes): cuTensorMapEncodeTiled said "invalid argument" on an H200 (2026-12-04)
+    with pytest.raises(EmmyError, match="multiples of 16 bytes"):
+        sim.TensorMap(np.zeros((40, 70), np.float32), box=(16, 32))
 
 
 @pytest.mark.parametrize("name, kernel, grid, block, make_args", [

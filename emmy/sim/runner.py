@@ -75,6 +75,10 @@ class TensorMap:
         rows, cols = self.box
         if not (1 <= rows <= 256 and 1 <= cols <= 256) or (cols * self.array.itemsize) % 16:
             raise EmmyError(f"TMA box {self.box}: 1 to 256 per dimension, rows of a multiple of 16 bytes")
+        # the driver's rule (cuTensorMapEncodeTiled answers "invalid argument" on an H200 otherwise)
+        if self.array.strides[0] % 16 or self.array.ctypes.data % 16:
+            raise EmmyError(f"TMA over rows of {self.array.strides[0]} bytes at address {self.array.ctypes.data:#x}: the "
+                            "row stride and the base address must be multiples of 16 bytes")
 
     def encode(self) -> np.ndarray:
         """128 bytes at a 64-byte-aligned address (a view into a larger buffer)."""
