@@ -19,8 +19,11 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 setup: $(STAMP)
 
+# On a machine with a GPU, the workloads are then checked and timed there too.
 run: setup
 	$(BIN)/emmy suite --ir cuda
+	@if nvidia-smi -L >/dev/null 2>&1; then $(BIN)/python benchmarks/gpu_session.py; \
+	else echo "no GPU here: nothing timed (benchmarks/gpu_session.py checks and times every workload on one)"; fi
 
 # In parallel: a worker per core (the suite is mostly compiler and simulator runs).
 test: setup

@@ -10,7 +10,7 @@ whichever is longer. A prediction below the bound is flagged: no kernel can beat
 
 A ratio above 1 says emmy predicts its own kernels slower than the public implementation ran;
 the model is only wrong where the kernel emmy emits would in fact run at another speed, which
-only a GPU can tell (benchmarks/gpu_check.py). The rows say where to look.
+only a GPU can tell (benchmarks/gpu_session.py). The rows say where to look.
 
     .venv/bin/python benchmarks/fidelity.py [--out benchmarks/FIDELITY_REPORT.md]
 """

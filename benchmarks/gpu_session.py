@@ -1,0 +1,678 @@
+"""A short GPU window's work in one script: every workload checked on the GPU against torch, the
+model's candidate rows of the GPU-sized programs measured (its top rows and a random share for
+exploration), emmy timed against torch eager and torch.compile, and a report with the rows,
+predicted against measured.
+
+    python benchmarks/gpu_session.py [--dry-run] [--seconds 360] [--out benchmarks/results] [--only NAME]
+
+Each job (a program: its chosen rows, and for tuned jobs its candidates) runs in a worker process
+of its own: it compiles and builds its libraries (nvcc, a thread per core it is given) while other
+workers use the GPU, then takes the GPU lock (one worker on the GPU at a time) to compute the
+reference (torch on the GPU, float64), check and time. A candidate is timed only after its outputs,
+poisoned before the run, match the reference; a candidate that faults ends its worker, which the
+parent starts again past it; a worker that makes no progress for WATCHDOG_SECONDS is killed and its
+candidate recorded as hung. At the time limit the workers are stopped and the report is written from
+what was measured.
+
+Timing (per kernel): CUDA events around each launch with 256 MB overwritten before it (a cold L2),
+samples in tens until the median settles (at least 20, at most 200 or ~1.5 s), median with p10/p90;
+and for kernels under 20 us the per-launch time of back-to-back batches (warm L2, launch gaps
+amortised), reported beside it. torch is timed the same way around one call of the program.
+
+--dry-run (no GPU needed) compiles every job and builds every library it would run, then prints the
+plan and a time estimate.
+
+On a GPU machine with no network (Python 3.12, torch with CUDA, nvcc): make the wheels here with
+`bash benchmarks/gpu_wheels.sh`, take `.whl/` along, and there run
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site python3 benchmarks/gpu_session.py --seconds 360 --out /tmp/gs
+
+The report (report.md), every row (results.json), the plot and the simulator comparison land in
+OUT/<date>-<gpu>/; commit them under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import fcntl
+import importlib.util
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if importlib.util.find_spec("emmy") is None:  # installed: a wheel on a GPU machine, editable here
+    sys.path.insert(0, str(ROOT))
+
+FLUSH_BYTES = 256 << 20  # over four times an H100/H200's L2
+WATCHDOG_SECONDS = 45.0  # a worker silent this long on one candidate is hung (a variant takes seconds)
+SMALL_KERNEL_MS = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A program to check and time: `top` of the model's ranked rows of its costliest kernel and
+    `explore` drawn at random from the rest are measured beside the chosen one; `versus_torch`:
+    torch eager and torch.compile timed on the same program."""
+    name: str
+    code: str
+    top: int = 0
+    explore: int = 0
+    versus_torch: bool = False
+
+
+def _gpu_suite() -> list[Job]:
+    """The programs at GPU sizes (hundreds of MB, so a launch runs well past its overhead)."""
+    def tuned(name, code, top=4, explore=4):
+        return Job(f"suite/{name}", code, top, explore, True)
+
+    attention = ("q=torch.randn(4,16,4096,64,dtype=torch.float16); k=torch.randn(4,16,4096,64,dtype=torch.float16); "
+                 "v=torch.randn(4,16,4096,64,dtype=torch.float16); F.scaled_dot_product_attention(q,k,v,is_causal={})")
+    # costliest to check first: a variant of a 64M-element program takes seconds to check
+    return [
+        tuned("matmul_f16_4096", "a=torch.randn(4096,4096,dtype=torch.float16); b=torch.randn(4096,4096,dtype=torch.float16); "
+                                 "a@b"),
+        tuned("layer_norm_chw_16x64x256x256", "x=torch.randn(16,64,256,256); w=torch.randn(64,256,256); "
+                                              "b=torch.randn(64,256,256); F.layer_norm(x,(64,256,256),w,b)", 2, 2),
+        tuned("sum_dim1_16x1024x1023", "x=torch.randn(16,1024,1023); x.sum(dim=1)"),
+        tuned("attention_4x16x4096x64", attention.format(False)),
+        tuned("matmul_f32_4096", "a=torch.randn(4096,4096); b=torch.randn(4096,4096); a@b"),
+        tuned("rmsnorm_16384x4096", "x=torch.randn(16384,4096); w=torch.randn(4096); F.rms_norm(x,(4096,),w,eps=1e-6)"),
+        tuned("layernorm_16384x4096", "x=torch.randn(16384,4096); w=torch.randn(4096); b=torch.randn(4096); "
+                                      "F.layer_norm(x,(4096,),w,b)", 3, 3),
+        tuned("gelu_linear_8192x4096x4096", "x=torch.randn(8192,4096,dtype=torch.float16); "
+                                            "l=nn.Linear(4096,4096).half(); F.gelu(l(x))", 2, 2),
+        tuned("attention_causal_4x16x4096x64", attention.format(True), 3, 3),
+        tuned("softmax_16384x4096", "x=torch.randn(16384,4096); torch.softmax(x,-1)", 2, 2),
+        tuned("layernorm_bf16_16384x4096", "x=torch.randn(16384,4096,dtype=torch.bfloat16); "
+                                           "w=torch.randn(4096,dtype=torch.bfloat16); b=torch.randn(4096,dtype=torch.bfloat16); "
+                                           "F.layer_norm(x,(4096,),w,b)", 3, 3),
+    ]
+
+
+def plan() -> list[Job]:
+    """The smoke job first (a failure there ends the session early), then every workload at its own
+    shape (and its benchmark shape), then the GPU-sized suite."""
+    from emmy.workloads import WORKLOADS
+
+    jobs = [Job("check/add3", next(w.code for w in WORKLOADS if w.name == "add3"))]
+    for w in WORKLOADS:
+        if w.name != "add3":
+            jobs.append(Job(f"check/{w.name}", w.code, versus_torch=False))
+        if w.bench_code:
+            jobs.append(Job(f"check/{w.name}@bench", w.bench_code))
+    return jobs + _gpu_suite()
+
+
+# ---- the worker: one job ------------------------------------------------------------------------
+
+class Rows:
+    """The worker's results, one JSON line each, flushed at once (a killed worker loses nothing)."""
+
+    def __init__(self, path: Path, job: str):
+        self.path, self.job = path, job
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def add(self, **fields) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"job": self.job, "time": time.time(), **fields}, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def gpu_lock(out: Path):
+    """One worker on the GPU at a time (an flock: released if its holder dies)."""
+    with open(out / "gpu.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def variants(program, job: Job) -> list[tuple[str, object, list]]:
+    """(label, program, [kernel row records]) for the chosen rows and the job's candidates, which
+    vary the costliest kernel's row (the others keep the model's choice)."""
+    chosen = [_row_record(tk.kernel.name, tk.breakdown, tk.seconds, tk.row, tk.signature)
+              for tk in program.tile_ir.kernels]
+    found = [("chosen", program, chosen)]
+    if not (job.top or job.explore):
+        return found
+    costliest = max(program.tile_ir.kernels, key=lambda tk: tk.seconds)
+    others = [b for b in program.ranked_rows(costliest.kernel) if b.row != costliest.row]
+    draws = random.Random(job.name).sample(others[job.top:], min(job.explore, len(others[job.top:])))
+    for label, b in [*((f"top{i + 2}", b) for i, b in enumerate(others[:job.top])), *(("explore", b) for b in draws)]:
+        name = costliest.kernel.name
+        records = [r if r["kernel"] != name else _row_record(name, b, b.total_s, b.row, costliest.signature)
+                   for r in chosen]
+        found.append((label, program.with_rows({name: b.row}), records))
+    return found
+
+
+def _row_record(kernel: str, breakdown, seconds: float, row, signature: str) -> dict:
+    """What the model said of a kernel's row: its knobs, predicted seconds and cost terms."""
+    return {"kernel": kernel, "knobs": str(row), "predicted_s": seconds, "signature": signature,
+            "terms": breakdown.terms() if breakdown is not None else {}}
+
+
+def time_kernel(on_gpu, index: int, flush) -> dict:
+    """One Kernel IR kernel's launch times (module docstring: cold samples until the median
+    settles; back-to-back batches for small kernels)."""
+    k, argv, gpu = on_gpu.kernels[index], on_gpu.argvs[index], on_gpu.gpu
+
+    def take(reps, batch, cold):
+        return gpu.samples(k.name, k.grid, k.block, k.dynamic_smem, argv, reps, batch,
+                           flush if cold else None, FLUSH_BYTES if cold else 0)
+
+    take(3, 1, True)  # warm-up: module load, first-touch
+    cold, start = [], time.perf_counter()
+    while len(cold) < 200 and time.perf_counter() - start < 1.5:
+        cold += take(10, 1, True)
+        if len(cold) >= 20 and abs(statistics.median(cold) - statistics.median(cold[:len(cold) // 2])) \
+                <= 0.01 * statistics.median(cold):
+            break
+    result = {"name": k.name, "grid": list(_dims(k.grid)), "block": list(_dims(k.block)), **_stats(cold)}
+    if result["median_ms"] < SMALL_KERNEL_MS:
+        batch = max(1, int(0.2 / max(result["median_ms"], 1e-4)))
+        result["warm_ms"] = statistics.median(take(20, batch, False))
+        result["warm_batch"] = batch
+    return result
+
+
+def _dims(v) -> tuple:
+    return ((v,) if isinstance(v, int) else tuple(v)) + (1,) * (3 - (1 if isinstance(v, int) else len(v)))
+
+
+def _stats(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"median_ms": statistics.median(ordered), "p10_ms": at(0.1), "p90_ms": at(0.9), "samples": len(ordered)}
+
+
+def time_torch(fn, args, flush) -> dict:
+    """A torch callable timed like emmy's kernels: events around each call, the L2 flushed before."""
+    import torch
+
+    with torch.no_grad():
+        for _ in range(3):
+            fn(*args)
+        torch.cuda.synchronize()
+        samples, start = [], time.perf_counter()
+        while len(samples) < 200 and time.perf_counter() - start < 1.5:
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(10)]
+            for begin, end in events:
+                flush.zero_()
+                begin.record()
+                fn(*args)
+                end.record()
+            torch.cuda.synchronize()
+            samples += [b.elapsed_time(e) for b, e in events]
+            if len(samples) >= 20 and abs(statistics.median(samples) - statistics.median(samples[:len(samples) // 2])) \
+                    <= 0.01 * statistics.median(samples):
+                break
+    return _stats(samples)
+
+
+def run_worker(job: Job, args) -> int:
+    import concurrent.futures
+
+    import emmy
+    from emmy.gpu import GpuError, ProgramOnGpu, program_library
+    from emmy.kernel_ir.lower import Unsupported
+    from emmy.runtime import compare_outputs, host_buffers
+
+    out = Path(args.out)
+    rows = Rows(out / "rows" / (job.name.replace("/", "__") + ".jsonl"), job.name)
+    work = Path(args.work)
+    started = time.perf_counter()
+    program = emmy.optimize(job.code, target=f"sm_{args.arch}")
+    built = []
+    for label, variant, records in variants(program, job):
+        try:
+            variant.cuda_source  # noqa: B018 - the lowering may refuse a row
+            built.append((label, variant, records))
+        except Unsupported as refused:
+            rows.add(kind="variant", label=label, kernels=records, error=f"not lowered: {refused}")
+    with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+        libraries = list(pool.map(lambda v: program_library(v[1], work), built))
+    compiled_s = time.perf_counter() - started
+    if args.dry:
+        rows.add(kind="plan", variants=len(built), compile_s=compiled_s,
+                 predicted_s=[sum(r["predicted_s"] for r in records) for _, _, records in built])
+        print(f"{job.name}: {len(built)} variants, {len(libraries)} libraries, compiled in {compiled_s:.1f}s", flush=True)
+        return 0
+
+    import torch
+
+    inputs = program.example_inputs
+    with gpu_lock(out):
+        flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        if args.skip == 0:
+            rows.add(kind="compiled", seconds=compiled_s, variants=len(built), least_bytes=least_bytes(program))
+        from emmy.checking import torch_comparison
+
+        try:
+            references = torch_comparison(program.captured, inputs, device="cuda")
+            where = "cuda"
+        except Exception as err:  # noqa: BLE001 - a graph with CPU-only pieces: the CPU reference
+            rows.add(kind="note", text=f"reference on the CPU: torch on the GPU failed: {type(err).__name__}: {err}")
+            references, where = torch_comparison(program.captured, inputs), "cpu"
+        for index, (label, variant, records) in enumerate(built):
+            if index < args.skip:
+                continue
+            if time.time() > args.deadline:
+                rows.add(kind="stopped", text="time limit")
+                return 0
+            rows.add(kind="start", index=index)
+            on_gpu = None
+            try:
+                host = host_buffers(variant, inputs)
+                on_gpu = ProgramOnGpu(variant, host, work)
+                on_gpu.poison()
+                on_gpu.run()
+                checks = compare_outputs(variant, on_gpu.outputs(), references=references)
+                ok = all(c.ok for c in checks)
+                result = {"kind": "variant", "index": index, "label": label, "kernels": records, "ok": ok,
+                          "reference_on": where, "checks": [dataclasses.asdict(c) | {"dtype": str(c.dtype)} for c in checks]}
+                if ok:
+                    result["timed"] = [time_kernel(on_gpu, i, ctypes_pointer(flush)) for i in range(len(on_gpu.kernels))]
+                    result["measured_ms"] = sum(t["median_ms"] for t in result["timed"])
+                rows.add(**result)
+            except GpuError as err:  # the context may be lost: this worker ends, the parent goes on past it
+                rows.add(kind="variant", index=index, label=label, kernels=records, ok=False, error=f"fault: {err}")
+                return 3
+            except Exception as err:  # noqa: BLE001 - a bad index a kernel recorded, a refused check: this row only
+                rows.add(kind="variant", index=index, label=label, kernels=records, ok=False,
+                         error=f"{type(err).__name__}: {str(err)[:1000]}")
+            finally:
+                if on_gpu is not None:
+                    with contextlib.suppress(GpuError):
+                        on_gpu.close()
+    if job.versus_torch and time.time() < args.deadline:
+        versus_torch(job, rows, flush, args.deadline, out)
+    return 0
+
+
+def least_bytes(program) -> int:
+    """The fewest bytes the program must move: every input and weight read once, every output written once."""
+    types, loops = program.buffer_types, program.loop_ir
+    names = [n for n, _ in loops.inputs] + [n for n, _ in loops.weights] + list(loops.outputs)
+    return sum(types[n].numel * types[n].dtype.itemsize for n in names)
+
+
+def ctypes_pointer(tensor):
+    import ctypes
+
+    return ctypes.c_void_p(tensor.data_ptr())
+
+
+def versus_torch(job: Job, rows: Rows, flush, deadline: float, out: Path) -> None:
+    """torch eager and torch.compile on the same program (the -c code's own module), timed alike;
+    torch.compile's first call (the compile) runs outside the GPU lock, so it holds up no one's timing
+    but may overlap one sample of another's (the medians shrug off one)."""
+    import torch
+
+    from emmy.capture.code import capture_code
+
+    made = capture_code(job.code)
+    module = made.module.to("cuda").eval()
+    args = tuple(x.to("cuda") for x in made.example_inputs)
+    with torch.device("cuda"):
+        try:
+            with gpu_lock(out):
+                rows.add(kind="torch", mode="eager", **time_torch(module, args, flush))
+        except Exception as err:  # noqa: BLE001 - recorded, not fatal
+            rows.add(kind="torch", mode="eager", error=f"{type(err).__name__}: {err}")
+        if time.time() > deadline - 60:
+            rows.add(kind="torch", mode="compile", error="skipped: too close to the time limit")
+            return
+        try:
+            compiled = torch.compile(module)
+            begin = time.perf_counter()
+            with torch.no_grad():
+                compiled(*args)
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - begin
+            with gpu_lock(out):
+                rows.add(kind="torch", mode="compile", compile_s=compile_s, **time_torch(compiled, args, flush))
+        except Exception as err:  # noqa: BLE001
+            rows.add(kind="torch", mode="compile", error=f"{type(err).__name__}: {str(err)[:500]}")
+
+
+# ---- the parent: workers, watchdog, report ----------------------------------------------------------
+
+def environment() -> dict:
+    def output(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    smi = output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"])
+    nvcc = output(["nvcc", "--version"]).splitlines()
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = ""
+    return {"gpu": smi, "nvcc": nvcc[-1] if nvcc else "", "torch": torch_version, "python": sys.version.split()[0],
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["python", "benchmarks/gpu_session.py", *sys.argv[1:]])}
+
+
+def measure_ceilings(out: Path) -> dict:
+    """The two ceilings the method asks for, measured once: a device-to-device copy (bytes read plus
+    written) and matrix products through torch (cuBLAS) on random data."""
+    import torch
+
+    found = {}
+    with gpu_lock(out):
+        x = torch.randn((2 << 30) // 4, device="cuda")  # 2 GiB
+        y = torch.empty_like(x)
+        for _ in range(3):
+            y.copy_(x)
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(10):
+            y.copy_(x)
+        end.record()
+        torch.cuda.synchronize()
+        found["copy_TBps"] = 2 * x.numel() * 4 * 10 / (begin.elapsed_time(end) * 1e-3) / 1e12
+        del x, y
+        torch.cuda.empty_cache()
+        for name, dtype, n in (("matmul_f16_TFLOPs", torch.float16, 8192), ("matmul_f32_TFLOPs", torch.float32, 4096)):
+            a, b = torch.randn(n, n, device="cuda", dtype=dtype), torch.randn(n, n, device="cuda", dtype=dtype)
+            for _ in range(3):
+                a @ b
+            torch.cuda.synchronize()
+            begin.record()
+            for _ in range(10):
+                a @ b
+            end.record()
+            torch.cuda.synchronize()
+            found[name] = 2 * n ** 3 * 10 / (begin.elapsed_time(end) * 1e-3) / 1e12
+    return found
+
+
+class Worker:
+    def __init__(self, job: Job, args, skip: int = 0, restarts: int = 0):
+        self.job, self.skip, self.restarts = job, skip, restarts
+        self.rows = Path(args.out) / "rows" / (job.name.replace("/", "__") + ".jsonl")
+        self.log = open(Path(args.out) / "logs" / (job.name.replace("/", "__") + ".log"), "a")
+        cmd = [sys.executable, __file__, "--worker", job.name, "--out", args.out, "--work", args.work,
+               "--arch", args.arch, "--threads", str(args.threads), "--skip", str(skip),
+               "--deadline", str(args.deadline)] + (["--dry-run"] if args.dry else [])
+        # inductor's compile pool a worker, not a core each: eight workers share the machine
+        env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "2", "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.last_change = time.time()
+        self.size = 0
+
+    def progress(self) -> float:
+        """Seconds since its rows last grew."""
+        size = self.rows.stat().st_size if self.rows.exists() else 0
+        if size != self.size:
+            self.size, self.last_change = size, time.time()
+        return time.time() - self.last_change
+
+    def last_started(self) -> int:
+        """The index of the last candidate it began, -1 if none."""
+        started = -1
+        for row in self._rows():
+            if row.get("kind") == "start":
+                started = row["index"]
+        return started
+
+    def on_a_candidate(self) -> bool:
+        """Whether its last row says a candidate began (and nothing since)."""
+        found = self._rows()
+        return bool(found) and found[-1].get("kind") == "start"
+
+    def _rows(self) -> list[dict]:
+        if not self.rows.exists():
+            return []
+        return [json.loads(line) for line in self.rows.read_text().splitlines() if line.strip()]
+
+
+def run_jobs(jobs: list[Job], args) -> None:
+    queue, running = list(jobs), []
+    while queue or running:
+        while queue and len(running) < args.jobs and not late_now(args):
+            running.append(Worker(queue.pop(0), args))
+        if late_now(args) and queue:
+            print(f"time limit: {len(queue)} jobs not started: {', '.join(j.name for j in queue)}", flush=True)
+            queue.clear()
+        time.sleep(0.5)
+        for w in list(running):
+            rc = w.process.poll()
+            hung = rc is None and w.progress() > WATCHDOG_SECONDS and w.on_a_candidate()
+            late = rc is None and time.time() > args.deadline + 15
+            if hung or late:
+                w.process.kill()
+                w.process.wait()
+                rc = -9
+                if w.last_started() >= 0:
+                    Rows(w.rows, w.job.name).add(kind="variant", index=w.last_started(), ok=False,
+                                                 error="hung: killed by the watchdog" if hung else "killed at the time limit")
+            if rc is None:
+                continue
+            running.remove(w)
+            w.log.close()
+            if rc in (3, -9) and w.restarts < 2 and not late_now(args):  # again, past the candidate that failed
+                running.append(Worker(w.job, args, skip=w.last_started() + 1, restarts=w.restarts + 1))
+            elif rc not in (0, 3, -9):
+                Rows(w.rows, w.job.name).add(kind="failed", rc=rc,
+                                             log=(Path(args.out) / "logs" / (w.job.name.replace("/", "__") + ".log"))
+                                             .read_text()[-3000:])
+            print(f"[{time.strftime('%H:%M:%S')}] {w.job.name}: rc={rc}", flush=True)
+
+
+def late_now(args) -> bool:
+    return time.time() > args.deadline - 20
+
+
+def read_rows(out: Path) -> list[dict]:
+    found = []
+    for path in sorted((out / "rows").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                found.append(json.loads(line))
+    return found
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    if len(xs) < 3:
+        return None
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(xs, ys).statistic)
+
+
+def report(out: Path, env: dict, ceilings: dict, jobs: list[Job], rows: list[dict]) -> str:
+    by_job: dict[str, list[dict]] = {}
+    for r in rows:
+        by_job.setdefault(r["job"], []).append(r)
+    lines = [f"# emmy on {env.get('gpu', '?')}", "",
+             f"Measured {env['date']} with `{env['command']}` (torch {env['torch']}, {env['nvcc']}, "
+             f"Python {env['python']}).", "",
+             "Ceilings measured here: " + ", ".join(f"{k} {v:.1f}" for k, v in ceilings.items()), "",
+             "Every time is the median of per-launch CUDA-event samples with 256 MB overwritten before each "
+             "(a cold L2), p10-p90 beside it; a program's time sums its kernels. torch is timed the same way "
+             "around one call. Nothing is timed before its outputs (poisoned first) matched torch's float64 "
+             "reference.", "",
+             "## Every program, its chosen rows", "",
+             "| job | correct | max abs err | emmy us (p10-p90) | predicted us | predicted/measured | memory bound us | "
+             "torch eager us | torch.compile us |", "|---|---|---|---|---|---|---|---|---|"]
+    tuning = ["## Candidates: the model's ranking against the GPU's", "",
+              "| job | rows measured | correct | Spearman(pred, meas) | model's pick us | measured best us | best row | "
+              "regret |", "|---|---|---|---|---|---|---|---|"]
+    points = []
+    for job in jobs:
+        found = by_job.get(job.name, [])
+        measured = [r for r in found if r.get("kind") == "variant"]
+        chosen = next((r for r in measured if r.get("label") == "chosen"), None)
+        torch_rows = {r["mode"]: r for r in found if r.get("kind") == "torch"}
+
+        def torch_cell(mode):
+            r = torch_rows.get(mode)
+            if r is None:
+                return "-"
+            return f"{r['median_ms'] * 1e3:.1f}" if "median_ms" in r else r.get("error", "?")[:60]
+
+        if chosen is None:
+            failed = next((r for r in found if r.get("kind") in ("failed", "stopped")), None)
+            why = failed.get("kind") if failed else "not run"
+            lines.append(f"| {job.name} | {why} | - | - | - | - | - | - | - |")
+            continue
+        predicted = sum(k["predicted_s"] for k in chosen["kernels"]) * 1e6
+        compiled = next((r for r in found if r.get("kind") == "compiled"), {})
+        bound = (f"{compiled['least_bytes'] / (ceilings['copy_TBps'] * 1e12) * 1e6:.1f}"
+                 if "least_bytes" in compiled and ceilings.get("copy_TBps") else "-")
+        if chosen.get("ok"):
+            ms = chosen["measured_ms"]
+            spread = (f"{sum(t['p10_ms'] for t in chosen['timed']) * 1e3:.1f}-"
+                      f"{sum(t['p90_ms'] for t in chosen['timed']) * 1e3:.1f}")
+            worst = max((c["max_abs"] for c in chosen["checks"]), default=0.0)
+            lines.append(f"| {job.name} | yes | {worst:.2e} | {ms * 1e3:.1f} ({spread}) | {predicted:.1f} | "
+                         f"{predicted / (ms * 1e3):.2f} | {bound} | {torch_cell('eager')} | {torch_cell('compile')} |")
+        else:
+            why = chosen.get("error") or "; ".join(c.get("why", "") for c in chosen.get("checks", []))
+            lines.append(f"| {job.name} | NO: {why[:80]} | - | - | {predicted:.1f} | - | {bound} | - | - |")
+        if job.top or job.explore:
+            good = [r for r in measured if r.get("ok")]
+            pred = [sum(k["predicted_s"] for k in r["kernels"]) * 1e6 for r in good]
+            meas = [r["measured_ms"] * 1e3 for r in good]
+            points += [(p, m, job.name) for p, m in zip(pred, meas)]
+            if good:
+                best = min(good, key=lambda r: r["measured_ms"])
+                pick = chosen["measured_ms"] * 1e3 if chosen.get("ok") else float("nan")
+                rho = spearman(pred, meas)
+                tuning.append(f"| {job.name} | {len(measured)} | {len(good)} | "
+                              f"{'-' if rho is None else f'{rho:.2f}'} | {pick:.1f} | {best['measured_ms'] * 1e3:.1f} | "
+                              f"{best['label']}: {best['kernels'][-1]['knobs']} | {pick / (best['measured_ms'] * 1e3):.2f} |")
+    text = "\n".join(lines + [""] + tuning) + "\n"
+    if points:
+        _plot(out / "predicted_vs_measured.png", points)
+        text += "\n![predicted against measured](predicted_vs_measured.png)\n"
+    return text
+
+
+def _plot(path: Path, points) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 6))
+    for name in sorted({n for _, _, n in points}):
+        xs = [m for p, m, n in points if n == name]
+        ys = [p for p, m, n in points if n == name]
+        ax.scatter(xs, ys, s=14, label=name.removeprefix("suite/"))
+    low = min(min(p, m) for p, m, _ in points)
+    high = max(max(p, m) for p, m, _ in points)
+    ax.plot([low, high], [low, high], "k--", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured us")
+    ax.set_ylabel("predicted us")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", dest="dry", action="store_true", help="build everything, run nothing")
+    parser.add_argument("--seconds", type=float, default=360.0, help="time limit for the whole session")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--only", action="append", default=[], help="jobs whose name contains this (repeatable)")
+    parser.add_argument("--no-smoke", dest="smoke", action="store_false",
+                        help="start every job at once (no first job alone to stop early on a broken machine)")
+    parser.add_argument("--arch", default="90")
+    parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
+    parser.add_argument("--threads", type=int, default=2, help="nvcc builds at once in each worker")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--skip", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    jobs = plan()
+    if args.worker:
+        try:
+            return run_worker(next(j for j in jobs if j.name == args.worker), args)
+        except Exception:  # noqa: BLE001 - the parent records the log
+            traceback.print_exc()
+            return 1
+    begin = time.time()
+    args.deadline = begin + (args.seconds if not args.dry else 1e9)  # a dry run builds everything
+    if args.only:
+        jobs = [j for j in jobs if any(o in j.name for o in args.only)]
+    env = environment()
+    gpu = "dry-run" if args.dry else (env["gpu"].split(",")[0].strip().lower().replace("nvidia ", "").replace(" ", "-")
+                                      or "unknown-gpu")
+    out = Path(args.out) / f"{datetime.date.today().isoformat()}-{gpu}"
+    for sub in ("rows", "logs"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    args.out = str(out)
+    args.work = args.work or str(out / "build")
+    print(f"{len(jobs)} jobs into {out}; {env}", flush=True)
+    ceilings = {}
+    if not args.dry:
+        ceilings = measure_ceilings(out)
+        print("ceilings:", ceilings, flush=True)
+        smoke = jobs[0]
+        run_jobs([smoke] if args.smoke else [], args)
+        if args.smoke and not any(r.get("ok") for r in read_rows(out) if r["job"] == smoke.name and r.get("kind") == "variant"):
+            print(f"the smoke job {smoke.name} failed; stopping. Its log:", flush=True)
+            print((out / "logs" / (smoke.name.replace("/", "__") + ".log")).read_text()[-6000:], flush=True)
+            return 1
+        # the simulator's test kernels on the GPU, bit for bit, while the workers compile
+        with open(out / "logs" / "gpu_sim_compare.log", "w") as log:
+            sim_compare = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "gpu_sim_compare.py"), "--arch",
+                                            args.arch, "--out", str(out / "gpu_sim_report.md")], stdout=log,
+                                           stderr=subprocess.STDOUT)
+        run_jobs(jobs[1:] if args.smoke else jobs, args)
+        try:
+            sim_compare.wait(timeout=max(1.0, args.deadline + 15 - time.time()))
+        except subprocess.TimeoutExpired:
+            sim_compare.kill()
+    else:
+        run_jobs(jobs, args)
+    rows = read_rows(out)
+    if args.dry:
+        plans = [r for r in rows if r.get("kind") == "plan"]
+        variants_n = sum(r["variants"] for r in plans)
+        # a variant: ~0.3 s of set-up and check, and up to 200 cold samples of its time plus the flush
+        estimate = sum(0.3 + min(1.5, 200 * (p + 1.2e-4)) for r in plans for p in r["predicted_s"])
+        compile_s = sum(r["compile_s"] for r in plans)
+        print(f"plan: {len(plans)} of {len(jobs)} jobs built, {variants_n} variants; on the GPU about {estimate:.0f}s "
+              f"of checking and timing, plus torch.compile for {sum(j.versus_torch for j in jobs)} programs "
+              f"(~20s each); compiling took {compile_s:.0f}s of worker time here", flush=True)
+        return 0 if len(plans) == len(jobs) else 1
+    (out / "results.json").write_text(json.dumps({"environment": env, "ceilings": ceilings, "rows": rows}, indent=1,
+                                                 default=str))
+    text = report(out, env, ceilings, jobs, rows)
+    if (out / "gpu_sim_report.md").exists():
+        text += "\n" + (out / "gpu_sim_report.md").read_text().replace("# Simulator vs GPU", "## Simulator vs GPU")
+    (out / "report.md").write_text(text)
+    print(text, flush=True)
+    print(f"done in {time.time() - begin:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
