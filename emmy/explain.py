@@ -31,7 +31,7 @@ _COLUMNS = (
     ("spread", lambda b: f"{b.spread:.2f}"),
     ("hide", lambda b: f"{b.hiding:.2f}"),
     ("regs", lambda b: str(b.registers)),
-    ("measured", lambda b: "yes" if b.measured else "no"),
+    ("measured", lambda b: "yes" if b.measured else f"x{b.scale:.2f}" if b.scale != 1.0 else "no"),
 )
 
 

@@ -169,8 +169,11 @@ MEASURED: dict[str, dict[str, tuple[float, str]]] = {
                                          "(github.com/zzc0721/torch-performance-test-data, database.md, 2025)"),
     },
     "h200": {
-        "dram_bandwidth": (4.3e12, "measured device-to-device copy on one H200, about 4.3 TB/s "
-                                   "(team measurement, before 2026-12)"),
+        "dram_bandwidth": (4.27e12, "measured: a 2 GiB device-to-device copy through torch on one H200, 4.27 TB/s "
+                                    "counting bytes read and written (benchmarks/results/2026-12-04-h200, "
+                                    "benchmarks/gpu_session.py, 2026-12-04)"),
+        "tensor_flops": (765e12, "measured: cuBLAS f16 8192^3 through torch on one H200, 765 TFLOP/s on random data "
+                                 "(benchmarks/results/2026-12-04-h200, 2026-12-04)"),
         "bf16_tensor_flops": (790e12, "measured bf16 matrix product on one H200, about 790 TFLOP/s "
                                       "(team measurement, before 2026-12)"),
     },
@@ -187,6 +190,14 @@ def _with_measurements(target: Target) -> Target:
 
 GPUS: dict[str, Target] = {gpu: _with_measurements(t) for gpu, t in DATASHEET_GPUS.items()}
 TARGETS: dict[str, Target] = {arch: GPUS[gpu] for arch, gpu in ARCH_DEFAULT_GPU.items()}  # by architecture
+
+
+def gpu_key(device_name: str) -> str | None:
+    """emmy's key for a device as its driver names it ("NVIDIA H200" -> "h200"): the GPU whose maker's
+    name is the longest found in it, or None for a GPU emmy has no figures for."""
+    name = device_name.lower()
+    found = [(len(g), key) for key, t in GPUS.items() for g in t.gpus if g.lower() in name]
+    return max(found)[1] if found else None
 
 
 def measurement_key(target: str) -> str:

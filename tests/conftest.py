@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,9 @@ import pytest
 # Every program the tests run in the simulator runs under AddressSanitizer unless the caller says
 # otherwise (EMMY_SIM_MODE=plain, or a test's own mode): an out-of-bounds access fails the test.
 os.environ.setdefault("EMMY_SIM_MODE", "asan")
+# a developer's own measurement database would change what extraction picks: tests see none (only the
+# rows shipped in emmy/data/ and those a test writes)
+os.environ.setdefault("EMMY_DB", os.path.join(tempfile.mkdtemp(prefix="emmy-test-db-"), "absent.sqlite"))
 
 REPO = Path(__file__).resolve().parent.parent
 EMMY = Path(sys.executable).parent / "emmy"  # the installed console script

@@ -118,9 +118,12 @@ def test_a_measured_row_overrides_the_prediction_and_changes_the_choice(tmp_path
     signature = kernel.signature
     assert signature == program.tile_ir.kernels[0].signature
     measured = tmp_path / "measured.json"
+    # two rows measured (the model right about its pick, the other ten times faster than the pick):
+    # the rows not measured keep their predictions (the median measured/predicted ratio is 1)
     measured.write_text(json.dumps([
         {"target": "sm_90", "kernel": signature, "knobs": str(other.row), "seconds": chosen.total_s / 10},
-        {"target": "sm_90", "kernel": signature, "knobs": str(chosen.row)},  # malformed: no seconds
+        {"target": "sm_90", "kernel": signature, "knobs": str(chosen.row), "seconds": chosen.total_s},
+        {"target": "sm_90", "kernel": signature, "knobs": str(kernel.ranked[1].row)},  # malformed: no seconds
         "not a row",
     ]))
     result = run_emmy("explain", "-c", code, "--target", "sm_90", "--top", "1",
@@ -130,7 +133,7 @@ def test_a_measured_row_overrides_the_prediction_and_changes_the_choice(tmp_path
     chosen_line = next(line for line in kernel_table.splitlines() if line.strip().startswith("chosen"))
     assert str(other.row) in chosen_line and chosen_line.rstrip().endswith("yes")
     assert f"{chosen.total_s / 10 * 1e6:.2f}" in chosen_line
-    assert "row 1 skipped" in result.stderr and "row 2 skipped" in result.stderr
+    assert "row 2 skipped" in result.stderr and "row 3 skipped" in result.stderr
     tile = run_emmy("compile", "-c", code, "--target", "sm_90", "--ir", "tile",
                     env={"EMMY_MEASUREMENTS": str(measured)})
     assert f"knobs {other.row}  (" in tile.stdout

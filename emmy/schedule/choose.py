@@ -22,20 +22,26 @@ def loop_cost(kernel: Kernel, types: dict):
 
 def ranked_rows(kernel: Kernel, shape: KernelShape, rows, target, types: dict) -> list:
     """Every row's cost breakdown (emmy.schedule.cost_model), cheapest first; ties keep the space's order.
-    `types`: buffer name -> TensorType for the kernel's buffers (the program's `buffer_types`). A
-    measured time for the kernel's signature (emmy.loop_ir.signature), the row and the target
-    (emmy/schedule/measured.py) replaces the prediction."""
+    `types`: buffer name -> TensorType for the kernel's buffers (the program's `buffer_types`).
+
+    Where the kernel's signature (emmy.loop_ir.signature) has measured rows on the target
+    (emmy/schedule/measured.py), a measured time replaces its row's prediction, the other rows'
+    predictions are scaled by the median of measured over predicted time of the measured rows (the
+    model's error on this kernel, so a measured row competes with like, not with the model's
+    optimism), and rows measured wrong go last."""
     cost = loop_cost(kernel, types)
     measurements = current()
-    key = signature(kernel, types) if measurements.rows else ""
-    predicted = []
-    for row in rows:
-        breakdown = predict(shape, row, target, cost)
-        seconds = measurements.lookup(target.key, key, str(row)) if key else None
-        if seconds is not None:
-            breakdown = dataclasses.replace(breakdown, total_s=seconds, measured=True)
-        predicted.append(breakdown)
-    order = sorted(range(len(rows)), key=lambda i: (predicted[i].total_s, i))
+    key = signature(kernel, types) if measurements.rows or measurements.wrong else ""
+    predicted = [predict(shape, row, target, cost) for row in rows]
+    wrong = [bool(key) and measurements.is_wrong(target.key, key, str(row)) for row in rows]
+    if key and measurements.has_signature(target.key, key):
+        seconds = [measurements.lookup(target.key, key, str(row)) for row in rows]
+        ratios = sorted(s / b.total_s for s, b in zip(seconds, predicted) if s is not None and b.total_s > 0)
+        scale = ratios[len(ratios) // 2] if ratios else 1.0
+        predicted = [dataclasses.replace(b, total_s=s, measured=True) if s is not None
+                     else dataclasses.replace(b, total_s=b.total_s * scale, scale=scale)
+                     for s, b in zip(seconds, predicted)]
+    order = sorted(range(len(rows)), key=lambda i: (wrong[i], predicted[i].total_s, i))
     return [predicted[i] for i in order]
 
 

@@ -77,6 +77,8 @@ class Breakdown:
     extra_s: float
     total_s: float
     measured: bool = False  # total_s is a measurement, not the sum
+    scale: float = 1.0  # an unmeasured row of a measured kernel: total_s is the sum times the kernel's
+    # measured/predicted ratio (emmy.schedule.choose.ranked_rows)
 
     @property
     def compute_s(self) -> float:

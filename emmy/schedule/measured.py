@@ -1,14 +1,19 @@
 """Measured kernel times that replace predictions (a measurement wins over the model).
 
-For now a JSON file (EMMY_MEASUREMENTS): a list of rows
-`{"target": "sm_90", "kernel": <signature>, "knobs": "WORK=...,RASTER=", "seconds": 1.2e-5}`, where the
-signature is the kernel's canonical signature (emmy.loop_ir.signature: its operations, dtypes, index
-maps, extents and buffer types; `emmy explain` and `TileKernel.signature` show it). A row applies to
-the exact kernel signature, knob row and GPU (a target given as an architecture, "sm_90", is
-its default GPU, extract.targets.ARCH_DEFAULT_GPU; "h100" is the H100). Rows that
-are malformed are skipped with a warning naming the file and the row; they
-never stop a compile. The measurement database of a later issue fills the
-same lookup.
+Three sources, later ones winning for the same (GPU, kernel signature, knob row):
+- rows shipped with the package (emmy/data/measurements.json, an `emmy db export`), so a fresh
+  machine extracts with them;
+- the measurement database (emmy.measure_db, EMMY_DB), where `emmy tune` and the GPU session
+  record; only GPU rows count (simulator timings never stand for a GPU);
+- EMMY_MEASUREMENTS, a JSON list of rows
+  `{"target": "sm_90", "kernel": <signature>, "knobs": "WORK=...,RASTER=", "seconds": 1.2e-5}`.
+
+The signature is the kernel's canonical signature (emmy.loop_ir.signature; `emmy explain` and
+`TileKernel.signature` show it). A row applies to the exact kernel signature, knob row and GPU (a
+target given as an architecture, "sm_90", is its default GPU, extract.targets.ARCH_DEFAULT_GPU).
+A row measured wrong on the GPU (its outputs failed the check) marks its knob row as one never to
+pick while another is offered. Malformed rows and unreadable files are skipped with a warning naming
+the file and the row; they never stop a compile.
 """
 
 from __future__ import annotations
@@ -22,23 +27,36 @@ from emmy.extract.targets import measurement_key
 
 log = logging.getLogger("emmy.extract")
 _FIELDS = {"target": str, "kernel": str, "knobs": str, "seconds": (int, float)}
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "measurements.json"
 
 
 class Measurements:
-    def __init__(self, rows: dict[tuple[str, str, str], float] | None = None):
+    def __init__(self, rows: dict[tuple[str, str, str], float] | None = None,
+                 wrong: set[tuple[str, str, str]] | None = None):
         self.rows = rows or {}
+        self.wrong = wrong or set()
 
     def lookup(self, target: str, signature: str, knobs: str) -> float | None:
         return self.rows.get((target, signature, knobs))
 
+    def is_wrong(self, target: str, signature: str, knobs: str) -> bool:
+        return (target, signature, knobs) in self.wrong
+
     def has_signature(self, target: str, signature: str) -> bool:
-        """Whether any row is measured for this kernel signature on this target."""
+        """Whether any row is measured (right or wrong) for this kernel signature on this target."""
         if not hasattr(self, "_signatures"):
-            self._signatures = {(t, s) for t, s, _ in self.rows}
+            self._signatures = {(t, s) for t, s, _ in (*self.rows, *self.wrong)}
         return (target, signature) in self._signatures
 
+    def merged(self, other: Measurements) -> Measurements:
+        """These rows with `other`'s over them."""
+        rows = {**self.rows, **other.rows}
+        wrong = (self.wrong - set(other.rows)) | other.wrong
+        return Measurements({k: v for k, v in rows.items() if k not in other.wrong}, wrong)
+
     @classmethod
-    def load(cls, path: Path) -> "Measurements":
+    def load(cls, path: Path) -> Measurements:
+        """An EMMY_MEASUREMENTS file: a JSON list of rows."""
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as err:
@@ -56,6 +74,23 @@ class Measurements:
             rows[(measurement_key(row["target"]), row["kernel"], row["knobs"])] = float(row["seconds"])
         return cls(rows)
 
+    @classmethod
+    def of_rows(cls, rows) -> Measurements:
+        """emmy.measure_db rows: GPU rows only, the latest of each key; wrong ones marked."""
+        found, wrong, when = {}, set(), {}
+        for row in sorted(rows, key=lambda r: r.measured_at):
+            if row.source != "gpu":
+                continue
+            key = (measurement_key(row.target), row.signature, row.knobs)
+            when[key] = row.measured_at
+            if row.correct:
+                found[key] = float(row.median_s)
+                wrong.discard(key)
+            else:
+                wrong.add(key)
+                found.pop(key, None)
+        return cls(found, wrong)
+
 
 def _problem(row) -> str:
     if not isinstance(row, dict):
@@ -68,16 +103,59 @@ def _problem(row) -> str:
     return ""
 
 
+def _shipped() -> Measurements:
+    from emmy.measure_db import MeasuredRow, MeasurementDbError, parse_export
+
+    if not SHIPPED.exists():
+        return Measurements()
+    try:
+        items = parse_export(SHIPPED.read_text(), str(SHIPPED))
+        rows = [MeasuredRow.from_dict(item) for item in items]
+    except MeasurementDbError as err:
+        log.warning("shipped measurements unreadable (%s); not used", err)
+        return Measurements()
+    return Measurements.of_rows(r for r in rows if not r.problem())
+
+
+def _database(path: Path) -> Measurements:
+    from emmy.measure_db import MeasurementDb, MeasurementDbError
+
+    try:
+        with MeasurementDb(path) as db:
+            rows = db.rows()
+    except MeasurementDbError as err:
+        log.warning("%s; predicting without its rows", err)
+        return Measurements()
+    return Measurements.of_rows(rows)
+
+
 @lru_cache(maxsize=8)
-def _load_cached(path: str, mtime: float) -> Measurements:
-    return Measurements.load(Path(path))
+def _load_cached(db: str, db_stamp: tuple, legacy: str, legacy_stamp: float) -> Measurements:
+    found = _shipped()
+    if db:
+        found = found.merged(_database(Path(db)))
+    if legacy:
+        found = found.merged(Measurements.load(Path(legacy)))
+    return found
+
+
+def _stamp(path: Path | None) -> tuple:
+    """What changes when the file (and an SQLite file's write-ahead log) changes."""
+    if path is None or not path.exists():
+        return ()
+    wal = path.with_name(path.name + "-wal")
+    return (path.stat().st_mtime_ns, wal.stat().st_mtime_ns if wal.exists() else 0,
+            wal.stat().st_size if wal.exists() else 0)
 
 
 def current() -> Measurements:
-    """The measurements EMMY_MEASUREMENTS names (reloaded when the file changes), or none."""
+    """The shipped rows, the database's and EMMY_MEASUREMENTS's (reloaded when a file changes)."""
     from emmy.config import settings
+    from emmy.measure_db import default_path
 
-    path = settings().measurements
-    if path is None or not path.exists():
-        return Measurements()
-    return _load_cached(str(path), path.stat().st_mtime)
+    config = settings()
+    db = default_path()
+    db_used = str(db) if db.exists() else ""
+    legacy = config.measurements if config.measurements is not None and config.measurements.exists() else None
+    return _load_cached(db_used, _stamp(db) if db_used else (), str(legacy or ""),
+                        legacy.stat().st_mtime if legacy else 0.0)
