@@ -14,10 +14,9 @@ parent starts again past it; a worker that makes no progress for WATCHDOG_SECOND
 candidate recorded as hung. At the time limit the workers are stopped and the report is written from
 what was measured.
 
-Timing (per kernel): CUDA events around each launch with 256 MB overwritten before it (a cold L2),
-samples in tens until the median settles (at least 20, at most 200 or ~1.5 s), median with p10/p90;
-and for kernels under 20 us the per-launch time of back-to-back batches (warm L2, launch gaps
-amortised), reported beside it. torch is timed the same way around one call of the program.
+Timing is emmy.measure's (per kernel: CUDA events around each launch with 256 MB overwritten before
+it, samples until the median settles, median with p10/p90; back-to-back batches beside it for
+kernels under 20 us); torch is timed the same way around one call of the program.
 
 --dry-run (no GPU needed) compiles every job and builds every library it would run, then prints the
 plan and a time estimate.
@@ -43,7 +42,6 @@ import importlib.util
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
@@ -54,9 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if importlib.util.find_spec("emmy") is None:  # installed: a wheel on a GPU machine, editable here
     sys.path.insert(0, str(ROOT))
 
-FLUSH_BYTES = 256 << 20  # over four times an H100/H200's L2
 WATCHDOG_SECONDS = 45.0  # a worker silent this long on one candidate is hung (a variant takes seconds)
-SMALL_KERNEL_MS = 0.02
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,61 +163,42 @@ def _row_record(kernel: str, breakdown, seconds: float, row, signature: str) -> 
 
 
 def time_kernel(on_gpu, index: int, flush) -> dict:
-    """One Kernel IR kernel's launch times (module docstring: cold samples until the median
-    settles; back-to-back batches for small kernels)."""
-    k, argv, gpu = on_gpu.kernels[index], on_gpu.argvs[index], on_gpu.gpu
+    """One Kernel IR kernel's launch times (emmy.measure.time_on_gpu), in this script's rows (ms)."""
+    from emmy.measure import time_on_gpu
 
-    def take(reps, batch, cold):
-        return gpu.samples(k.name, k.grid, k.block, k.dynamic_smem, argv, reps, batch,
-                           flush if cold else None, FLUSH_BYTES if cold else 0)
-
-    take(3, 1, True)  # warm-up: module load, first-touch
-    cold, start = [], time.perf_counter()
-    while len(cold) < 200 and time.perf_counter() - start < 1.5:
-        cold += take(10, 1, True)
-        if len(cold) >= 20 and abs(statistics.median(cold) - statistics.median(cold[:len(cold) // 2])) \
-                <= 0.01 * statistics.median(cold):
-            break
-    result = {"name": k.name, "grid": list(_dims(k.grid)), "block": list(_dims(k.block)), **_stats(cold)}
-    if result["median_ms"] < SMALL_KERNEL_MS:
-        batch = max(1, int(0.2 / max(result["median_ms"], 1e-4)))
-        result["warm_ms"] = statistics.median(take(20, batch, False))
-        result["warm_batch"] = batch
-    return result
+    k, t = on_gpu.kernels[index], time_on_gpu(on_gpu, index, flush)
+    found = {"name": k.name, "grid": list(_dims(k.grid)), "block": list(_dims(k.block)), "median_ms": t.median_s * 1e3,
+             "p10_ms": t.p10_s * 1e3, "p90_ms": t.p90_s * 1e3, "samples": t.samples}
+    return found | ({"warm_ms": t.warm_s * 1e3} if t.warm_s is not None else {})
 
 
 def _dims(v) -> tuple:
     return ((v,) if isinstance(v, int) else tuple(v)) + (1,) * (3 - (1 if isinstance(v, int) else len(v)))
 
 
-def _stats(samples: list[float]) -> dict:
-    ordered = sorted(samples)
-    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"median_ms": statistics.median(ordered), "p10_ms": at(0.1), "p90_ms": at(0.9), "samples": len(ordered)}
-
-
 def time_torch(fn, args, flush) -> dict:
     """A torch callable timed like emmy's kernels: events around each call, the L2 flushed before."""
     import torch
+
+    from emmy.measure import settled, stats
+
+    def take(n):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for begin, end in events:
+            flush.zero_()
+            begin.record()
+            fn(*args)
+            end.record()
+        torch.cuda.synchronize()
+        return [b.elapsed_time(e) for b, e in events]
 
     with torch.no_grad():
         for _ in range(3):
             fn(*args)
         torch.cuda.synchronize()
-        samples, start = [], time.perf_counter()
-        while len(samples) < 200 and time.perf_counter() - start < 1.5:
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(10)]
-            for begin, end in events:
-                flush.zero_()
-                begin.record()
-                fn(*args)
-                end.record()
-            torch.cuda.synchronize()
-            samples += [b.elapsed_time(e) for b, e in events]
-            if len(samples) >= 20 and abs(statistics.median(samples) - statistics.median(samples[:len(samples) // 2])) \
-                    <= 0.01 * statistics.median(samples):
-                break
-    return _stats(samples)
+        samples = settled(take)
+    median, p10, p90 = stats(samples)
+    return {"median_ms": median, "p10_ms": p10, "p90_ms": p90, "samples": len(samples)}
 
 
 def run_worker(job: Job, args) -> int:
@@ -257,6 +234,8 @@ def run_worker(job: Job, args) -> int:
 
     inputs = program.example_inputs
     with gpu_lock(out):
+        from emmy.measure import FLUSH_BYTES
+
         flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
         if args.skip == 0:
             rows.add(kind="compiled", seconds=compiled_s, variants=len(built), least_bytes=least_bytes(program))
@@ -359,7 +338,8 @@ def environment() -> dict:
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
-    smi = output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"])
+    smi = output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,compute_cap",
+                  "--format=csv,noheader"])
     nvcc = output(["nvcc", "--version"]).splitlines()
     try:
         import torch
@@ -481,6 +461,60 @@ def run_jobs(jobs: list[Job], args) -> None:
 
 def late_now(args) -> bool:
     return time.time() > args.deadline - 20
+
+
+def measured_rows(results: dict) -> list:
+    """A session's results (results.json) as measurement database rows (emmy.measure_db): one per tile
+    kernel of every checked variant, its Kernel IR kernels' medians summed (a split's fill or finish
+    kernel belongs to the kernel it serves); a variant whose check failed is one wrong row per kernel."""
+    from emmy.extract.targets import GPUS, gpu_key
+    from emmy.measure_db import MeasuredRow
+
+    fields = [f.strip() for f in results["environment"]["gpu"].split(",")]
+    name, driver = fields[0], fields[1] if len(fields) > 1 else ""
+    target = gpu_key(name)
+    if target is None:
+        return []
+    capability = fields[4] if len(fields) > 4 else ".".join(map(str, GPUS[target].compute_capability))
+    when = results["environment"]["date"]
+    found = []
+    for r in results["rows"]:
+        if r.get("kind") != "variant" or "kernels" not in r:
+            continue
+        names = sorted((k["kernel"] for k in r["kernels"]), key=len, reverse=True)
+        per_kernel: dict[str, list] = {n: [] for n in names}
+        for t in r.get("timed", []):
+            owner = next((n for n in names if t["name"].startswith(n)), None)
+            if owner is not None:
+                per_kernel[owner].append(t)
+        for k in r["kernels"]:
+            if not k.get("signature"):
+                continue
+            timed = per_kernel[k["kernel"]]
+            base = dict(gpu=name, target=target, capability=capability, driver=driver, signature=k["signature"],
+                        knobs=k["knobs"], compiler=results["environment"].get("nvcc", ""), measured_at=when)
+            if r.get("ok") and timed:
+                found.append(MeasuredRow(**base, median_s=sum(t["median_ms"] for t in timed) * 1e-3,
+                                         p10_s=sum(t["p10_ms"] for t in timed) * 1e-3,
+                                         p90_s=sum(t["p90_ms"] for t in timed) * 1e-3,
+                                         repetitions=min(t["samples"] for t in timed), correct=True))
+            elif not r.get("ok"):
+                why = r.get("error") or "; ".join(f"{c['output']}: {c['why']}" for c in r.get("checks", []))
+                found.append(MeasuredRow(**base, median_s=None, p10_s=None, p90_s=None, repetitions=0, correct=False,
+                                         error=why or "failed the check"))
+    return found
+
+
+def store(results: dict, out: Path | None) -> int:
+    """The session's rows into the measurement database (EMMY_DB), and exported beside its report."""
+    from emmy.measure_db import MeasurementDb
+
+    rows = measured_rows(results)
+    with MeasurementDb() as db:
+        db.add(rows)
+        if out is not None:
+            (out / "measurements.json").write_text(db.export_json(source="gpu"))
+    return len(rows)
 
 
 def read_rows(out: Path) -> list[dict]:
@@ -605,11 +639,17 @@ def main() -> int:
     parser.add_argument("--arch", default="90")
     parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     parser.add_argument("--threads", type=int, default=2, help="nvcc builds at once in each worker")
+    parser.add_argument("--import-results", type=Path, metavar="RESULTS_JSON",
+                        help="record a session's results.json in the measurement database (EMMY_DB), then stop")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--skip", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.import_results:
+        added = store(json.loads(args.import_results.read_text()), None)
+        print(f"recorded {added} rows from {args.import_results}")
+        return 0
     jobs = plan()
     if args.worker:
         try:
@@ -663,8 +703,12 @@ def main() -> int:
               f"of checking and timing, plus torch.compile for {sum(j.versus_torch for j in jobs)} programs "
               f"(~20s each); compiling took {compile_s:.0f}s of worker time here", flush=True)
         return 0 if len(plans) == len(jobs) else 1
-    (out / "results.json").write_text(json.dumps({"environment": env, "ceilings": ceilings, "rows": rows}, indent=1,
-                                                 default=str))
+    results = {"environment": env, "ceilings": ceilings, "rows": rows}
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    try:
+        print(f"recorded {store(results, out)} rows in the measurement database", flush=True)
+    except Exception as err:  # noqa: BLE001 - the report and results.json are written regardless
+        print(f"the measurement database refused the rows: {err}", flush=True)
     text = report(out, env, ceilings, jobs, rows)
     if (out / "gpu_sim_report.md").exists():
         text += "\n" + (out / "gpu_sim_report.md").read_text().replace("# Simulator vs GPU", "## Simulator vs GPU")

@@ -86,7 +86,135 @@ def _parser() -> argparse.ArgumentParser:
     suite.add_argument("--only", metavar="NAME", action="append", help="run only this workload (repeatable)")
     suite.add_argument("--quiet", action="store_true", help="print the summary table only")
     common(suite)
+
+    tune = program_command("tune", "measure the model's top rows of each kernel and a share drawn for "
+                                   "exploration, record every row in the measurement database, extract again")
+    tune.add_argument("--budget", type=int, default=12, metavar="N", help="rows to measure per kernel (default 12)")
+    tune.add_argument("--seconds", type=float, default=600.0, metavar="S", help="time limit (default 600)")
+    tune.add_argument("--gpus", metavar="LIST", help="GPU indices to measure on at once, one worker each "
+                                                     "(e.g. 0,1; default: the first GPU)")
+    tune.add_argument("--device", choices=("cuda", "sim"), default="cuda",
+                      help="cuda (default) or sim: the CPU simulator, to check the tuner's steps (its times "
+                           "are recorded as simulator rows and never used for a GPU)")
+    tune.add_argument("--share", help=argparse.SUPPRESS)  # i/n: a --gpus worker's part of the candidates
+
+    db = sub.add_parser("db", help="the measurement database (EMMY_DB): export or import rows as JSON")
+    db.add_argument("action", choices=("export", "import", "path"), help="export rows, import a file, or print its path")
+    db.add_argument("file", nargs="?", type=Path, help="import: the JSON file to read")
+    db.add_argument("-o", dest="output", type=Path, metavar="FILE", help="export: write here (default: stdout)")
+    db.add_argument("--target", help="export: only this GPU's rows (h200, sm_90, ...)")
+    db.add_argument("--source", choices=("gpu", "simulator"), help="export: only rows measured there")
+    db.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
     return parser
+
+
+def _tune(args) -> int:
+    import os
+    import subprocess
+    import time
+
+    from emmy import tune
+    from emmy.measure import GpuDevice, SimDevice
+    from emmy.measure_db import MeasurementDb
+
+    if args.budget < 1:
+        raise EmmyError(f"--budget must be at least 1 row a kernel, got {args.budget}")
+    if args.seconds <= 0:
+        raise EmmyError(f"--seconds must be positive, got {args.seconds}")
+    gpus = _gpu_list(args.gpus)
+    device = GpuDevice() if args.device == "cuda" else SimDevice()  # no GPU: one line, exit 2, before compiling
+    program = _compiled(args, "tile", capture_cache=False)
+    started = time.time()
+    with MeasurementDb() as store:
+        if args.share:
+            index, count = (int(v) for v in args.share.split("/"))
+            tune.run(program, device, args.budget, args.seconds, store, (index, count), progress=False)
+            return 0
+        if len(gpus) > 1 and args.device == "cuda":
+            share = [a for a in sys.argv[1:] if a != "--gpus" and a != args.gpus]
+            workers = [subprocess.Popen([sys.argv[0], *share, "--share", f"{i}/{len(gpus)}"],
+                                        env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu})
+                       for i, gpu in enumerate(gpus)]
+            failed = [w.wait() for w in workers]
+            if any(failed):
+                raise EmmyError(f"a tuning worker failed (exit statuses {failed}); its rows so far are recorded")
+            signatures = {tk.signature for tk in program.tile_ir.kernels}
+            rows = [r for r in store.rows() if r.signature in signatures and r.measured_at >= _iso(started)]
+        else:
+            rows = tune.run(program, device, args.budget, args.seconds, store)
+        where = store.path
+    _print_tuning(program, device, rows, time.time() - started, where)
+    if device.source == "gpu":
+        again = _compiled(args, "tile", capture_cache=False)
+        print("extraction with the measurements picks: " + "; ".join(
+            f"{tk.kernel.name} {tk.row} ({tk.seconds * 1e6:.2f} us)" for tk in again.tile_ir.kernels))
+    return 0
+
+
+def _gpu_list(text: str | None) -> list[str]:
+    if not text:
+        return []
+    gpus = [g.strip() for g in text.split(",")]
+    if not all(g.isdigit() for g in gpus) or len(set(gpus)) != len(gpus):
+        raise EmmyError(f"--gpus takes distinct GPU indices separated by commas, like 0,1; got {text!r}")
+    return gpus
+
+
+def _iso(seconds: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat()
+
+
+def _print_tuning(program, device, rows, elapsed: float, where) -> None:
+    from emmy import tune
+
+    kind = ("GPU seconds" if device.source == "gpu" else
+            "simulator seconds, not GPU figures: recorded as simulator rows, never used to extract for a GPU")
+    print(f"measured {len(rows)} rows on {device.name} in {elapsed:.1f} s ({kind}); recorded in {where}")
+    table = []
+    for k in tune.report(program, rows):
+        pick = k.pick
+        shown = "-" if pick is None else (f"{pick.knobs}  {k.predicted.get(pick.knobs, 0) * 1e6:.2f} us -> "
+                                          + (f"{pick.median_s * 1e6:.2f} us" if pick.correct else "WRONG"))
+        best = "-" if k.best is None else f"{k.best.knobs}  {k.best.median_s * 1e6:.2f} us"
+        if k.best is not None and pick is not None and pick.correct:
+            best += f" ({pick.median_s / k.best.median_s:.2f}x the pick)"
+        table.append([k.kernel, str(k.measured), str(k.wrong), shown, best])
+    _print_table(["kernel", "rows", "wrong", "model's pick: predicted -> measured", "measured best"], table)
+
+
+def _db(args) -> int:
+    from emmy.measure_db import MeasurementDb, default_path
+
+    if args.action == "path":
+        print(default_path())
+        return 0
+    if args.action == "import":
+        if args.file is None:
+            raise EmmyError("emmy db import needs the JSON file to read (one `emmy db export` wrote)")
+        try:
+            text = args.file.read_text()
+        except OSError as err:
+            raise EmmyError(f"cannot read {args.file}: {err.strerror}") from None
+        with MeasurementDb() as store:
+            added, skipped = store.import_json(text, str(args.file))
+        for line in skipped:
+            print(f"skipped: {line}", file=sys.stderr)
+        print(f"imported {added} rows into {store.path}" + (f"; skipped {len(skipped)}" if skipped else ""))
+        return 2 if skipped and not added else 0
+    target = None
+    if args.target:
+        from emmy.extract.targets import get_target, measurement_key
+
+        target = measurement_key(get_target(args.target).key)
+    with MeasurementDb() as store:
+        text = store.export_json(target, args.source)
+    if args.output:
+        args.output.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _check_stage(stage: str) -> None:
@@ -281,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("emmy").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         commands = {"compile": _compile, "schedules": _schedules, "explain": _explain, "suite": _suite,
-                    "rules": _rules, "run": _run}
+                    "rules": _rules, "run": _run, "db": _db, "tune": _tune}
         return commands[args.command](args)
     except EmmyError as err:
         if args.verbose:

@@ -147,6 +147,12 @@ def _load_report(path: Path) -> dict[str, Resources]:
     return {k: Resources(**v) for k, v in json.loads(path.read_text()).items()}
 
 
+def nvcc_version() -> str:
+    """nvcc's version line ("Build cuda_13.0.r13.0/..."), or "" where there is no nvcc."""
+    nvcc = shutil.which("nvcc")
+    return _nvcc_version(nvcc) if nvcc else ""
+
+
 @functools.lru_cache(maxsize=4)
 def _nvcc_version(nvcc: str) -> str:
     return subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]

@@ -158,10 +158,13 @@ def run_program(program, inputs=None, device: str = "sim", mode: str | None = No
 
 
 def launch_in_order(module, program, kernels, buffers: dict[str, np.ndarray],
-                    counts: dict | None = None) -> None:
+                    counts: dict | None = None, timings: dict | None = None) -> None:
     """Launch `kernels` (Kernel IR of `program`, by name in the simulator `module`) one after another
     on `buffers`; a bad index value a kernel recorded is raised after its launch. With `counts` (a
-    race-check module), counts[kernel][buffer] = (bytes read, bytes written) by each launch."""
+    race-check module), counts[kernel][buffer] = (bytes read, bytes written) by each launch; with
+    `timings`, timings[kernel] = the launch's wall seconds in the simulator."""
+    import time
+
     import emmy.sim as sim
 
     for kernel in kernels:
@@ -169,8 +172,11 @@ def launch_in_order(module, program, kernels, buffers: dict[str, np.ndarray],
         args += [sim.TensorMap(buffers[buffer].reshape(-1, row), box=(box_rows, box_cols))
                  for buffer, row, box_rows, box_cols in kernel.tensor_maps]
         if counts is None:
+            start = time.perf_counter()
             module.launch(kernel.name, grid=kernel.grid, block=kernel.block, args=args,
                           shared_bytes=kernel.dynamic_smem)
+            if timings is not None:
+                timings[kernel.name] = time.perf_counter() - start
         else:
             moved = module.count(kernel.name, grid=kernel.grid, block=kernel.block, args=args,
                                  shared_bytes=kernel.dynamic_smem)

@@ -1,0 +1,157 @@
+"""Measuring a compiled program's kernels on a device: its outputs checked first, then its kernels
+timed. Used by `emmy tune` and benchmarks/gpu_session.py.
+
+On a GPU (GpuDevice): outputs poisoned before the checked run; per kernel, CUDA-event samples of one
+launch each with FLUSH_BYTES overwritten before it (a cold L2), taken in tens until the median
+settles (at least 20, at most 200 or about 1.5 s), reported as median, p10 and p90; kernels under
+SMALL_KERNEL_S also get the per-launch time of back-to-back batches (warm L2, launch gaps amortised).
+On the CPU simulator (SimDevice): the same check, then each kernel's wall time over a few runs:
+simulator seconds, recorded as such and never standing for a GPU's.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass
+
+from emmy.errors import EmmyError
+
+FLUSH_BYTES = 256 << 20  # over four times an H100/H200's L2
+SMALL_KERNEL_S = 20e-6
+
+
+class NoGpuError(EmmyError):
+    """Measuring on a GPU was asked for on a machine without one."""
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    name: str  # the Kernel IR kernel's
+    median_s: float
+    p10_s: float
+    p90_s: float
+    samples: int
+    warm_s: float | None = None  # back-to-back batches (small kernels only)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A program's check and, when it passed, its kernels' times."""
+    correct: bool
+    why: str  # the check's failure, a fault, a refusal
+    times: tuple[KernelTime, ...] = ()
+
+
+def stats(samples: list[float]) -> tuple[float, float, float]:
+    """(median, p10, p90)."""
+    ordered = sorted(samples)
+    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return statistics.median(ordered), at(0.1), at(0.9)
+
+
+def settled(take, most: int = 200, seconds: float = 1.5) -> list[float]:
+    """Samples from `take(n)` in tens until the median of all is within 1% of the first half's."""
+    samples, start = [], time.perf_counter()
+    while len(samples) < most and time.perf_counter() - start < seconds:
+        samples += take(10)
+        if len(samples) >= 20:
+            whole, half = statistics.median(samples), statistics.median(samples[:len(samples) // 2])
+            if abs(whole - half) <= 0.01 * whole:
+                break
+    return samples
+
+
+def gpu_name() -> str:
+    """The first GPU's name as its driver gives it, or NoGpuError saying why there is none."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        raise NoGpuError("no CUDA GPU here (nvidia-smi is not on PATH): measuring needs a GPU machine; "
+                         "--device sim runs the same steps on the CPU simulator")
+    done = subprocess.run([smi, "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
+                          capture_output=True, text=True)
+    line = done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else ""
+    if not line:
+        raise NoGpuError(f"no CUDA GPU here (nvidia-smi: {(done.stderr or done.stdout).strip()[:200]}): measuring "
+                         "needs a GPU machine; --device sim runs the same steps on the CPU simulator")
+    return line
+
+
+class SimDevice:
+    """The CPU simulator as the tuner's device: real checks, simulator seconds."""
+    source = "simulator"
+
+    def __init__(self, runs: int = 3):
+        import platform
+
+        self.runs = runs
+        self.name, self.driver, self.capability = f"CPU simulator ({platform.machine()})", "", ""
+
+    def measure(self, program, inputs, references) -> Measured:
+        import emmy.sim as sim
+        from emmy.dtypes import from_device
+        from emmy.runtime import compare_outputs, host_buffers, launch_in_order
+
+        types = program.buffer_types
+        buffers = host_buffers(program, inputs)
+        module = sim.load(program.cuda_source, "program.cu")
+        launch_in_order(module, program, program.kernel_ir, buffers)
+        outputs = {n: from_device(buffers[n], types[n].dtype) for n in program.loop_ir.outputs}
+        checks = compare_outputs(program, outputs, references=references)
+        if not all(c.ok for c in checks):
+            return Measured(False, "; ".join(f"{c.output}: {c.why}" for c in checks if not c.ok))
+        per_kernel: dict[str, list[float]] = {}
+        for _ in range(self.runs):
+            timings: dict[str, float] = {}
+            launch_in_order(module, program, program.kernel_ir, buffers, timings=timings)
+            for name, seconds in timings.items():
+                per_kernel.setdefault(name, []).append(seconds)
+        return Measured(True, "", tuple(KernelTime(name, *stats(s), len(s)) for name, s in per_kernel.items()))
+
+
+class GpuDevice:
+    """The machine's GPU (CUDA_VISIBLE_DEVICES picks it), through emmy.gpu's host library."""
+    source = "gpu"
+
+    def __init__(self):
+        fields = [f.strip() for f in gpu_name().split(",")]
+        self.name, self.driver = fields[0], fields[1] if len(fields) > 1 else ""
+        self.capability = fields[2] if len(fields) > 2 else ""
+        self._flush = None
+
+    def measure(self, program, inputs, references) -> Measured:
+        from emmy.gpu import ProgramOnGpu
+        from emmy.runtime import compare_outputs, host_buffers
+
+        on_gpu = ProgramOnGpu(program, host_buffers(program, inputs))
+        try:
+            on_gpu.poison()
+            on_gpu.run()
+            checks = compare_outputs(program, on_gpu.outputs(), references=references)
+            if not all(c.ok for c in checks):
+                return Measured(False, "; ".join(f"{c.output}: {c.why}" for c in checks if not c.ok))
+            if self._flush is None:
+                self._flush = on_gpu.gpu.alloc(FLUSH_BYTES)
+            return Measured(True, "", tuple(time_on_gpu(on_gpu, i, self._flush) for i in range(len(on_gpu.kernels))))
+        finally:
+            on_gpu.close()
+
+
+def time_on_gpu(on_gpu, index: int, flush) -> KernelTime:
+    """One Kernel IR kernel of a ProgramOnGpu timed (module docstring)."""
+    k, argv, gpu = on_gpu.kernels[index], on_gpu.argvs[index], on_gpu.gpu
+
+    def take(reps, batch=1, cold=True):
+        return [ms * 1e-3 for ms in gpu.samples(k.name, k.grid, k.block, k.dynamic_smem, argv, reps, batch,
+                                                flush if cold else None, FLUSH_BYTES if cold else 0)]
+
+    take(3)  # warm-up: module load, first touch
+    cold = settled(take)
+    median, p10, p90 = stats(cold)
+    warm = None
+    if median < SMALL_KERNEL_S:
+        batch = max(1, int(200e-6 / max(median, 1e-7)))
+        warm = statistics.median(take(20, batch, cold=False))
+    return KernelTime(k.name, median, p10, p90, len(cold), warm)

@@ -1,0 +1,138 @@
+"""`emmy tune`: measure a program's candidate rows, record them, extract again.
+
+For each kernel, costliest first, the candidates are the model's top rows and a share drawn for
+exploration (EXPLORE_SHARE of the budget, from the rows the model ranks within EXPLORE_WITHIN of its
+pick: the ones its error could reorder). Each candidate is the program with that kernel's row
+replaced (Program.with_rows: the Loop IR is not rebuilt), checked against torch and timed on the
+device (emmy.measure); every outcome, wrong ones too, becomes a row of the measurement database
+(emmy.measure_db) labelled with where it was measured. Extraction then reads the GPU rows (a
+simulator's never stand for a GPU). With several GPUs, one worker process a GPU measures its share
+of the candidates (CUDA_VISIBLE_DEVICES), writing to the database at once as it goes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+import sys
+import time
+from dataclasses import dataclass
+
+from emmy.measure_db import MeasuredRow
+
+EXPLORE_SHARE = 0.25
+EXPLORE_WITHIN = 4.0  # predicted time over the pick's
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kernel: str  # the Loop IR kernel's name
+    signature: str
+    row: object  # emmy.schedule.knobs.Schedule
+    predicted_s: float
+    label: str  # "pick" (the model's choice), "top" or "explore"
+
+
+def candidates(program, budget: int, seed: int = 0) -> list[Candidate]:
+    """`budget` candidates a kernel at most (the pick included), costliest kernel first."""
+    rng = random.Random(seed)
+    found = []
+    for tile in sorted(program.tile_ir.kernels, key=lambda tk: -tk.seconds):
+        ranked = program.ranked_rows(tile.kernel)
+        others = [b for b in ranked if b.row != tile.row]
+        explore = min(int(budget * EXPLORE_SHARE), len(others))
+        top = others[:max(0, budget - 1 - explore)]
+        pool = [b for b in others[len(top):] if b.total_s <= EXPLORE_WITHIN * tile.seconds]
+        drawn = rng.sample(pool, min(explore, len(pool)))
+        found.append(Candidate(tile.kernel.name, tile.signature, tile.row, tile.seconds, "pick"))
+        found += [Candidate(tile.kernel.name, tile.signature, b.row, b.total_s, "top") for b in top]
+        found += [Candidate(tile.kernel.name, tile.signature, b.row, b.total_s, "explore") for b in drawn]
+    return found
+
+
+def measure_candidate(program, candidate: Candidate, device, inputs, references) -> MeasuredRow:
+    """One candidate checked and timed on `device`, as a database row (wrong or refused: a row saying why)."""
+    from emmy.errors import EmmyError, KernelFault
+    from emmy.extract.targets import measurement_key
+    from emmy.kernel_ir.lower import Unsupported
+    from emmy.measure import Measured
+
+    variant = program.with_rows({candidate.kernel: candidate.row})
+    try:
+        measured = device.measure(variant, inputs, references)
+    except (Unsupported, KernelFault, EmmyError) as err:
+        measured = Measured(False, f"{type(err).__name__}: {str(err)[:500]}")
+    mine = [t for t in measured.times if t.name.startswith(candidate.kernel)]  # a split's fill or finish kernel too
+    base = dict(gpu=device.name, target=measurement_key(program.target.key), capability=device.capability,
+                driver=device.driver, signature=candidate.signature, knobs=str(candidate.row),
+                compiler=_compiler(), measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                source=device.source)
+    if not measured.correct or not mine:
+        return MeasuredRow(**base, median_s=None, p10_s=None, p90_s=None, repetitions=0, correct=False,
+                           error=measured.why or "no kernel of it was timed")
+    return MeasuredRow(**base, median_s=sum(t.median_s for t in mine), p10_s=sum(t.p10_s for t in mine),
+                       p90_s=sum(t.p90_s for t in mine), repetitions=min(t.samples for t in mine), correct=True)
+
+
+def _compiler() -> str:
+    from emmy.nvcc import nvcc_version
+
+    return nvcc_version()
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    kernel: str
+    signature: str
+    measured: int
+    wrong: int
+    pick: MeasuredRow | None  # the model's pick before tuning, as measured
+    best: MeasuredRow | None  # the fastest correct row measured
+    predicted: dict  # knobs -> predicted seconds
+
+
+def run(program, device, budget: int, seconds: float, store, share: tuple[int, int] = (0, 1),
+        progress: bool = True) -> list[MeasuredRow]:
+    """Measure this share (index, count) of the candidates within `seconds`, each row stored as it
+    comes (so a killed tuner keeps what it measured). The rows, in order."""
+    from emmy.checking import torch_comparison
+
+    chosen = candidates(program, budget)[share[0]::share[1]]
+    inputs = program.example_inputs
+    where = "cuda" if device.source == "gpu" else "cpu"
+    try:
+        references = torch_comparison(program.captured, inputs, device=where)
+    except Exception:  # noqa: BLE001 - torch without CUDA, or a graph with CPU-only pieces
+        references = torch_comparison(program.captured, inputs)
+    rows, start = [], time.perf_counter()
+    bar = _bar(len(chosen), progress, f"tuning on {device.name}")
+    for candidate in chosen:
+        if time.perf_counter() - start > seconds:
+            break
+        row = measure_candidate(program, candidate, device, inputs, references)
+        store.add([row])
+        rows.append(row)
+        bar.update(1)
+    bar.close()
+    return rows
+
+
+def _bar(total: int, show: bool, what: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=what, unit="row", file=sys.stderr, disable=not show, leave=False)
+
+
+def report(program, rows: list[MeasuredRow]) -> list[KernelReport]:
+    """Per kernel: how many rows were measured (and wrong), the model's pick as measured, the best."""
+    found = []
+    for tile in sorted(program.tile_ir.kernels, key=lambda tk: -tk.seconds):
+        mine = [r for r in rows if r.signature == tile.signature]
+        if not mine:
+            continue
+        good = [r for r in mine if r.correct]
+        pick = next((r for r in mine if r.knobs == str(tile.row)), None)
+        predicted = {str(b.row): b.total_s for b in program.ranked_rows(tile.kernel)}
+        found.append(KernelReport(tile.kernel.name, tile.signature, len(mine), len(mine) - len(good), pick,
+                                  min(good, key=lambda r: r.median_s) if good else None, predicted))
+    return found
