@@ -67,33 +67,16 @@ class Job:
     versus_torch: bool = False
 
 
-def _gpu_suite() -> list[Job]:
-    """The programs at GPU sizes (hundreds of MB, so a launch runs well past its overhead)."""
-    def tuned(name, code, top=4, explore=4):
-        return Job(f"suite/{name}", code, top, explore, True)
+# candidates (model's top rows, drawn rows) per suite program; others take (4, 4)
+CANDIDATES = {"layer_norm_chw_16x64x256x256": (2, 2), "layernorm_16384x4096": (3, 3), "gelu_linear_8192x4096x4096": (2, 2),
+              "attention_causal_4x16x4096x64": (3, 3), "softmax_16384x4096": (2, 2), "layernorm_bf16_16384x4096": (3, 3)}
 
-    attention = ("q=torch.randn(4,16,4096,64,dtype=torch.float16); k=torch.randn(4,16,4096,64,dtype=torch.float16); "
-                 "v=torch.randn(4,16,4096,64,dtype=torch.float16); F.scaled_dot_product_attention(q,k,v,is_causal={})")
-    # costliest to check first: a variant of a 64M-element program takes seconds to check
-    return [
-        tuned("matmul_f16_4096", "a=torch.randn(4096,4096,dtype=torch.float16); b=torch.randn(4096,4096,dtype=torch.float16); "
-                                 "a@b"),
-        tuned("layer_norm_chw_16x64x256x256", "x=torch.randn(16,64,256,256); w=torch.randn(64,256,256); "
-                                              "b=torch.randn(64,256,256); F.layer_norm(x,(64,256,256),w,b)", 2, 2),
-        tuned("sum_dim1_16x1024x1023", "x=torch.randn(16,1024,1023); x.sum(dim=1)"),
-        tuned("attention_4x16x4096x64", attention.format(False)),
-        tuned("matmul_f32_4096", "a=torch.randn(4096,4096); b=torch.randn(4096,4096); a@b"),
-        tuned("rmsnorm_16384x4096", "x=torch.randn(16384,4096); w=torch.randn(4096); F.rms_norm(x,(4096,),w,eps=1e-6)"),
-        tuned("layernorm_16384x4096", "x=torch.randn(16384,4096); w=torch.randn(4096); b=torch.randn(4096); "
-                                      "F.layer_norm(x,(4096,),w,b)", 3, 3),
-        tuned("gelu_linear_8192x4096x4096", "x=torch.randn(8192,4096,dtype=torch.float16); "
-                                            "l=nn.Linear(4096,4096).half(); F.gelu(l(x))", 2, 2),
-        tuned("attention_causal_4x16x4096x64", attention.format(True), 3, 3),
-        tuned("softmax_16384x4096", "x=torch.randn(16384,4096); torch.softmax(x,-1)", 2, 2),
-        tuned("layernorm_bf16_16384x4096", "x=torch.randn(16384,4096,dtype=torch.bfloat16); "
-                                           "w=torch.randn(4096,dtype=torch.bfloat16); b=torch.randn(4096,dtype=torch.bfloat16); "
-                                           "F.layer_norm(x,(4096,),w,b)", 3, 3),
-    ]
+
+def _gpu_suite() -> list[Job]:
+    """The calibration suite's programs at GPU sizes (emmy.calibrate.SUITES["small"])."""
+    from emmy.calibrate import SUITES
+
+    return [Job(f"suite/{name}", code, *CANDIDATES.get(name, (4, 4)), True) for name, code in SUITES["small"]]
 
 
 def plan() -> list[Job]:

@@ -98,6 +98,18 @@ def _parser() -> argparse.ArgumentParser:
                            "are recorded as simulator rows and never used for a GPU)")
     tune.add_argument("--share", help=argparse.SUPPRESS)  # i/n: a --gpus worker's part of the candidates
 
+    calibrate = sub.add_parser("calibrate", help="fit the cost model's free parameters for a GPU to measured rows "
+                                                 "and report its fidelity on held-out rows, before and after")
+    calibrate.add_argument("--suite", default="small", help="the programs to measure and fit on (default small)")
+    calibrate.add_argument("--seconds", type=float, default=600.0, metavar="S", help="time limit for measuring")
+    calibrate.add_argument("--budget", type=int, default=8, metavar="N", help="rows to measure per kernel (default 8)")
+    calibrate.add_argument("--from-db", action="store_true",
+                           help="measure nothing: fit to the rows the measurement database (and emmy/data) hold")
+    calibrate.add_argument("--target", help="the GPU to fit (default: the machine's GPU; with --from-db, EMMY_TARGET)")
+    calibrate.add_argument("-o", dest="output", type=Path, metavar="FILE",
+                           help="the fitted factors (default EMMY_CACHE_DIR/calibration/<gpu>.json; a PNG beside it)")
+    calibrate.add_argument("-v", "--verbose", action="store_true", help="log progress; tracebacks on errors")
+
     db = sub.add_parser("db", help="the measurement database (EMMY_DB): export or import rows as JSON")
     db.add_argument("action", choices=("export", "import", "path"), help="export rows, import a file, or print its path")
     db.add_argument("file", nargs="?", type=Path, help="import: the JSON file to read")
@@ -182,6 +194,69 @@ def _print_tuning(program, device, rows, elapsed: float, where) -> None:
             best += f" ({pick.median_s / k.best.median_s:.2f}x the pick)"
         table.append([k.kernel, str(k.measured), str(k.wrong), shown, best])
     _print_table(["kernel", "rows", "wrong", "model's pick: predicted -> measured", "measured best"], table)
+
+
+def _calibrate(args) -> int:
+    import json
+
+    from emmy import calibrate
+    from emmy.api import optimize
+    from emmy.config import settings
+    from emmy.extract.targets import get_target, gpu_key
+    from emmy.measure_db import MeasurementDb
+    from emmy.schedule.measured import SHIPPED
+
+    if args.suite not in calibrate.SUITES:
+        raise EmmyError(f"unknown --suite {args.suite!r}; suites: {', '.join(calibrate.SUITES)}")
+    if args.from_db:
+        target = get_target(args.target or settings().target)
+    else:
+        from emmy.measure import GpuDevice
+
+        device = GpuDevice()  # no GPU: one line, exit 2
+        key = gpu_key(device.name)
+        if key is None:
+            raise EmmyError(f"emmy has no figures for {device.name} to calibrate; known GPUs are in extract/targets.py")
+        target = get_target(args.target or key)
+    from emmy.measure_db import MeasuredRow, parse_export
+
+    programs = [optimize(code, target=target.key) for _, code in calibrate.SUITES[args.suite]] if not args.from_db \
+        else None
+    with MeasurementDb() as store:
+        if not args.from_db:
+            from emmy import tune
+
+            for program in programs:
+                tune.run(program, device, args.budget, args.seconds, store)
+        rows = [r for r in store.rows() if r.target == target.key and r.source == "gpu"]
+    if SHIPPED.exists():
+        rows += [MeasuredRow.from_dict(item) for item in parse_export(SHIPPED.read_text(), str(SHIPPED))
+                 if item.get("target") == target.key]
+    if sum(r.correct for r in rows) < len(calibrate.FREE):
+        raise EmmyError(f"{sum(r.correct for r in rows)} measured rows for {target.title}: too few to fit "
+                        f"{len(calibrate.FREE)} parameters (measure with `emmy calibrate` or `emmy tune` on the GPU)")
+    programs = programs or [optimize(code, target=target.key) for _, code in calibrate.SUITES[args.suite]]
+    found = calibrate.samples(programs, rows)
+    train = [s for s in found if not calibrate.held_out(s)]
+    test = [s for s in found if calibrate.held_out(s)] or train
+    if len(train) < len(calibrate.FREE):
+        raise EmmyError(f"{len(train)} measured rows of the {args.suite} suite's kernels on {target.title}: too few to "
+                        f"fit {len(calibrate.FREE)} parameters (measure with `emmy calibrate` or `emmy tune` on the GPU)")
+    factors = calibrate.fit(train, target)
+    after = calibrate.calibrated(target, factors)
+    before_f, after_f = calibrate.fidelity(test, target), calibrate.fidelity(test, after)
+    output = args.output or settings().cache_dir / "calibration" / f"{target.key}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({"gpu": target.key, "suite": args.suite, "rows": len(found), "factors": factors,
+                                  "held_out_before": before_f.line(), "held_out_after": after_f.line()}, indent=1) + "\n")
+    calibrate.plot(output.with_suffix(".png"), test, target, after)
+    _print_table(["parameter", "datasheet or measured", "factor", "fitted"],
+                 [[name, f"{getattr(target, name):.4g}", f"{factors[name]:.3f}", f"{getattr(after, name):.4g}"]
+                  for name in calibrate.FREE])
+    print(f"held out, before: {before_f.line()}")
+    print(f"held out, after:  {after_f.line()}")
+    print(f"wrote {output} and {output.with_suffix('.png')}")
+    return 0
 
 
 def _db(args) -> int:
@@ -409,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("emmy").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         commands = {"compile": _compile, "schedules": _schedules, "explain": _explain, "suite": _suite,
-                    "rules": _rules, "run": _run, "db": _db, "tune": _tune}
+                    "rules": _rules, "run": _run, "db": _db, "tune": _tune,
+                    "calibrate": _calibrate}
         return commands[args.command](args)
     except EmmyError as err:
         if args.verbose:
