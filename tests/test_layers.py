@@ -12,7 +12,7 @@ PACKAGES = {"emmy": ROOT / "emmy", "emmy.rules": ROOT / "rules", "emmy.extract":
 # Lowest first: a module imports only from its own layer or lower ones.
 LAYERS = (
     ("core", ("emmy.errors", "emmy.config", "emmy.dtypes", "emmy.affine", "emmy.extract", "emmy.checking",
-              "emmy.cuda_templates")),
+              "emmy.cuda_templates", "emmy.measure_db")),
     ("tensor_ir", ("emmy.tensor_ir",)),
     ("capture", ("emmy.capture", "emmy.decompose")),
     ("loop_ir", ("emmy.loop_ir",)),
@@ -20,9 +20,9 @@ LAYERS = (
     ("egraph", ("emmy.egraph", "emmy.rules.algebra", "emmy.rules.fusion", "emmy.rules.twist")),
     ("tile_ir", ("emmy.tile_ir",)),
     ("kernel_ir", ("emmy.kernel_ir",)),
-    ("back ends", ("emmy.sim", "emmy.nvcc", "emmy.gpu", "emmy.runtime")),
+    ("back ends", ("emmy.sim", "emmy.nvcc", "emmy.gpu", "emmy.runtime", "emmy.measure")),
     ("api", ("emmy.explain", "emmy.program", "emmy.api", "emmy.testing", "emmy.workloads", "emmy.suite",
-             "emmy.cli", "emmy.__main__", "emmy")),
+             "emmy.tune", "emmy.calibrate", "emmy.cli", "emmy.__main__", "emmy")),
 )
 
 
