@@ -12,13 +12,13 @@ model's pick among its measured rows over the best measured) and mean absolute l
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
 
-FREE = ("dram_bandwidth", "l2_bandwidth", "fp32_flops", "tensor_flops", "launch_seconds")
-LINKED = {"tensor_flops": ("bf16_tensor_flops",)}  # one factor for both tensor-core rates
+from emmy.extract.targets import CALIBRATED_FIELDS as FREE
+from emmy.extract.targets import calibrated  # noqa: F401 - how a fit is applied: the target table's own
+
 PRIOR = 0.02  # weight of sum(log factor^2) against the mean squared log error
 HOLD_OUT = 0.25
 LIMIT = math.log(20.0)  # a factor stays within 1/20 .. 20
@@ -80,15 +80,6 @@ def samples(programs, rows) -> list[Sample]:
                     found.append(Sample(tile.kernel.name, tile.signature, kernel_shape(tile.kernel),
                                         loop_cost(tile.kernel, types), row, measured.median_s))
     return found
-
-
-def calibrated(target, factors: dict[str, float]):
-    """The target with its figures multiplied by the factors."""
-    changes = {}
-    for name, factor in factors.items():
-        for field in (name, *LINKED.get(name, ())):
-            changes[field] = getattr(target, field) * factor
-    return dataclasses.replace(target, **changes)
 
 
 def predicted(sample: Sample, target) -> float:

@@ -107,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="measure nothing: fit to the rows the measurement database (and emmy/data) hold")
     calibrate.add_argument("--target", help="the GPU to fit (default: the machine's GPU; with --from-db, EMMY_TARGET)")
     calibrate.add_argument("-o", dest="output", type=Path, metavar="FILE",
-                           help="the fitted factors (default EMMY_CACHE_DIR/calibration/<gpu>.json; a PNG beside it)")
+                           help="the fitted factors (default EMMY_CALIBRATION_DIR/<gpu>.json, which emmy then "
+                                "prices the GPU with; a PNG beside it)")
     calibrate.add_argument("-v", "--verbose", action="store_true", help="log progress; tracebacks on errors")
 
     db = sub.add_parser("db", help="the measurement database (EMMY_DB): export or import rows as JSON")
@@ -208,8 +209,8 @@ def _calibrate(args) -> int:
 
     if args.suite not in calibrate.SUITES:
         raise EmmyError(f"unknown --suite {args.suite!r}; suites: {', '.join(calibrate.SUITES)}")
-    if args.from_db:
-        target = get_target(args.target or settings().target)
+    if args.from_db:  # fitted against the cited figures, never over an earlier fit
+        target = get_target(args.target or settings().target, calibrated=False)
     else:
         from emmy.measure import GpuDevice
 
@@ -217,7 +218,7 @@ def _calibrate(args) -> int:
         key = gpu_key(device.name)
         if key is None:
             raise EmmyError(f"emmy has no figures for {device.name} to calibrate; known GPUs are in extract/targets.py")
-        target = get_target(args.target or key)
+        target = get_target(args.target or key, calibrated=False)
     from emmy.measure_db import MeasuredRow, parse_export
 
     programs = [optimize(code, target=target.key) for _, code in calibrate.SUITES[args.suite]] if not args.from_db \
@@ -245,7 +246,7 @@ def _calibrate(args) -> int:
     factors = calibrate.fit(train, target)
     after = calibrate.calibrated(target, factors)
     before_f, after_f = calibrate.fidelity(test, target), calibrate.fidelity(test, after)
-    output = args.output or settings().cache_dir / "calibration" / f"{target.key}.json"
+    output = args.output or settings().calibration_dir / f"{target.key}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps({"gpu": target.key, "suite": args.suite, "rows": len(found), "factors": factors,
                                   "held_out_before": before_f.line(), "held_out_after": after_f.line()}, indent=1) + "\n")
@@ -255,7 +256,8 @@ def _calibrate(args) -> int:
                   for name in calibrate.FREE])
     print(f"held out, before: {before_f.line()}")
     print(f"held out, after:  {after_f.line()}")
-    print(f"wrote {output} and {output.with_suffix('.png')}")
+    print(f"wrote {output} and {output.with_suffix('.png')}"
+          + ("; emmy prices this GPU with the fit from now on" if output.parent == settings().calibration_dir else ""))
     return 0
 
 

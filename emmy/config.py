@@ -23,6 +23,7 @@ class Settings:
     knobs: str  # EMMY_KNOBS: schedule pins, "K=V,..." (see emmy/schedule/knobs.py)
     measurements: Path | None = None  # EMMY_MEASUREMENTS: a JSON file of measured kernel times
     db: Path | None = None  # EMMY_DB: the measurement database (default: EMMY_CACHE_DIR/measurements.sqlite)
+    calibration_dir: Path = Path()  # EMMY_CALIBRATION_DIR: fitted factors by GPU (default EMMY_CACHE_DIR/calibration)
     sim_mode: str = "plain"  # EMMY_SIM_MODE: the simulator build programs run in (plain, asan, racecheck)
     lazy_input_bytes: int = 256 << 20  # EMMY_LAZY_INPUT_MB: -c code inputs larger than this are made only
     # when a run needs their values (compiling needs their shapes)
@@ -40,6 +41,7 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         knobs=env.get("EMMY_KNOBS", ""),
         measurements=Path(env["EMMY_MEASUREMENTS"]) if env.get("EMMY_MEASUREMENTS") else None,
         db=Path(env["EMMY_DB"]) if env.get("EMMY_DB") else None,
+        calibration_dir=Path(env.get("EMMY_CALIBRATION_DIR") or Path(cache) / "calibration"),
         sim_mode=_choice(env, "EMMY_SIM_MODE", ("plain", "asan", "racecheck"), "plain"),
         lazy_input_bytes=_number(env, "EMMY_LAZY_INPUT_MB", int, 256) << 20,
     )

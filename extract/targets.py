@@ -21,7 +21,11 @@ A figure marked "estimate" is neither; it says so and waits for a measurement.
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
+from pathlib import Path
 
 from emmy.errors import UnknownTargetError
 
@@ -206,12 +210,57 @@ def measurement_key(target: str) -> str:
     return ARCH_DEFAULT_GPU.get(name, name)
 
 
-def get_target(name: str) -> Target:
-    """A GPU (`h100`, `rtx4090`, ...) or an architecture (`sm_90`: its default GPU)."""
+def get_target(name: str, calibrated: bool = True) -> Target:
+    """A GPU (`h100`, `rtx4090`, ...) or an architecture (`sm_90`: its default GPU), with the factors
+    `emmy calibrate` fitted for that GPU applied (`calibrated=False`: the figures as cited)."""
     key = name.lower().replace(" ", "").replace("-", "") if isinstance(name, str) else name
     found = TARGETS.get(key) or GPUS.get(key)
     if found is None:
         raise UnknownTargetError(f"unknown target {name!r}; emmy knows the architectures {', '.join(TARGETS)} "
                                  f"(each its default GPU: {', '.join(f'{a} {g}' for a, g in ARCH_DEFAULT_GPU.items())}) "
                                  f"and the GPUs {', '.join(GPUS)}")
-    return found
+    return _with_calibration(found) if calibrated else found
+
+
+# Calibration: factors on a GPU's figures fitted to its measured rows (emmy.calibrate), in
+# <gpu>.json files: shipped beside this table (calibration/), or written by `emmy calibrate` to
+# EMMY_CALIBRATION_DIR (which wins). One factor moves both tensor-core rates.
+CALIBRATED_FIELDS = ("dram_bandwidth", "l2_bandwidth", "fp32_flops", "tensor_flops", "launch_seconds")
+_LINKED = {"tensor_flops": ("bf16_tensor_flops",)}
+SHIPPED_CALIBRATION = Path(__file__).resolve().parent / "calibration"
+
+
+def calibrated(target: Target, factors: dict[str, float], source: str = "") -> Target:
+    """The target with its figures multiplied by the factors (CALIBRATED_FIELDS)."""
+    changes, sources = {}, dict(target.sources)
+    for name, factor in factors.items():
+        for field_name in (name, *_LINKED.get(name, ())):
+            changes[field_name] = getattr(target, field_name) * factor
+            if source:
+                sources[field_name] = f"{target.sources.get(field_name, '')}; times {factor:.3g} fitted ({source})"
+    return replace(target, **changes, sources=sources)
+
+
+def _with_calibration(target: Target) -> Target:
+    from emmy.config import settings
+
+    found = [p for p in (SHIPPED_CALIBRATION / f"{target.gpu}.json",
+                         settings().calibration_dir / f"{target.gpu}.json") if p.exists()]
+    if not found:
+        return target
+    return _calibrated_from(target.gpu, str(found[-1]), found[-1].stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=32)
+def _calibrated_from(gpu: str, path: str, mtime: int) -> Target:
+    target = GPUS[gpu]
+    try:
+        factors = json.loads(Path(path).read_text())["factors"]
+        bad = [k for k, v in factors.items() if k not in CALIBRATED_FIELDS or not isinstance(v, (int, float))
+               or not 0 < v < float("inf")]
+        if bad:
+            raise ValueError(f"factors {', '.join(map(str, bad))} are not positive factors of {', '.join(CALIBRATED_FIELDS)}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        logging.getLogger("emmy.extract").warning("calibration %s not used: %s", path, err)
+        return target
+    return calibrated(target, factors, path)

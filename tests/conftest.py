@@ -13,6 +13,8 @@ os.environ.setdefault("EMMY_SIM_MODE", "asan")
 # a developer's own measurement database would change what extraction picks: tests see none (only the
 # rows shipped in emmy/data/ and those a test writes)
 os.environ.setdefault("EMMY_DB", os.path.join(tempfile.mkdtemp(prefix="emmy-test-db-"), "absent.sqlite"))
+# likewise a developer's own calibration (emmy calibrate's fitted factors): tests price with the cited figures
+os.environ.setdefault("EMMY_CALIBRATION_DIR", tempfile.mkdtemp(prefix="emmy-test-calibration-"))
 
 REPO = Path(__file__).resolve().parent.parent
 EMMY = Path(sys.executable).parent / "emmy"  # the installed console script

@@ -71,3 +71,21 @@ def test_calibrating_without_a_gpu_or_rows_says_what_is_missing():
     assert done.returncode == 2 and "too few to fit" in done.stderr
     done = run_emmy("calibrate", "--suite", "huge")
     assert done.returncode == 2 and "unknown --suite 'huge'; suites: small" in done.stderr
+
+
+def test_a_fitted_calibration_prices_its_gpu_and_a_bad_one_is_ignored(tmp_path, monkeypatch, caplog):
+    import json
+
+    monkeypatch.setenv("EMMY_CALIBRATION_DIR", str(tmp_path))
+    cited = get_target("h200", calibrated=False)
+    assert get_target("h200") is cited  # no calibration: the cited figures, the same object
+    (tmp_path / "h200.json").write_text(json.dumps({"factors": {"dram_bandwidth": 0.9, "tensor_flops": 0.5}}))
+    fitted = get_target("sm_90")
+    assert fitted.dram_bandwidth == pytest.approx(0.9 * cited.dram_bandwidth)
+    assert fitted.bf16_tensor_flops == pytest.approx(0.5 * cited.bf16_tensor_flops)  # one factor, both rates
+    assert "h200.json" in fitted.sources["dram_bandwidth"] and get_target("h100") is get_target("h100", False)
+    program = emmy.optimize("x=torch.randn(4096,4096); x.sum(-1)", target="h200")
+    assert program.target.dram_bandwidth == fitted.dram_bandwidth  # extraction prices with the fit
+    (tmp_path / "h200.json").write_text(json.dumps({"factors": {"dram_bandwidth": -1}}))
+    assert get_target("h200").dram_bandwidth == cited.dram_bandwidth
+    assert "calibration" in caplog.text and "not used" in caplog.text
