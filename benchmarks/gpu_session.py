@@ -160,28 +160,11 @@ def _dims(v) -> tuple:
 
 
 def time_torch(fn, args, flush) -> dict:
-    """A torch callable timed like emmy's kernels: events around each call, the L2 flushed before."""
-    import torch
+    """A torch callable timed like emmy's kernels (emmy.measure.time_torch), in this script's rows (ms)."""
+    from emmy.measure import time_torch as timed
 
-    from emmy.measure import settled, stats
-
-    def take(n):
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        for begin, end in events:
-            flush.zero_()
-            begin.record()
-            fn(*args)
-            end.record()
-        torch.cuda.synchronize()
-        return [b.elapsed_time(e) for b, e in events]
-
-    with torch.no_grad():
-        for _ in range(3):
-            fn(*args)
-        torch.cuda.synchronize()
-        samples = settled(take)
-    median, p10, p90 = stats(samples)
-    return {"median_ms": median, "p10_ms": p10, "p90_ms": p90, "samples": len(samples)}
+    median, p10, p90, samples = timed(fn, args, flush)
+    return {"median_ms": median * 1e3, "p10_ms": p10 * 1e3, "p90_ms": p90 * 1e3, "samples": samples}
 
 
 def run_worker(job: Job, args) -> int:
@@ -500,6 +483,24 @@ def store(results: dict, out: Path | None) -> int:
     return len(rows)
 
 
+def calibration(out: Path, env: dict, args) -> str:
+    """The cost model fitted to the rows just recorded (`emmy calibrate --from-db`), with held-out
+    fidelity before and after, as a report section; written beside the report, not applied."""
+    from emmy.extract.targets import gpu_key
+
+    key = gpu_key(env["gpu"].split(",")[0]) if env.get("gpu") else None
+    if key is None:
+        return ""
+    left = args.deadline + 60 - time.time()  # the report is written after; a fit takes about a minute
+    emmy_cli = [sys.executable, "-m", "emmy", "calibrate", "--from-db", "--target", key, "-o", str(out / "calibration.json")]
+    try:
+        done = subprocess.run(emmy_cli, capture_output=True, text=True, timeout=max(30.0, left))
+    except subprocess.TimeoutExpired:
+        return "\n## Calibration\n\nNot fitted: out of time.\n"
+    lines = (done.stdout if done.returncode == 0 else done.stderr).strip()
+    return f"\n## Calibration (the model fitted to this session's rows)\n\n```\n{lines}\n```\n"
+
+
 def read_rows(out: Path) -> list[dict]:
     found = []
     for path in sorted((out / "rows").glob("*.jsonl")):
@@ -692,7 +693,7 @@ def main() -> int:
         print(f"recorded {store(results, out)} rows in the measurement database", flush=True)
     except Exception as err:  # noqa: BLE001 - the report and results.json are written regardless
         print(f"the measurement database refused the rows: {err}", flush=True)
-    text = report(out, env, ceilings, jobs, rows)
+    text = report(out, env, ceilings, jobs, rows) + calibration(out, env, args)
     if (out / "gpu_sim_report.md").exists():
         text += "\n" + (out / "gpu_sim_report.md").read_text().replace("# Simulator vs GPU", "## Simulator vs GPU")
     (out / "report.md").write_text(text)

@@ -98,6 +98,17 @@ def _parser() -> argparse.ArgumentParser:
                            "are recorded as simulator rows and never used for a GPU)")
     tune.add_argument("--share", help=argparse.SUPPRESS)  # i/n: a --gpus worker's part of the candidates
 
+    bench = sub.add_parser("bench", help="emmy against torch eager and torch.compile on a GPU, timed alike: "
+                                         "a table, bench.json and bench.png")
+    what = bench.add_mutually_exclusive_group(required=True)
+    what.add_argument("-c", dest="code", metavar="CODE", help="Python code whose last statement is the expression")
+    what.add_argument("-f", dest="file", metavar="FILE", type=Path, help="a Python file of such code")
+    what.add_argument("--suite", help="a calibration suite's programs (small)")
+    bench.add_argument("--target", help="GPU to compile for (default: the machine's GPU)")
+    bench.add_argument("-o", dest="output", type=Path, default=Path("."), metavar="DIR",
+                       help="where bench.json and bench.png go (default: here)")
+    bench.add_argument("-v", "--verbose", action="store_true", help="log progress; tracebacks on errors")
+
     calibrate = sub.add_parser("calibrate", help="fit the cost model's free parameters for a GPU to measured rows "
                                                  "and report its fidelity on held-out rows, before and after")
     calibrate.add_argument("--suite", default="small", help="the programs to measure and fit on (default small)")
@@ -127,7 +138,7 @@ def _tune(args) -> int:
     import time
 
     from emmy import tune
-    from emmy.measure import GpuDevice, SimDevice
+    from emmy.measure import GpuDevice, NoGpuError, SimDevice
     from emmy.measure_db import MeasurementDb
 
     if args.budget < 1:
@@ -135,7 +146,10 @@ def _tune(args) -> int:
     if args.seconds <= 0:
         raise EmmyError(f"--seconds must be positive, got {args.seconds}")
     gpus = _gpu_list(args.gpus)
-    device = GpuDevice() if args.device == "cuda" else SimDevice()  # no GPU: one line, exit 2, before compiling
+    try:
+        device = GpuDevice() if args.device == "cuda" else SimDevice()  # no GPU: one line, exit 2, before compiling
+    except NoGpuError as err:
+        raise NoGpuError(f"{err}; --device sim runs the same steps on the CPU simulator") from None
     program = _compiled(args, "tile", capture_cache=False)
     started = time.time()
     with MeasurementDb() as store:
@@ -195,6 +209,31 @@ def _print_tuning(program, device, rows, elapsed: float, where) -> None:
             best += f" ({pick.median_s / k.best.median_s:.2f}x the pick)"
         table.append([k.kernel, str(k.measured), str(k.wrong), shown, best])
     _print_table(["kernel", "rows", "wrong", "model's pick: predicted -> measured", "measured best"], table)
+
+
+def _bench(args) -> int:
+    from emmy import bench, calibrate
+    from emmy.extract.targets import gpu_key
+    from emmy.measure import GpuDevice
+
+    if args.suite is not None and args.suite not in calibrate.SUITES:
+        raise EmmyError(f"unknown --suite {args.suite!r}; suites: {', '.join(calibrate.SUITES)}")
+    device = GpuDevice()  # no GPU: one line, exit 2, before anything is compiled
+    target = args.target or gpu_key(device.name) or "sm_90"
+    if args.suite:
+        programs = list(calibrate.SUITES[args.suite])
+    elif args.file is not None:
+        try:
+            programs = [(args.file.stem, args.file.read_text())]
+        except OSError as err:
+            raise EmmyError(f"cannot read {args.file}: {err.strerror}") from None
+    else:
+        programs = [("-c code", args.code)]
+    rows = [bench.bench_one(name, code, target, device) for name, code in programs]
+    _print_table(bench.HEADER, bench.table_rows(rows))
+    bench.write(rows, args.output, device.name)
+    print(f"wrote {args.output / 'bench.json'} and {args.output / 'bench.png'} ({device.name}, target {target})")
+    return 0
 
 
 def _calibrate(args) -> int:
@@ -487,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {"compile": _compile, "schedules": _schedules, "explain": _explain, "suite": _suite,
                     "rules": _rules, "run": _run, "db": _db, "tune": _tune,
-                    "calibrate": _calibrate}
+                    "calibrate": _calibrate, "bench": _bench}
         return commands[args.command](args)
     except EmmyError as err:
         if args.verbose:

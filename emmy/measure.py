@@ -68,14 +68,13 @@ def gpu_name() -> str:
     """The first GPU's name as its driver gives it, or NoGpuError saying why there is none."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        raise NoGpuError("no CUDA GPU here (nvidia-smi is not on PATH): measuring needs a GPU machine; "
-                         "--device sim runs the same steps on the CPU simulator")
+        raise NoGpuError("no CUDA GPU here (nvidia-smi is not on PATH): measuring needs a GPU machine")
     done = subprocess.run([smi, "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
                           capture_output=True, text=True)
     line = done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else ""
     if not line:
         raise NoGpuError(f"no CUDA GPU here (nvidia-smi: {(done.stderr or done.stdout).strip()[:200]}): measuring "
-                         "needs a GPU machine; --device sim runs the same steps on the CPU simulator")
+                         "needs a GPU machine")
     return line
 
 
@@ -155,3 +154,27 @@ def time_on_gpu(on_gpu, index: int, flush) -> KernelTime:
         batch = max(1, int(200e-6 / max(median, 1e-7)))
         warm = statistics.median(take(20, batch, cold=False))
     return KernelTime(k.name, median, p10, p90, len(cold), warm)
+
+
+def time_torch(fn, args, flush) -> tuple[float, float, float, int]:
+    """A torch callable on the GPU timed like emmy's kernels: events around each call with `flush` (a
+    FLUSH_BYTES torch tensor) zeroed before it, samples until the median settles. (median, p10, p90,
+    samples) in seconds."""
+    import torch
+
+    def take(n):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for begin, end in events:
+            flush.zero_()
+            begin.record()
+            fn(*args)
+            end.record()
+        torch.cuda.synchronize()
+        return [b.elapsed_time(e) * 1e-3 for b, e in events]
+
+    with torch.no_grad():
+        for _ in range(3):
+            fn(*args)
+        torch.cuda.synchronize()
+        samples = settled(take)
+    return (*stats(samples), len(samples))

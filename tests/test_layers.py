@@ -22,7 +22,7 @@ LAYERS = (
     ("kernel_ir", ("emmy.kernel_ir",)),
     ("back ends", ("emmy.sim", "emmy.nvcc", "emmy.gpu", "emmy.runtime", "emmy.measure")),
     ("api", ("emmy.explain", "emmy.program", "emmy.api", "emmy.testing", "emmy.workloads", "emmy.suite",
-             "emmy.tune", "emmy.calibrate", "emmy.cli", "emmy.__main__", "emmy")),
+             "emmy.tune", "emmy.calibrate", "emmy.bench", "emmy.cli", "emmy.__main__", "emmy")),
 )
 
 
