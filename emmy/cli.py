@@ -158,8 +158,8 @@ def _tune(args) -> int:
             tune.run(program, device, args.budget, args.seconds, store, (index, count), progress=False)
             return 0
         if len(gpus) > 1 and args.device == "cuda":
-            share = [a for a in sys.argv[1:] if a != "--gpus" and a != args.gpus]
-            workers = [subprocess.Popen([sys.argv[0], *share, "--share", f"{i}/{len(gpus)}"],
+            share = [a for a in sys.argv[1:] if a not in ("--gpus", args.gpus) and not a.startswith("--gpus=")]
+            workers = [subprocess.Popen([sys.executable, "-m", "emmy", *share, "--share", f"{i}/{len(gpus)}"],
                                         env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu})
                        for i, gpu in enumerate(gpus)]
             failed = [w.wait() for w in workers]

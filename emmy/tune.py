@@ -22,6 +22,7 @@ from emmy.measure_db import MeasuredRow
 
 EXPLORE_SHARE = 0.25
 EXPLORE_WITHIN = 4.0  # predicted time over the pick's
+FAULT = "fault on the GPU: "  # a row's error when its candidate broke the CUDA context
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,15 @@ def measure_candidate(program, candidate: Candidate, device, inputs, references)
     """One candidate checked and timed on `device`, as a database row (wrong or refused: a row saying why)."""
     from emmy.errors import EmmyError, KernelFault
     from emmy.extract.targets import measurement_key
+    from emmy.gpu import GpuError
     from emmy.kernel_ir.lower import Unsupported
     from emmy.measure import Measured
 
     variant = program.with_rows({candidate.kernel: candidate.row})
     try:
         measured = device.measure(variant, inputs, references)
+    except GpuError as err:  # the CUDA context may be lost: recorded, then the tuner stops (run)
+        measured = Measured(False, f"{FAULT}{str(err)[:500]}")
     except (Unsupported, KernelFault, EmmyError) as err:
         measured = Measured(False, f"{type(err).__name__}: {str(err)[:500]}")
     mine = [t for t in measured.times if t.name.startswith(candidate.kernel)]  # a split's fill or finish kernel too
@@ -97,7 +101,10 @@ def run(program, device, budget: int, seconds: float, store, share: tuple[int, i
     comes (so a killed tuner keeps what it measured). The rows, in order."""
     from emmy.checking import torch_comparison
 
-    chosen = candidates(program, budget)[share[0]::share[1]]
+    from emmy.errors import EmmyError
+
+    faulted = {(r.signature, r.knobs) for r in store.rows() if r.gpu == device.name and r.error.startswith(FAULT)}
+    chosen = [c for c in candidates(program, budget)[share[0]::share[1]] if (c.signature, str(c.row)) not in faulted]
     inputs = program.example_inputs
     where = "cuda" if device.source == "gpu" else "cpu"
     try:
@@ -113,6 +120,11 @@ def run(program, device, budget: int, seconds: float, store, share: tuple[int, i
         store.add([row])
         rows.append(row)
         bar.update(1)
+        if row.error.startswith(FAULT):
+            bar.close()
+            raise EmmyError(f"{candidate.kernel} with {candidate.row} broke the GPU's CUDA context ({row.error}); "
+                            f"its row is recorded as wrong with the {len(rows) - 1} measured before it: run emmy tune "
+                            "again to go on past it")
     bar.close()
     return rows
 
