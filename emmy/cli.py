@@ -238,6 +238,7 @@ def _bench(args) -> int:
 
 def _calibrate(args) -> int:
     import json
+    import time
 
     from emmy import calibrate
     from emmy.api import optimize
@@ -266,8 +267,12 @@ def _calibrate(args) -> int:
         if not args.from_db:
             from emmy import tune
 
+            deadline = time.monotonic() + args.seconds  # --seconds bounds the whole suite, not each program
             for program in programs:
-                tune.run(program, device, args.budget, args.seconds, store)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                tune.run(program, device, args.budget, left, store)
         rows = [r for r in store.rows() if r.target == target.key and r.source == "gpu"]
     if SHIPPED.exists():
         rows += [MeasuredRow.from_dict(item) for item in parse_export(SHIPPED.read_text(), str(SHIPPED))
