@@ -245,7 +245,7 @@ def _calibrate(args) -> int:
     from emmy.config import settings
     from emmy.extract.targets import get_target, gpu_key
     from emmy.measure_db import MeasurementDb
-    from emmy.schedule.measured import SHIPPED
+    from emmy.schedule.measured import shipped_rows
 
     if args.suite not in calibrate.SUITES:
         raise EmmyError(f"unknown --suite {args.suite!r}; suites: {', '.join(calibrate.SUITES)}")
@@ -259,8 +259,6 @@ def _calibrate(args) -> int:
         if key is None:
             raise EmmyError(f"emmy has no figures for {device.name} to calibrate; known GPUs are in extract/targets.py")
         target = get_target(args.target or key, calibrated=False)
-    from emmy.measure_db import MeasuredRow, parse_export
-
     programs = [optimize(code, target=target.key) for _, code in calibrate.SUITES[args.suite]] if not args.from_db \
         else None
     with MeasurementDb() as store:
@@ -274,9 +272,7 @@ def _calibrate(args) -> int:
                     break
                 tune.run(program, device, args.budget, left, store)
         rows = [r for r in store.rows() if r.target == target.key and r.source == "gpu"]
-    if SHIPPED.exists():
-        rows += [MeasuredRow.from_dict(item) for item in parse_export(SHIPPED.read_text(), str(SHIPPED))
-                 if item.get("target") == target.key]
+    rows += [r for r in shipped_rows() if r.target == target.key]
     if sum(r.correct for r in rows) < len(calibrate.FREE):
         raise EmmyError(f"{sum(r.correct for r in rows)} measured rows for {target.title}: too few to fit "
                         f"{len(calibrate.FREE)} parameters (measure with `emmy calibrate` or `emmy tune` on the GPU)")

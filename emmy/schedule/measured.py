@@ -77,12 +77,11 @@ class Measurements:
     @classmethod
     def of_rows(cls, rows) -> Measurements:
         """emmy.measure_db rows: GPU rows only, the latest of each key; wrong ones marked."""
-        found, wrong, when = {}, set(), {}
+        found, wrong = {}, set()
         for row in sorted(rows, key=lambda r: r.measured_at):
             if row.source != "gpu":
                 continue
             key = (measurement_key(row.target), row.signature, row.knobs)
-            when[key] = row.measured_at
             if row.correct:
                 found[key] = float(row.median_s)
                 wrong.discard(key)
@@ -103,18 +102,23 @@ def _problem(row) -> str:
     return ""
 
 
-def _shipped() -> Measurements:
+def shipped_rows() -> list:
+    """The rows shipped in emmy/data/measurements.json (emmy.measure_db.MeasuredRow), the bad ones left
+    out; none, with a warning, if the file is unreadable."""
     from emmy.measure_db import MeasuredRow, MeasurementDbError, parse_export
 
     if not SHIPPED.exists():
-        return Measurements()
+        return []
     try:
-        items = parse_export(SHIPPED.read_text(), str(SHIPPED))
-        rows = [MeasuredRow.from_dict(item) for item in items]
+        rows = [MeasuredRow.from_dict(item) for item in parse_export(SHIPPED.read_text(), str(SHIPPED))]
     except MeasurementDbError as err:
         log.warning("shipped measurements unreadable (%s); not used", err)
-        return Measurements()
-    return Measurements.of_rows(r for r in rows if not r.problem())
+        return []
+    return [r for r in rows if not r.problem()]
+
+
+def _shipped() -> Measurements:
+    return Measurements.of_rows(shipped_rows())
 
 
 def _database(path: Path) -> Measurements:
