@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from emmy.program import Program
+from emmy.errors import UnknownStageError
+from emmy.program import STAGES, Program
 
 
 def optimize(graph, *example_inputs, target: str | None = None, stop_after: str = "tensor",
@@ -13,8 +14,9 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
 
     `graph` is `-c`-style code (a string) or a file of it (a pathlib.Path), an `nn.Module` or `fx.GraphModule`
     or plain function (with example inputs), or an ExportedProgram. The target
-    defaults to EMMY_TARGET, else sm_90. Every stage up to `stop_after` is
-    built now, so its errors surface here; later stages build when asked.
+    defaults to EMMY_TARGET, else sm_90. Every stage up to `stop_after` (one of emmy.program.STAGES:
+    torch, tensor, loop, tile, kernel, cuda) is built now, so its errors surface here; later stages
+    build when asked (calling the program builds them all).
     `rules` adds rule groups (emmy.rules.RuleGroup, and ScheduleRuleGroup for schedule rules) to the built-in ones;
     `budget` (emmy.egraph.driver.Budget) bounds saturation, by default from
     EMMY_EGRAPH_* settings. `knobs` pins schedule knobs for every kernel
@@ -29,6 +31,8 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
 
     from emmy.schedule.knobs import Schedule, check_target, parse_pins
 
+    if stop_after not in STAGES:
+        raise UnknownStageError(f"unknown stop_after stage {stop_after!r}; stages are {', '.join(STAGES)}")
     config = settings()
     # The pins are checked here, once (spelling, then what the target allows), before the slow capture.
     chosen = get_target(target or config.target)
@@ -50,13 +54,14 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
         from emmy.capture.cache import store
 
         store(code, program, config.cache_dir)  # decomposes now: unsupported ops fail here as below
-    if stop_after != "torch":
-        program.tensor_program  # noqa: B018 - decompose now, so unsupported ops fail here
-    if stop_after not in ("torch", "tensor"):
-        program.loop_result  # noqa: B018
-    if stop_after not in ("torch", "tensor", "loop"):
-        program.tile_ir  # noqa: B018
+    for stage in STAGES[1:STAGES.index(stop_after) + 1]:  # build now, so each stage's errors surface here
+        getattr(program, _BUILT_BY[stage])
     return program
+
+
+# The Program attribute that builds each stage.
+_BUILT_BY = {"tensor": "tensor_program", "loop": "loop_result", "tile": "tile_ir", "kernel": "kernel_ir",
+             "cuda": "cuda_source"}
 
 
 def _optimizer_setup(rules, budget, config, exact: bool = False):

@@ -529,16 +529,16 @@ def main(argv: list[str] | None = None) -> int:
                     "rules": _rules, "run": _run, "db": _db, "tune": _tune,
                     "calibrate": _calibrate, "bench": _bench}
         return commands[args.command](args)
-    except EmmyError as err:
-        if args.verbose:
-            traceback.print_exc()
-        print(f"emmy: error: {err.render()}", file=sys.stderr)
-        return err.exit_code
     except KernelFault as fault:  # a kernel the simulator caught misbehaving: a failed check
         if args.verbose:
             traceback.print_exc()
         print(f"emmy: kernel fault: {fault}", file=sys.stderr)
         return fault.exit_code
+    except EmmyError as err:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"emmy: error: {err.render()}", file=sys.stderr)
+        return err.exit_code
     except KeyboardInterrupt:
         print("emmy: interrupted", file=sys.stderr)
         return 130

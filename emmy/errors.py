@@ -1,8 +1,10 @@
 """User-facing errors.
 
-Every error a user can cause is an `EmmyError`: the CLI prints its message
-(one line, sometimes followed by the offending source line and a caret) and
-exits with status 2; a traceback appears only with `-v`.
+Every error a caller of emmy's API or CLI can meet is an `EmmyError` subclass defined here, so
+one `except EmmyError` catches them all: the CLI prints its message (one line, sometimes followed by
+the offending source line and a caret) and exits with the class's `exit_code` (2 for bad input,
+1 for a kernel that failed its check); a traceback appears only with `-v`. Anything else escaping
+emmy is a bug in emmy.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class IndexOutOfRangeError(EmmyError):
     """An index tensor (embedding ids, gather indices) holds a value outside the axis it indexes."""
 
 
-class KernelFault(Exception):
+class KernelFault(EmmyError):
     """A kernel did what a GPU would not forgive: an out-of-bounds access, a deadlock at a barrier or
     warp collective, a shared-memory race. Found by the simulator; exit status 1 (a failed check)."""
 
@@ -56,3 +58,38 @@ class KernelFault(Exception):
 
 class KernelBuildError(EmmyError):
     """A kernel source that the host compiler (simulator) or nvcc rejects."""
+
+
+class NotLoweredError(EmmyError):
+    """A kernel's schedule row that the Kernel IR lowering does not handle (such a row is not
+    offered to extraction; pinning one with `knobs` or `with_rows` meets this)."""
+
+
+class GpuError(EmmyError):
+    """The CUDA runtime refused: no device, no driver, a launch that failed."""
+
+
+class NoGpuError(EmmyError):
+    """Measuring or running on a GPU was asked for on a machine without one."""
+
+
+class MeasurementDbError(EmmyError):
+    """The database file is not one emmy can use (not SQLite, another program's, corrupt), or a row is bad."""
+
+
+class UnknownStageError(EmmyError):
+    """A pipeline stage name (`stop_after`, `--ir`) that is not one of emmy's stages."""
+
+
+class SavedProgramError(EmmyError):
+    """A saved program file that cannot be loaded: not an emmy program, corrupt, or from another
+    emmy version."""
+
+
+class InputMismatchError(EmmyError):
+    """Tensors passed to a compiled program that are not what it was compiled for (count, shape,
+    dtype, device)."""
+
+
+class TensorIRError(EmmyError, ValueError):
+    """A malformed Tensor IR graph: a bug in a decomposition or in a rule a user wrote."""

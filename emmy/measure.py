@@ -17,14 +17,11 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from emmy.errors import EmmyError
+from emmy.errors import NoGpuError
 
 FLUSH_BYTES = 256 << 20  # over four times an H100/H200's L2
 SMALL_KERNEL_S = 20e-6
 
-
-class NoGpuError(EmmyError):
-    """Measuring on a GPU was asked for on a machine without one."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from emmy.errors import EmmyError
+from emmy.errors import MeasurementDbError
 
 APPLICATION_ID = 0x656D6D79  # "emmy": set in the file's header, checked on open
 SCHEMA_VERSION = 1
@@ -46,9 +46,6 @@ CREATE TABLE IF NOT EXISTS measurements (
 CREATE INDEX IF NOT EXISTS by_kernel ON measurements (target, signature);
 """
 
-
-class MeasurementDbError(EmmyError):
-    """The database file is not one emmy can use (not SQLite, another program's, corrupt), or a row is bad."""
 
 
 @dataclass(frozen=True)

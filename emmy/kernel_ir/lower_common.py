@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from emmy.affine import Affine, Dim, recombined, row_major_offset
 from emmy.dtypes import DType
-from emmy.errors import EmmyError
+from emmy.errors import NotLoweredError
 from emmy.kernel_ir.nodes import Param
 from emmy.loop_ir import nodes as L
 from emmy.schedule.geometry import workspace_name
@@ -16,9 +16,7 @@ MONOID = {"add": "sum", "sum": "sum", "maximum": "max", "max": "max", "minimum":
           "multiply": "prod", "prod": "prod"}
 
 
-class Unsupported(EmmyError):
-    """A schedule the Kernel IR lowering does not handle yet."""
-
+Unsupported = NotLoweredError  # a schedule the Kernel IR lowering does not handle yet
 
 def contraction_parts(tile: TileKernel) -> str:
     """A contraction lowers as one fold, then its epilogue; statements before the fold (a mask

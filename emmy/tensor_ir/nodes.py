@@ -21,6 +21,7 @@ from typing import Union
 
 from emmy.affine import Affine, Guard, gathered_buffers
 from emmy.dtypes import DType
+from emmy.errors import TensorIRError
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS, SCALAR_OPS
 
 
@@ -108,9 +109,6 @@ def operands_of(node: Node) -> tuple[str, ...]:
         return (node.operand,)
     return ()
 
-
-class TensorIRError(ValueError):
-    """A malformed Tensor IR graph (a bug in a decomposition, never user input)."""
 
 
 @dataclass(frozen=True)
