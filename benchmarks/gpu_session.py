@@ -674,6 +674,13 @@ def main() -> int:
             sim_compare.wait(timeout=max(1.0, args.deadline + 15 - time.time()))
         except subprocess.TimeoutExpired:
             sim_compare.kill()
+        # the Python API on CUDA tensors (program(*cuda), save/load, torch.compile), after the timing
+        with open(out / "logs" / "gpu_api_check.log", "w") as log:
+            try:
+                subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_api_check.py"), "--out",
+                                str(out / "gpu_api_report.md")], stdout=log, stderr=subprocess.STDOUT, timeout=180)
+            except subprocess.TimeoutExpired:
+                log.write("timed out after 180 s\n")
     else:
         run_jobs(jobs, args)
     rows = read_rows(out)
@@ -694,6 +701,8 @@ def main() -> int:
     except Exception as err:  # noqa: BLE001 - the report and results.json are written regardless
         print(f"the measurement database refused the rows: {err}", flush=True)
     text = report(out, env, ceilings, jobs, rows) + calibration(out, env, args)
+    if (out / "gpu_api_report.md").exists():
+        text += "\n" + (out / "gpu_api_report.md").read_text().replace("# The Python API", "## The Python API")
     if (out / "gpu_sim_report.md").exists():
         text += "\n" + (out / "gpu_sim_report.md").read_text().replace("# Simulator vs GPU", "## Simulator vs GPU")
     (out / "report.md").write_text(text)

@@ -19,12 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emmy.errors import EmmyError, KernelBuildError
-
-
-
-class GpuError(EmmyError):
-    """The CUDA runtime refused: no device, no driver, a launch that failed."""
+from emmy.errors import GpuError, KernelBuildError
 
 
 def host_library_source(source: Path, names: list[str], cooperative: tuple[str, ...] = ()) -> str:
@@ -162,39 +157,49 @@ def _dims(v) -> ctypes.Array:
 def program_library(program, work: Path) -> Path:
     """A compiled program's GPU library, built (or found in `work`) from its CUDA source, kept at a
     path named by its content so a library built ahead (in another thread) is found again."""
-    source = work / f"{hashlib.sha256(program.cuda_source.encode()).hexdigest()[:20]}.cu"
+    plan = program.plan
+    source = work / f"{hashlib.sha256(plan.cuda_source.encode()).hexdigest()[:20]}.cu"
     if not source.exists():
         work.mkdir(parents=True, exist_ok=True)
-        source.write_text(program.cuda_source)
-    return build_library(source, [k.name for k in program.kernel_ir], program.target.name.removeprefix("sm_"), work,
-                         cooperative=tuple(k.name for k in program.kernel_ir if k.cooperative))
+        source.write_text(plan.cuda_source)
+    return build_library(source, [k.name for k in plan.kernels], plan.target.removeprefix("sm_"), work,
+                         cooperative=tuple(k.name for k in plan.kernels if k.cooperative))
+
+
+def _argv(gpu: Gpu, kernel, pointers: dict, itemsizes: dict, sizes: dict, keep: list):
+    """A kernel's argument vector: the address of each buffer's device pointer, then of each TMA
+    descriptor (kept alive in `keep`)."""
+    addresses = [ctypes.addressof(pointers[p.name]) for p in kernel.params]
+    for buffer, row, box_rows, box_cols in kernel.tensor_maps:
+        itemsize = itemsizes[buffer]
+        owner, view = gpu.tensor_map(pointers[buffer], (sizes[buffer] // row, row), row * itemsize,
+                                     (box_rows, box_cols), itemsize)
+        keep.append(owner)
+        addresses.append(view.ctypes.data)
+    return (ctypes.c_void_p * max(1, len(addresses)))(*addresses)
 
 
 class ProgramOnGpu:
     """A compiled program's kernels on the GPU: its buffers uploaded, an argument vector per kernel
-    (buffers, then TMA descriptors), launched in order."""
+    (buffers, then TMA descriptors), launched in order. `program`: a Program or a loaded one;
+    `library`: its GPU library when already built (a loaded program carries one)."""
 
-    def __init__(self, program, buffers: dict[str, np.ndarray], work: Path | None = None):
-        self.program, self.host = program, buffers
-        self.kernels = program.kernel_ir
+    def __init__(self, program, buffers: dict[str, np.ndarray], work: Path | None = None,
+                 library: Path | None = None):
+        self.plan, self.host = program.plan, buffers
+        self.kernels = self.plan.kernels
         self._folder = tempfile.TemporaryDirectory()
-        self.gpu = Gpu.of_library(program_library(program, work or Path(self._folder.name)))
+        self.gpu = Gpu.of_library(library or program_library(program, work or Path(self._folder.name)))
         self.device = {name: self.gpu.upload(array) for name, array in buffers.items()}
-        self._keep, self.argvs = [], []
-        for k in self.kernels:
-            addresses = [ctypes.addressof(self.device[p.name]) for p in k.params]
-            for buffer, row, box_rows, box_cols in k.tensor_maps:
-                itemsize = buffers[buffer].itemsize
-                owner, view = self.gpu.tensor_map(self.device[buffer], (buffers[buffer].size // row, row),
-                                                  row * itemsize, (box_rows, box_cols), itemsize)
-                self._keep.append(owner)
-                addresses.append(view.ctypes.data)
-            self.argvs.append((ctypes.c_void_p * max(1, len(addresses)))(*addresses))
+        self._keep: list = []
+        itemsizes = {name: a.itemsize for name, a in buffers.items()}
+        sizes = {name: a.size for name, a in buffers.items()}
+        self.argvs = [_argv(self.gpu, k, self.device, itemsizes, sizes, self._keep) for k in self.kernels]
 
     def poison(self, byte: int = 0xFF) -> None:
         """Every output of the program's kernels overwritten (0xFF bytes: NaN in every float type), so
         an element no kernel writes cannot pass the check."""
-        for name in {n for k in self.program.loop_ir.kernels for n, _ in k.outputs}:
+        for name, _ in self.plan.kernel_outputs:
             self.gpu.fill(self.device[name], byte, self.host[name].nbytes)
 
     def run(self) -> None:
@@ -204,7 +209,7 @@ class ProgramOnGpu:
         for k, argv in zip(self.kernels, self.argvs):
             self.gpu.launch(k.name, k.grid, k.block, k.dynamic_smem, argv)
             if takes_faults(k):
-                raise_recorded_fault(self.fetch(INDEX_FAULTS), k, self.program)
+                raise_recorded_fault(self.fetch(INDEX_FAULTS), k, self.plan)
 
     def fetch(self, name: str) -> np.ndarray:
         out = np.empty_like(self.host[name])
@@ -212,13 +217,62 @@ class ProgramOnGpu:
         return out
 
     def outputs(self) -> dict[str, np.ndarray]:
-        """The program's outputs by buffer name, in interpreter storage (bf16 as float32)."""
-        from emmy.dtypes import from_device
-
-        types = self.program.buffer_types
-        return {name: from_device(self.fetch(name), types[name].dtype) for name in self.program.loop_ir.outputs}
+        """The program's outputs by name, in interpreter storage (bf16 as float32)."""
+        return self.plan.named_outputs(self.fetch)
 
     def close(self) -> None:
         for ptr in self.device.values():
             self.gpu.free(ptr)
         self._folder.cleanup()
+
+
+def run_on_torch_cuda(program, library: Path, inputs: list, weights: dict) -> list:
+    """The program run on CUDA torch tensors without a copy through the host: inputs are read in
+    place, outputs and intermediates are fresh torch tensors on the inputs' GPU, `weights` (name ->
+    torch tensor on that GPU) are uploaded once by the caller. Kernels launch on the legacy default
+    stream, so the caller's current stream is synchronized first. Returns the output tensors in the
+    program's order."""
+    import torch
+
+    from emmy.dtypes import to_torch
+    from emmy.kernel_ir.index_faults import INDEX_FAULTS, raise_recorded_fault, takes_faults
+
+    plan = program.plan
+    device = inputs[0].device
+    gpu = _loaded(library)
+    gpu.check(gpu.lib.emmy_gpu_set_device(ctypes.c_int(device.index or 0)), f"selecting {device}")
+    tensors = {name: x.contiguous() for name, x in zip(plan.input_names, inputs)}
+    tensors |= weights
+    tensors |= {name: torch.zeros(t.shape, dtype=to_torch(t.dtype), device=device)
+                for name, t in plan.kernel_outputs}
+    tensors |= {name: torch.zeros(count, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype, device=device)
+                for name, (count, dtype) in plan.scratch().items()}
+    pointers = {name: ctypes.c_void_p(t.data_ptr()) for name, t in tensors.items()}
+    itemsizes = {name: t.element_size() for name, t in tensors.items()}
+    sizes = {name: t.numel() for name, t in tensors.items()}
+    torch.cuda.current_stream(device).synchronize()
+    keep: list = []
+    for kernel in plan.kernels:
+        gpu.launch(kernel.name, kernel.grid, kernel.block, kernel.dynamic_smem,
+                   _argv(gpu, kernel, pointers, itemsizes, sizes, keep))
+        if takes_faults(kernel):
+            raise_recorded_fault(tensors[INDEX_FAULTS].cpu().numpy(), kernel, plan)
+    torch.cuda.synchronize(device)
+    outputs, seen = [], set()
+    for buffer in plan.outputs:  # a buffer returned twice, or an input returned, is a fresh tensor
+        tensor = tensors[buffer]
+        fresh = buffer in seen or buffer in plan.input_names
+        outputs.append(tensor.clone() if fresh else tensor)
+        seen.add(buffer)
+    return outputs
+
+
+_LOADED: dict = {}
+
+
+def _loaded(library: Path) -> Gpu:
+    """One ctypes handle per library file (loading one is not free, and a handle is never unloaded)."""
+    key = str(library)
+    if key not in _LOADED:
+        _LOADED[key] = Gpu.of_library(library)
+    return _LOADED[key]

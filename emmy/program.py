@@ -98,11 +98,69 @@ class Program:
         return buffer_types(self.loop_ir)
 
     @cached_property
-    def kernel_ir(self) -> list:
-        """Each Tile IR kernel in hardware terms (emmy.kernel_ir)."""
+    def _lowered(self) -> tuple:
+        """(Tile IR kernel, its Kernel IR launches) per kernel: a split row runs as more than one."""
         from emmy.kernel_ir.lower import lower_kernel
 
-        return [k for tk in self.tile_ir.kernels for k in lower_kernel(tk, self.buffer_types)]
+        return tuple((tk, tuple(lower_kernel(tk, self.buffer_types))) for tk in self.tile_ir.kernels)
+
+    @cached_property
+    def kernel_ir(self) -> list:
+        """Each Tile IR kernel in hardware terms (emmy.kernel_ir)."""
+        return [k for _, launches in self._lowered for k in launches]
+
+    @cached_property
+    def signature(self):
+        """The inputs the program takes and the outputs it returns, with their names (emmy.plan.Signature)."""
+        from emmy.capture.outputs import OutputStructure
+        from emmy.plan import Signature
+
+        graph = self.tensor_ir
+        structure = getattr(self.captured, "outputs", None) or OutputStructure.flat(len(graph.outputs))
+        return Signature(tuple((n.name, n.type) for n in graph.inputs), structure)
+
+    @cached_property
+    def plan(self):
+        """What running the program needs (emmy.plan.RunPlan): built kernels, buffers, signature."""
+        from emmy.plan import plan_of
+
+        return plan_of(self)
+
+    @property
+    def kernels(self) -> tuple:
+        """One emmy.calling.KernelInfo per kernel: its row, predicted and measured time, registers
+        and shared memory (registers need nvcc: None without it)."""
+        from emmy.calling import kernel_infos
+
+        return kernel_infos(self)
+
+    def __call__(self, *inputs, device: str | None = None, sim_mode: str | None = None):
+        """Run the program on torch tensors; returns torch tensors shaped and nested as the captured
+        program returned them. CUDA tensors run the built kernels on their GPU. CPU tensors run the
+        CUDA in the CPU simulator (a checking path, thousands of times slower than a GPU;
+        `sim_mode`: plain, asan or racecheck) or, with device="interpret", Tensor IR in numpy."""
+        from emmy.calling import call
+
+        return call(self, inputs, device, sim_mode)
+
+    def gpu_library(self, device=None):
+        """The path of the program's GPU library (built by nvcc, cached by content under
+        EMMY_CACHE_DIR/gpu); with a torch `device`, refused when that GPU cannot run the target."""
+        from emmy.calling import check_arch
+        from emmy.config import settings
+        from emmy.gpu import program_library
+
+        if device is not None:
+            check_arch(self.target.name, device)
+        return program_library(self, settings().cache_dir / "gpu")
+
+    def save(self, path, targets: tuple[str, ...] | None = None) -> None:
+        """Write the program to `path` for emmy.load: the plan, the knob rows, the weights, the CUDA
+        text, and per target (default: the program's) the cubin and the GPU library when nvcc is
+        here. Load it with the same emmy version."""
+        from emmy.saved import save
+
+        save(self, path, targets)
 
     @cached_property
     def cuda_source(self) -> str:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emmy.dtypes import DType, from_device
-from emmy.errors import EmmyError, IndexOutOfRangeError
+from emmy.dtypes import DType
+from emmy.errors import EmmyError, IndexOutOfRangeError, InputMismatchError
 from emmy.kernel_ir.index_faults import INDEX_FAULTS, raise_recorded_fault, takes_faults
 
 DEVICES = ("sim", "cuda")
@@ -32,43 +32,43 @@ def empty_buffer(type_) -> np.ndarray:
     return np.zeros(type_.shape, storage)
 
 
-def check_inputs(program, inputs) -> list:
-    """Each input must be what the program was compiled for: a torch tensor on the CPU of the
-    compiled shape and dtype (a strided view is read as the values it shows), or a Python number
-    for a rank-0 input. One line says which input is wrong and what it expected. Returns the
-    inputs as tensors."""
+def check_inputs(program, inputs, device: str = "cpu") -> list:
+    """Each input must be what the program (emmy.program.Program or a loaded one) was compiled for: a
+    torch tensor of the compiled shape and dtype on `device` ("cpu", or "cuda" for a GPU run; a
+    strided view is read as the values it shows), or a Python number for a rank-0 input. One line
+    says which input is wrong and what it expected (InputMismatchError). Returns the inputs as tensors."""
     import torch
 
     from emmy.dtypes import from_torch
 
-    expected = program.tensor_ir.inputs
+    expected = program.signature.inputs
     if inputs is None or len(inputs) != len(expected):
-        raise EmmyError(f"the program takes {len(expected)} inputs "
-                        f"({', '.join(n.name for n in expected)}), got {0 if inputs is None else len(inputs)}")
+        raise InputMismatchError(f"the program takes {len(expected)} inputs ({', '.join(n for n, _ in expected)}), "
+                                 f"got {0 if inputs is None else len(inputs)}")
     from emmy.capture import scalar_tensor
 
     # a Python number where the program takes a rank-0 input
-    inputs = [scalar_tensor(g) if not node.type.shape else g for node, g in zip(expected, inputs)]
-    for position, (node, given) in enumerate(zip(expected, inputs)):
-        where = f"input {position} ({node.name})"
-        want = f"{node.type.dtype}{list(node.type.shape)}"
+    inputs = [scalar_tensor(g) if not t.shape else g for (_, t), g in zip(expected, inputs)]
+    for position, ((name, type_), given) in enumerate(zip(expected, inputs)):
+        where = f"input {position} ({name})"
+        want = f"{type_.dtype}{list(type_.shape)}"
         if not isinstance(given, torch.Tensor):
-            raise EmmyError(f"{where}: expected a torch tensor {want}, got {type(given).__name__}")
-        if tuple(given.shape) != node.type.shape:
-            raise EmmyError(f"{where}: expected shape {list(node.type.shape)}, got {list(given.shape)} "
-                            "(the program is compiled for one shape; compile again for another)")
+            raise InputMismatchError(f"{where}: expected a torch tensor {want}, got {type(given).__name__}")
+        if tuple(given.shape) != type_.shape:
+            raise InputMismatchError(f"{where}: expected shape {list(type_.shape)}, got {list(given.shape)} "
+                                     "(the program is compiled for one shape; compile again for another)")
         try:
             dtype = from_torch(given.dtype)
         except EmmyError:
             dtype = None
-        if dtype is not node.type.dtype:
-            raise EmmyError(f"{where}: expected dtype {node.type.dtype} ({want}), got {given.dtype}; "
-                            f"convert it with .to() first")
-        if given.device.type != "cpu":
-            raise EmmyError(f"{where}: expected a CPU tensor (the runtime copies inputs from host memory), "
-                            f"got one on {given.device}")
+        if dtype is not type_.dtype:
+            raise InputMismatchError(f"{where}: expected dtype {type_.dtype} ({want}), got {given.dtype}; "
+                                     f"convert it with .to() first")
+        if given.device.type != device:
+            raise InputMismatchError(f"{where}: expected a {device.upper()} tensor like the other inputs, "
+                                     f"got one on {given.device}")
         if given.layout is not torch.strided:
-            raise EmmyError(f"{where}: expected a dense (strided) tensor, got layout {given.layout}")
+            raise InputMismatchError(f"{where}: expected a dense (strided) tensor, got layout {given.layout}")
     return inputs
 
 
@@ -102,16 +102,17 @@ def check_index_values(program, inputs) -> None:
 
 def host_buffers(program, inputs) -> dict[str, np.ndarray]:
     """Every buffer the program's kernels name, in kernel storage: inputs (torch tensors, in the
-    graph's input order), weights, zeroed kernel outputs and scratch (a split's workspace)."""
+    signature's order), weights, zeroed kernel outputs and scratch (a split's workspace). `program`:
+    an emmy.program.Program or a loaded one (anything with a `plan` and `weights`)."""
     from emmy.dtypes import to_numpy
 
-    loops = program.loop_ir
-    by_name = dict(zip([n.name for n in program.tensor_ir.inputs], inputs))
-    buffers = {name: to_device(to_numpy(by_name[name])[0], t.dtype) for name, t in loops.inputs}
-    buffers |= {name: to_device(program.weights[name], t.dtype) for name, t in loops.weights}
-    buffers |= {name: empty_buffer(t) for k in loops.kernels for name, t in k.outputs}
-    for kernel in program.kernel_ir:
-        buffers |= {p.name: np.zeros(p.scratch, p.dtype.numpy) for p in kernel.params if p.name not in buffers}
+    plan = program.plan
+    by_name = dict(zip(plan.input_names, inputs))
+    types = plan.buffer_types
+    buffers = {name: to_device(to_numpy(by_name[name])[0], types[name].dtype) for name in plan.read_inputs}
+    buffers |= {name: to_device(program.weights[name], t.dtype) for name, t in plan.weights}
+    buffers |= {name: empty_buffer(t) for name, t in plan.kernel_outputs}
+    buffers |= {name: np.zeros(count, dtype) for name, (count, dtype) in plan.scratch().items()}
     return buffers
 
 
@@ -128,16 +129,15 @@ class Check:
 
 
 def run_program(program, inputs=None, device: str = "sim", mode: str | None = None) -> dict[str, np.ndarray]:
-    """Every kernel of `program` (emmy.program.Program) in order; the program's outputs by buffer
-    name, in interpreter storage. `inputs`: torch tensors (default: the example inputs). `mode`: the
-    simulator build (default EMMY_SIM_MODE, else plain)."""
+    """Every kernel of `program` (an emmy.program.Program or a loaded one) in order; the program's
+    outputs by name (`out0`, ... or the module's own names), in interpreter storage. `inputs`: CPU
+    torch tensors (default: the example inputs). `mode`: the simulator build (default
+    EMMY_SIM_MODE, else plain)."""
     if device not in DEVICES:
         raise EmmyError(f"unknown device {device!r}; devices: {', '.join(DEVICES)}")
     import emmy.sim as sim
 
-    loops = program.loop_ir
     given = check_inputs(program, inputs or program.example_inputs)
-    types = program.buffer_types
     buffers = host_buffers(program, given)
     if device == "cuda":
         from emmy.gpu import ProgramOnGpu
@@ -152,14 +152,15 @@ def run_program(program, inputs=None, device: str = "sim", mode: str | None = No
         from emmy.config import settings
 
         mode = settings().sim_mode
-    module = sim.load(program.cuda_source, "program.cu", mode=mode)
-    launch_in_order(module, program, program.kernel_ir, buffers)
-    return {name: from_device(buffers[name], types[name].dtype) for name in loops.outputs}
+    plan = program.plan
+    module = sim.load(plan.cuda_source, "program.cu", mode=mode)
+    launch_in_order(module, plan, plan.kernels, buffers)
+    return plan.named_outputs(buffers.__getitem__)
 
 
 def launch_in_order(module, program, kernels, buffers: dict[str, np.ndarray],
                     counts: dict | None = None, timings: dict | None = None) -> None:
-    """Launch `kernels` (Kernel IR of `program`, by name in the simulator `module`) one after another
+    """Launch `kernels` (Kernel IR of `program`, a Program or its RunPlan, by name in the simulator `module`) one after another
     on `buffers`; a bad index value a kernel recorded is raised after its launch. With `counts` (a
     race-check module), counts[kernel][buffer] = (bytes read, bytes written) by each launch; with
     `timings`, timings[kernel] = the launch's wall seconds in the simulator."""
@@ -182,7 +183,7 @@ def launch_in_order(module, program, kernels, buffers: dict[str, np.ndarray],
                                  shared_bytes=kernel.dynamic_smem)
             counts[kernel.name] = {p.name: rw for p, rw in zip(kernel.params, moved)}
         if takes_faults(kernel):
-            raise_recorded_fault(buffers[INDEX_FAULTS], kernel, program)
+            raise_recorded_fault(buffers[INDEX_FAULTS], kernel, getattr(program, "plan", program))
 
 
 def count_accesses(program, kernels=None, inputs=None) -> dict[str, dict[str, tuple[int, int]]]:
@@ -218,8 +219,9 @@ def compare_outputs(program, results: dict[str, np.ndarray], inputs=None, refere
     # kernels fold sequentially: the longest fold sets how far f32 rounding may drift
     longest = max((p.extent for k in program.tile_ir.kernels for p in k.parts if isinstance(p, Fold)), default=1)
     checks = []
-    for (name, actual), (want, scale, theirs) in zip(results.items(), references):
-        dtype = program.buffer_types[name].dtype
+    buffers = program.plan.outputs
+    for (name, actual), buffer, (want, scale, theirs) in zip(results.items(), buffers, references):
+        dtype = program.buffer_types[buffer].dtype
         c = compare(actual.astype(np.float64).reshape(want.shape), want, dtype, longest, scale, theirs)
         checks.append(Check(name, dtype, c.max_abs, c.max_rel, c.ok, c.torch_abs, c.bias_ulps, c.why))
     return checks

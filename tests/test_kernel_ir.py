@@ -183,7 +183,7 @@ def test_emmy_run_check_prints_the_errors_and_refuses_what_it_cannot_lower():
     result = run_emmy("run", "-c", RMSNORM, "--check")
     assert result.returncode == 0, result.stderr
     assert "k_rms_norm: grid 32 x block 1024  WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=,RASTER=" in result.stdout
-    row = next(line.split() for line in result.stdout.splitlines() if line.strip().startswith("rms_norm"))
+    row = next(line.split() for line in result.stdout.splitlines() if line.strip().startswith("out0"))
     assert row[1] == "f32" and float(row[2]) < 1e-5 and row[-1] == "ok"
     attention = run_emmy("run", "-c", get("attention").sim_code, "--check", "--knobs", "STAGE=d2/smem-tma",
                          "--target", "sm_90")

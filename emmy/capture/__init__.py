@@ -1,8 +1,8 @@
 """Capture: any form of PyTorch program -> a core-ATen ExportedProgram.
 
 Accepted forms: `-c` code (a string) or a program file (a path, `emmy -f`), an `nn.Module` (an `fx.GraphModule` is
-one) or a plain function with example inputs, or a `torch.export`
-ExportedProgram.
+one) or a plain function with example inputs, a `torch.export`
+ExportedProgram, or the ATen graph torch.compile hands a backend (emmy.capture.aten_graph.AtenGraph).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from emmy.capture.outputs import OutputStructure
 from emmy.capture.source import Source
 from emmy.errors import EmmyError
 
@@ -19,6 +20,11 @@ class Captured:
     exported: object  # torch.export.ExportedProgram, decomposed to core ATen
     source: Source
     example_inputs: tuple | None  # torch tensors, in the order of the user inputs
+    outputs: OutputStructure | None = None  # what the program returns; set by `capture`
+
+    def __post_init__(self):
+        if self.outputs is None:
+            object.__setattr__(self, "outputs", OutputStructure.of_exported(self.exported))
 
 
 def program_text(graph) -> tuple[str, str]:
@@ -48,6 +54,13 @@ def capture(graph, *example_inputs) -> Captured:
         code = capture_code(*program_text(graph))
         program = _export(code.module, code.example_inputs.shaped(), code.source)
         return Captured(exporting.decompose(program), code.source, code.example_inputs)
+
+    from emmy.capture.aten_graph import AtenGraph
+
+    if isinstance(graph, AtenGraph):  # torch.compile's ATen graph: nothing to export or decompose
+        if not example_inputs:
+            raise EmmyError("emmy.optimize needs the example inputs of an ATen graph")
+        return Captured(graph, Source(), tuple(example_inputs))
 
     if isinstance(graph, torch.export.ExportedProgram):
         inputs = example_inputs or _stored_inputs(graph)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class CachedCapture:
     tensor_program: object  # emmy.decompose.from_aten.TensorProgram
     inputs: tuple  # (numpy array in interpreter storage, DType) per user input
     torch_ir: str
+    outputs: object = None  # emmy.capture.outputs.OutputStructure
 
     @property
     def example_inputs(self) -> tuple:
@@ -63,7 +64,7 @@ def store(code: str, program, cache_dir: Path) -> None:
         log.info("capture cache: not storing a capture with inputs over EMMY_LAZY_INPUT_MB")
         return
     entry = CachedCapture(code, program.tensor_program, tuple(to_numpy(t) for t in program.example_inputs),
-                          print_torch_ir(program.captured))
+                          print_torch_ir(program.captured), program.captured.outputs)
     path = _path(code, cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as fh:

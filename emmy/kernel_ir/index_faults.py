@@ -36,17 +36,17 @@ def takes_faults(kernel: KernelIR) -> bool:
     return any(p.name == INDEX_FAULTS for p in kernel.params)
 
 
-def raise_recorded_fault(record: np.ndarray, kernel: KernelIR, program) -> None:
-    """Raise IndexOutOfRangeError if `kernel` (of emmy.program.Program `program`) left a fault in
+def raise_recorded_fault(record: np.ndarray, kernel: KernelIR, plan) -> None:
+    """Raise IndexOutOfRangeError if `kernel` (of the emmy.plan.RunPlan `plan`) left a fault in
     `record`, naming the input, the element's coordinates and the value."""
     claimed, code, position, value, extent, wraps = (int(v) for v in np.asarray(record, np.int64)[:FAULT_WORDS])
     if not claimed:
         return
-    inputs = [n.name for n in program.tensor_ir.inputs]
+    inputs = list(plan.input_names)
     names = [n for n in inputs if tensor_code(n) == code]
     name = names[0] if len(names) == 1 else f"index tensor #{code}"
     where = f"input {inputs.index(name)} ({name})" if name in inputs else name
-    shape = program.buffer_types[name].shape if name in program.buffer_types else ()
+    shape = plan.buffer_types[name].shape if name in plan.buffer_types else ()
     at = [int(i) for i in np.unravel_index(position, shape)] if shape else []
     axis = f"[{-extent if wraps else 0}, {extent})"
     raise IndexOutOfRangeError(f"{where}: index {value} at {at} is outside {axis}, the axis it indexes "

@@ -1,0 +1,127 @@
+"""Calling a compiled program on torch tensors, and the table of its kernels.
+
+Shared by emmy.program.Program and the programs emmy.load gives back (emmy.saved.LoadedProgram):
+each has a `plan` (emmy.plan.RunPlan), `weights` and `signature`, and says where its GPU library is.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+from emmy.errors import EmmyError, InputMismatchError
+
+CALL_DEVICES = ("sim", "cuda", "interpret")
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One kernel of a compiled program, as `program.kernels` lists it."""
+
+    name: str  # the Loop IR kernel
+    launches: tuple[str, ...]  # the CUDA kernels it runs as, in order (a split row runs as two)
+    row: str  # its knob row (emmy.schedule.knobs)
+    predicted_s: float  # the cost model's time for the row
+    measured_s: float | None  # a measured time for this row on the target's GPU, if one is stored
+    registers: int | None  # per thread, the most over its launches, as ptxas reports (None without nvcc)
+    shared_bytes: int  # per block, static (from ptxas, when nvcc ran) plus dynamic
+
+    def describe(self) -> str:
+        measured = "-" if self.measured_s is None else f"{self.measured_s * 1e6:.1f} us"
+        registers = "-" if self.registers is None else str(self.registers)
+        return (f"{self.name}: {self.row}  predicted {self.predicted_s * 1e6:.1f} us, measured {measured}, "
+                f"{registers} registers, {self.shared_bytes} B shared")
+
+
+def kernel_infos(program) -> tuple[KernelInfo, ...]:
+    """The kernels of an emmy.program.Program, registers from its cubin when nvcc is here."""
+    from emmy.schedule.measured import current
+
+    measurements = current()
+    resources = program.cubin().resources if shutil.which("nvcc") else {}
+    infos = []
+    for tile, launches in program._lowered:
+        found = [resources[k.name] for k in launches if k.name in resources]
+        static = {k.name: resources[k.name].shared_bytes if k.name in resources else 0 for k in launches}
+        measured = (measurements.lookup(program.target.key, tile.signature, str(tile.row))
+                    if tile.signature else None)
+        infos.append(KernelInfo(tile.kernel.name, tuple(k.name for k in launches), str(tile.row), tile.seconds,
+                                measured, max((r.registers for r in found), default=None),
+                                max((static[k.name] + k.dynamic_smem for k in launches), default=0)))
+    return tuple(infos)
+
+
+def call(program, inputs: tuple, device: str | None, sim_mode: str | None):
+    """program(*inputs): see emmy.program.Program.__call__."""
+    import torch
+
+    if device is None:
+        device = "cuda" if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs) else "sim"
+    if device not in CALL_DEVICES:
+        raise EmmyError(f"unknown device {device!r}; a program runs on {', '.join(CALL_DEVICES)} "
+                        "(default: cuda for CUDA tensors, else sim)")
+    signature = program.signature
+    types = program.plan.buffer_types if device != "interpret" else None
+    if device == "interpret":
+        if not hasattr(program, "interpret"):
+            raise EmmyError("a loaded program has no Tensor IR to interpret; run it with device='sim' "
+                            "or on CUDA tensors")
+        outputs = program.interpret(*inputs)
+    elif device == "sim":
+        from emmy.dtypes import from_numpy
+        from emmy.runtime import run_program
+
+        if not inputs and signature.inputs:
+            raise InputMismatchError(f"the program takes {len(signature.inputs)} inputs "
+                                     f"({', '.join(n for n, _ in signature.inputs)}), got 0")
+        results = run_program(program, list(inputs), "sim", sim_mode)
+        outputs = [from_numpy(values, types[buffer].dtype)
+                   for values, buffer in zip(results.values(), program.plan.outputs)]
+    else:
+        outputs = _call_on_gpu(program, inputs)
+    return signature.structure.pack(list(outputs))
+
+
+def _call_on_gpu(program, inputs: tuple) -> list:
+    from emmy.gpu import run_on_torch_cuda
+    from emmy.runtime import check_inputs
+
+    given = check_inputs(program, list(inputs), device="cuda")
+    devices = {x.device for x in given}
+    if len(devices) > 1:
+        raise InputMismatchError(f"the inputs are on {len(devices)} GPUs ({', '.join(map(str, devices))}); "
+                                 "a program runs on one")
+    if not given:
+        raise InputMismatchError("a program without inputs runs on the simulator (device='sim'), not on CUDA")
+    device = given[0].device
+    return run_on_torch_cuda(program, program.gpu_library(device), given, device_weights(program, device))
+
+
+def gpu_arch(device) -> str:
+    """The sm_XY of a torch CUDA device."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def check_arch(target: str, device) -> None:
+    """Code built for `target` (sm_XY) runs on GPUs of that architecture or newer ones (through its PTX)."""
+    have = gpu_arch(device)
+    if int(have.removeprefix("sm_")) < int(target.removeprefix("sm_").rstrip("a")):
+        raise EmmyError(f"the program is compiled for {target}, but {device} is {have}; compile it with "
+                        f"target={have!r}")
+
+
+def device_weights(program, device) -> dict:
+    """The program's weights as torch tensors in kernel storage on `device`, uploaded on first use
+    and kept on the program (a compiled program is called many times)."""
+    import torch
+
+    from emmy.runtime import to_device
+
+    cache = program.__dict__.setdefault("_weights_on", {})
+    if device not in cache:
+        cache[device] = {name: torch.from_numpy(to_device(program.weights[name], t.dtype)).to(device)
+                         for name, t in program.plan.weights}
+    return cache[device]

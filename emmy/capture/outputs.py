@@ -1,0 +1,58 @@
+"""What a captured program returns: the nesting of its outputs (a tensor, a tuple, a dict, ...) and
+the name of each output tensor, so that a compiled program returns what the module returned and
+tables name outputs as the user does, never by a decomposition temporary (`add_5`).
+
+Names: a single tensor or a tuple/list of them is `out0`, `out1`, ...; a dict's or a named tuple's
+entries keep their keys (`logits`, `cache.k` where nested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OutputStructure:
+    spec: str | None  # torch.utils._pytree.treespec_dumps of the returned structure; None: flat tuple
+    names: tuple[str, ...]
+
+    @classmethod
+    def flat(cls, count: int) -> OutputStructure:
+        return cls(None, tuple(f"out{k}" for k in range(count)))
+
+    @classmethod
+    def of_exported(cls, exported) -> OutputStructure:
+        import torch.utils._pytree as pytree
+
+        spec = exported.call_spec.out_spec
+        if spec is None:
+            return cls.flat(len(exported.graph_signature.user_outputs))
+        try:
+            text = pytree.treespec_dumps(spec)
+        except Exception:  # a container pytree cannot serialize: hand back a flat tuple
+            return cls.flat(spec.num_leaves)
+        paths = [path for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(range(spec.num_leaves),
+                                                                                           spec))[0]]
+        return cls(text, tuple(_name(path, k) for k, path in enumerate(paths)))
+
+    def pack(self, tensors: list):
+        """The outputs in the structure the program returned them: a lone tensor as itself."""
+        if self.spec is None:
+            return tensors[0] if len(tensors) == 1 else tuple(tensors)
+        import torch.utils._pytree as pytree
+
+        return pytree.tree_unflatten(list(tensors), pytree.treespec_loads(self.spec))
+
+
+def _name(path: tuple, position: int) -> str:
+    parts = []
+    for key in path:
+        if hasattr(key, "key"):  # a dict entry
+            parts.append(str(key.key))
+        elif hasattr(key, "name"):  # a named tuple's or dataclass's field
+            parts.append(str(key.name))
+        else:
+            parts.append(None)
+    if all(p is None for p in parts):  # only positions: number the tensors in order
+        return f"out{position}"
+    return ".".join(p if p is not None else str(getattr(key, "idx", "")) for p, key in zip(parts, path))

@@ -1,0 +1,222 @@
+"""`torch.compile(model, backend="emmy")`: emmy as a TorchDynamo backend.
+
+Registered through the `torch_dynamo_backends` entry point (pyproject.toml), so the name works once
+emmy is installed. Dynamo hands over an FX graph; AOTAutograd (with the decompositions emmy's own
+capture uses) turns it into ATen ops; the graph is split into the parts emmy decomposes and the
+rest, which runs eagerly (one log line per unsupported op, once per process). Each supported part
+compiles to an emmy program the first time it runs with a given input signature (shapes, dtypes,
+device), in a bounded cache per part:
+
+- CUDA tensors run the program's kernels on their GPU;
+- CPU tensors run eagerly, unless `options={"simulate": True}`, which runs the CUDA in the CPU
+  simulator (a checking path, far slower than eager);
+- anything that goes wrong inside emmy (an op it refuses at a shape, a build or run failure) makes
+  that part run eagerly from then on, with one warning: emmy never breaks the user's program.
+
+Options (`torch.compile(..., options={...})`): simulate (bool), sim_mode (plain/asan/racecheck),
+target (sm_XX or a GPU name; default: the GPU's own architecture, else EMMY_TARGET), cache_size (input
+signatures kept per part, default 8). emmy compiles static shapes: with `dynamic=False` each new
+shape is a new Dynamo compile (Dynamo's recompile limit bounds them); a graph Dynamo made dynamic
+runs eagerly, with a log line saying so.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import threading
+import warnings
+from collections import OrderedDict
+
+import torch  # only Dynamo imports this module, with torch loaded
+
+from emmy.errors import EmmyError
+
+log = logging.getLogger(__name__)
+
+# Ops that only view or re-lay out data: a part made of nothing else runs eagerly (a copy kernel
+# would be slower than a view, and its outputs would stop aliasing).
+LAYOUT_OPS = frozenset({
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default",
+    "aten.permute.default", "aten.t.default", "aten.transpose.int", "aten.unsqueeze.default",
+    "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.alias.default",
+    "aten.slice.Tensor", "aten.select.int", "aten.clone.default", "aten.detach.default",
+})
+
+_REPORTED: set = set()  # unsupported ops already logged in this process
+_LOCK = threading.Lock()
+
+
+def emmy_backend(gm, example_inputs, options: dict | None = None):
+    """The Dynamo backend: returns a callable that runs `gm` with emmy's parts compiled."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from emmy.capture.exporting import decomposition_table
+
+    settings = _Options.of(options)
+    if any(_is_symbolic(x) for x in example_inputs):
+        log.info("emmy: Dynamo gave a graph with dynamic shapes; emmy compiles static shapes, so it runs "
+                 "eagerly (torch.compile(..., dynamic=False) gives emmy one graph per shape)")
+        return gm.forward
+
+    def compile_forward(fx_graph, fake_inputs):
+        return partition(fx_graph, settings)
+
+    return aot_autograd(fw_compiler=compile_forward, bw_compiler=_eager,
+                        decompositions=decomposition_table())(gm, example_inputs)
+
+
+def _eager(gm, example_inputs):
+    return gm
+
+
+class _Options:
+    def __init__(self, simulate: bool, sim_mode: str | None, target: str | None, cache_size: int):
+        self.simulate, self.sim_mode, self.target, self.cache_size = simulate, sim_mode, target, cache_size
+
+    @classmethod
+    def of(cls, options: dict | None) -> _Options:
+        options = dict(options or {})
+        known = {"simulate", "sim_mode", "target", "cache_size"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise EmmyError(f"unknown emmy backend option {unknown[0]!r}; options are {', '.join(sorted(known))}")
+        cache_size = int(options.get("cache_size", 8))
+        if cache_size < 1:
+            raise EmmyError(f"emmy backend option cache_size must be at least 1, got {cache_size}")
+        return cls(bool(options.get("simulate", False)), options.get("sim_mode"), options.get("target"), cache_size)
+
+
+def partition(gm, settings: _Options):
+    """`gm` (ATen ops) with each maximal part emmy supports replaced by an EmmyPart module."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+
+    support = _Support()
+    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+    parts = partitioner.propose_partitions()
+    for op in sorted(support.refused):
+        with _LOCK:
+            if op not in _REPORTED:
+                _REPORTED.add(op)
+                log.info("emmy: %s is not supported; it runs eagerly", op)
+    parts = [p for p in parts if not all(_op_name(n) in LAYOUT_OPS or n.target is operator.getitem
+                                         for n in p.nodes)]
+    if not parts:
+        return gm
+    fused = partitioner.fuse_partitions(parts)
+    for node in fused.graph.nodes:
+        if node.op == "call_module" and node.target.startswith("fused_"):
+            setattr(fused, node.target, EmmyPart(getattr(fused, node.target), node.target, settings))
+    fused.recompile()
+    return fused
+
+
+def _op_name(node) -> str:
+    return str(node.target)
+
+
+def _is_symbolic(value) -> bool:
+    import torch
+
+    if isinstance(value, torch.SymInt):
+        return True
+    return isinstance(value, torch.Tensor) and any(not isinstance(s, int) for s in value.shape)
+
+
+class _Support:
+    """Which FX nodes emmy decomposes: an ATen op in its table, on dtypes it handles, at static shapes."""
+
+    def __init__(self):
+        from emmy.decompose.from_aten import LOWERINGS
+
+        self.lowerings = LOWERINGS
+        self.refused: set = set()
+
+    def is_node_supported(self, submodules, node) -> bool:
+        if node.op != "call_function":
+            return False
+        if node.target is operator.getitem:
+            producer = node.args[0]
+            return hasattr(producer, "op") and self.is_node_supported(submodules, producer)
+        name = _op_name(node)
+        if name not in self.lowerings:
+            self.refused.add(name)
+            return False
+        values = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+        return all(_plain(v) for v in values)
+
+
+def _plain(value) -> bool:
+    import torch
+
+    from emmy.dtypes import _TORCH_NAMES
+
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype) in _TORCH_NAMES and all(isinstance(s, int) for s in value.shape)
+    return value is None or isinstance(value, (int, float, bool))
+
+
+class EmmyPart(torch.nn.Module):
+    """One supported part: compiled by emmy per input signature on first use, else run eagerly."""
+
+    def __init__(self, graph_module, name: str, settings: _Options):
+        super().__init__()
+        self.graph_module, self.name, self.settings = graph_module, name, settings
+        self.programs: OrderedDict = OrderedDict()  # signature -> Program, or None where emmy failed
+        self.warned = False
+
+    def forward(self, *args):
+        import torch
+
+        if not args or not all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args):
+            return self.graph_module(*args)  # being traced (fake or functional tensors), or odd inputs
+        on_gpu = args[0].is_cuda
+        if not on_gpu and not self.settings.simulate:
+            return self.graph_module(*args)
+        key = tuple((tuple(a.shape), a.dtype, str(a.device)) for a in args)
+        if key not in self.programs:
+            self.programs[key] = self._compile(args, on_gpu)
+            if len(self.programs) > self.settings.cache_size:
+                self.programs.popitem(last=False)
+        self.programs.move_to_end(key)
+        program = self.programs[key]
+        if program is None:
+            return self.graph_module(*args)
+        try:
+            out = program(*args, device="cuda" if on_gpu else "sim", sim_mode=self.settings.sim_mode)
+        except Exception as err:  # emmy must never break the user's program
+            self._fall_back(err)
+            self.programs[key] = None
+            return self.graph_module(*args)
+        return out
+
+    def _compile(self, args, on_gpu: bool):
+        import emmy
+        from emmy.capture.aten_graph import AtenGraph
+
+        try:
+            target = self.settings.target
+            if target is None and on_gpu:
+                from emmy.calling import gpu_arch
+
+                target = gpu_arch(args[0].device)
+            program = emmy.optimize(AtenGraph(self.graph_module), *args, target=target)
+            program.plan  # noqa: B018 - build every stage now, so a failure falls back here
+            if on_gpu:
+                program.gpu_library(args[0].device)
+            log.info("emmy: compiled %s (%s) into %d kernels", self.name, program.signature.describe(),
+                     len(program.kernel_ir))
+            return program
+        except Exception as err:
+            self._fall_back(err)
+            return None
+
+    def _fall_back(self, err: Exception) -> None:
+        if not self.warned:
+            self.warned = True
+            reason = err.render() if isinstance(err, EmmyError) else f"{type(err).__name__}: {err}"
+            warnings.warn(f"emmy could not run {self.name}, so it runs eagerly: {reason.splitlines()[0]}",
+                          RuntimeWarning, stacklevel=3)
+        log.debug("emmy: %s falls back to eager", self.name, exc_info=err)

@@ -1,0 +1,76 @@
+"""What running a compiled program needs, and nothing of how it was found: the input signature,
+the buffers, the Kernel IR launches in order, the CUDA text and the outputs' names and nesting.
+
+A `Program` makes its plan once its kernels are built; a saved program (emmy.saved) stores one, so
+a loaded program runs with neither torch.export nor egglog nor nvcc. The runtime (emmy.runtime,
+emmy.gpu) runs plans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from emmy.capture.outputs import OutputStructure
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The tensors a program takes and what it returns."""
+
+    inputs: tuple  # (buffer name, emmy.tensor_ir.nodes.TensorType) per user input, in call order
+    structure: OutputStructure  # the returned nesting and each output's name
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.structure.names
+
+    def describe(self) -> str:
+        ins = ", ".join(f"{name}: {t.dtype}{list(t.shape)}" for name, t in self.inputs)
+        return f"({ins}) -> {', '.join(self.output_names)}"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    target: str  # the sm_XX the CUDA was written for
+    signature: Signature
+    outputs: tuple[str, ...]  # the buffer holding each returned tensor, in order (may repeat)
+    read_inputs: tuple[str, ...]  # the user inputs some kernel reads (the rest are not uploaded)
+    weights: tuple  # (name, TensorType) of each weight a kernel reads
+    kernel_outputs: tuple  # (name, TensorType) of every buffer a kernel writes, zeroed before a run
+    kernels: tuple  # emmy.kernel_ir.nodes.KernelIR, launched in this order
+    cuda_source: str
+    buffer_types: dict = field(compare=False)  # every named buffer -> TensorType
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.signature.inputs)
+
+    def named_outputs(self, fetch) -> dict:
+        """The program's outputs by their names (emmy.capture.outputs), in interpreter storage (numpy);
+        `fetch(buffer)` gives a buffer's values in kernel storage."""
+        from emmy.dtypes import from_device
+
+        return {name: from_device(fetch(buffer), self.buffer_types[buffer].dtype)
+                for name, buffer in zip(self.signature.output_names, self.outputs)}
+
+    def scratch(self) -> dict:
+        """Buffers no Loop IR kernel names (a split's workspace, the index-fault record):
+        name -> (element count, numpy dtype), zeroed before a run."""
+        named = set(self.read_inputs) | {n for n, _ in self.weights} | {n for n, _ in self.kernel_outputs}
+        found = {}
+        for kernel in self.kernels:
+            for p in kernel.params:
+                if p.name not in named and p.name not in found:
+                    found[p.name] = (p.scratch, p.dtype.numpy)
+        return found
+
+
+def plan_of(program) -> RunPlan:
+    """The plan of an emmy.program.Program whose kernels are built."""
+    loops = program.loop_ir
+    types = program.buffer_types
+    inputs = {name for name, _ in program.signature.inputs}
+    read = [name for name, _ in loops.inputs] + [name for name in loops.outputs if name in inputs]
+    return RunPlan(program.target.name, program.signature, tuple(loops.outputs), tuple(dict.fromkeys(read)),
+                   tuple(loops.weights), tuple((name, t) for k in loops.kernels for name, t in k.outputs),
+                   tuple(program.kernel_ir), program.cuda_source, dict(types))

@@ -1,0 +1,245 @@
+"""The Python API a PyTorch user calls: every accepted graph form compiled and called on tensors,
+outputs named and nested as the module returns them, stop_after checked, errors in one hierarchy,
+and programs saved and loaded in a fresh process that has neither egglog nor torch.export nor nvcc."""
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import emmy
+import emmy.errors
+from emmy.errors import EmmyError, InputMismatchError, SavedProgramError, UnknownStageError
+
+torch.manual_seed(0)
+X = torch.randn(4, 16)
+W = torch.randn(8, 16)
+
+
+def norm_project(x, w):
+    y = F.rms_norm(x, (16,))
+    return torch.relu(y @ w.t()), y
+
+
+class NormProject(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        y = F.rms_norm(x, (16,))
+        return {"hidden": torch.relu(self.proj(y)), "normed": y}
+
+
+CODE = "x = torch.randn(4, 16); w = torch.randn(8, 16); y = F.rms_norm(x, (16,)); (torch.relu(y @ w.t()), y)"
+
+
+def _forms(tmp_path):
+    """(name, graph, example inputs, the call's inputs, eager) for each graph form optimize accepts."""
+    module = NormProject().eval()
+    file = tmp_path / "prog.py"
+    file.write_text(CODE)
+    traced = torch.fx.symbolic_trace(norm_project)
+    exported = torch.export.export(module, (X,))
+    return [
+        ("function", norm_project, (X, W), (X, W), lambda: norm_project(X, W)),
+        ("module", module, (X,), (X,), lambda: module(X)),
+        ("fx", traced, (X, W), (X, W), lambda: traced(X, W)),
+        ("exported", exported, (), (X,), lambda: module(X)),
+    ]
+
+
+def _same_structure(got, want, atol=1e-5):
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and list(got) == list(want)
+        for key in want:
+            _same_structure(got[key], want[key], atol)
+    elif isinstance(want, (tuple, list)):
+        assert isinstance(got, tuple) and len(got) == len(want)
+        for g, w in zip(got, want):
+            _same_structure(g, w, atol)
+    else:
+        assert isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(got, want, atol=atol, rtol=1e-4)
+
+
+def test_every_graph_form_is_callable_in_the_simulator_and_the_interpreter(tmp_path):
+    for name, graph, example, given, eager in _forms(tmp_path):
+        program = emmy.optimize(graph, *example)
+        want = eager()
+        _same_structure(program(*given), want)  # CPU tensors: the CUDA in the simulator
+        _same_structure(program(*given, device="interpret"), want)
+        _same_structure(program(*given, sim_mode="asan"), want)
+
+
+def test_code_strings_and_files_return_what_their_last_expression_returns(tmp_path):
+    file = tmp_path / "prog.py"
+    file.write_text(CODE)
+    for graph in (CODE, file):
+        program = emmy.optimize(graph)
+        x, w = program.example_inputs
+        assert program.signature.output_names == ("out0", "out1")
+        _same_structure(program(x, w), norm_project(x, w))
+    single = emmy.optimize("x = torch.randn(3, 5); torch.exp(x)")
+    (x,) = single.example_inputs
+    out = single(x + 1)  # another input of the compiled shape, not the example
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out, torch.exp(x + 1))
+
+
+def test_outputs_are_named_as_the_module_names_them_never_by_temporaries():
+    from emmy.runtime import check_program
+
+    program = emmy.optimize(NormProject(), X)
+    assert program.signature.output_names == ("hidden", "normed")
+    assert [c.output for c in check_program(program)] == ["hidden", "normed"]
+    code = emmy.optimize(CODE)
+    assert [c.output for c in check_program(code)] == ["out0", "out1"]
+
+
+def test_a_buffer_returned_twice_is_two_outputs():
+    program = emmy.optimize(lambda x: (torch.sin(x), torch.sin(x) * 1.0, x), X)
+    a, b, c = program(X)
+    torch.testing.assert_close(a, torch.sin(X))
+    torch.testing.assert_close(b, torch.sin(X))
+    torch.testing.assert_close(c, X)
+
+
+def test_inputs_that_do_not_match_are_refused_naming_the_input():
+    program = emmy.optimize(norm_project, X, W)
+    with pytest.raises(InputMismatchError, match=r"input 0 \(x\): expected shape \[4, 16\], got \[5, 16\]"):
+        program(torch.randn(5, 16), W)
+    with pytest.raises(InputMismatchError, match="takes 2 inputs"):
+        program(X)
+    with pytest.raises(InputMismatchError, match="dtype"):
+        program(X.half(), W)
+    with pytest.raises(InputMismatchError, match="expected a CUDA tensor"):
+        program(X, W, device="cuda")
+    with pytest.raises(EmmyError, match="unknown device 'gpu'"):
+        program(X, W, device="gpu")
+
+
+def test_stop_after_is_checked_and_builds_every_stage_it_names():
+    with pytest.raises(UnknownStageError, match="unknown stop_after stage 'bogus'; stages are torch, tensor"):
+        emmy.optimize(CODE, stop_after="bogus")
+    program = emmy.optimize(CODE, stop_after="cuda")
+    assert {"tensor_program", "loop_result", "tile_ir", "kernel_ir", "cuda_source"} <= set(program.__dict__)
+    early = emmy.optimize(CODE, stop_after="loop")
+    assert "loop_result" in early.__dict__ and "tile_ir" not in early.__dict__
+
+
+def test_every_error_class_a_caller_can_meet_is_an_emmy_error():
+    from emmy.kernel_ir.lower import Unsupported
+    from emmy.measure import NoGpuError
+    from emmy.measure_db import MeasurementDbError
+    from emmy.gpu import GpuError
+
+    classes = [c for _, c in inspect.getmembers(emmy.errors, inspect.isclass) if c.__module__ == "emmy.errors"]
+    assert len(classes) >= 12 and all(issubclass(c, EmmyError) for c in classes)
+    for moved in (Unsupported, NoGpuError, MeasurementDbError, GpuError):
+        assert moved.__module__ == "emmy.errors" and issubclass(moved, EmmyError)
+    assert emmy.errors.KernelFault.exit_code == 1 and EmmyError.exit_code == 2
+
+
+def test_the_kernel_table_names_rows_times_registers_and_shared_memory():
+    program = emmy.optimize(NormProject(), X)
+    kernels = program.kernels
+    assert [k.name for k in kernels] == [tk.kernel.name for tk in program.tile_ir.kernels]
+    assert [n for k in kernels for n in k.launches] == [k.name for k in program.kernel_ir]
+    cubin = program.cubin()
+    for info, tile in zip(kernels, program.tile_ir.kernels):
+        assert info.row == str(tile.row) and info.predicted_s == tile.seconds
+        assert info.registers == max(cubin.resources[n].registers for n in info.launches) > 0
+        assert info.shared_bytes >= 0 and info.measured_s is None  # nothing measured in the test database
+        assert info.name in info.describe() and "registers" in info.describe()
+
+
+def _fresh_process(script: str, tmp_path: Path) -> dict:
+    """Run `script` in a new interpreter where egglog cannot be imported, torch.export.export fails
+    and nvcc is not on PATH; it prints one JSON line."""
+    guard = textwrap.dedent("""
+        import sys
+        sys.modules["egglog"] = None  # any import of egglog fails
+        import torch, torch.export
+        def refuse(*args, **kwargs):
+            raise AssertionError("a loaded program must not call torch.export")
+        torch.export.export = refuse
+    """)
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not (Path(p) / "nvcc").exists())
+    done = subprocess.run([sys.executable, "-c", guard + textwrap.dedent(script)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_saved_program_runs_in_a_fresh_process_without_egglog_torch_export_or_nvcc(tmp_path):
+    program = emmy.optimize(NormProject(), X)
+    path = tmp_path / "norm.emmy"
+    program.save(path)
+    want = program(X)
+    torch.save({"x": X, **want}, tmp_path / "io.pt")
+    got = _fresh_process(f"""
+        import json, emmy
+        loaded = emmy.load({str(path)!r})
+        io = torch.load({str(tmp_path / 'io.pt')!r})
+        out = loaded(io["x"], sim_mode="asan")
+        same = {{k: bool(torch.equal(out[k], io[k])) for k in out}}
+        print(json.dumps({{"same": same, "names": list(loaded.signature.output_names),
+                          "kernels": [k.name for k in loaded.kernels], "egglog": sys.modules.get("egglog") is not None,
+                          "explains": "k_" in loaded.explain(), "targets": sorted(loaded.builds)}}))
+    """, tmp_path)
+    assert got == {"same": {"hidden": True, "normed": True}, "names": ["hidden", "normed"],
+                   "kernels": [k.name for k in program.kernels], "egglog": False, "explains": True,
+                   "targets": ["sm_90"]}
+
+
+def test_a_saved_file_carries_the_cubin_and_gpu_library_of_its_target(tmp_path):
+    from emmy.saved import load
+
+    program = emmy.optimize(CODE, target="sm_80")
+    program.save(tmp_path / "p.emmy")
+    loaded = load(tmp_path / "p.emmy")
+    build = loaded.builds["sm_80"]
+    assert build.cubin == program.cubin("sm_80").path.read_bytes()
+    assert build.library.startswith(b"\x7fELF") and loaded.gpu_library().read_bytes() == build.library
+    assert loaded.cuda_source == program.cuda_source and loaded.target == "sm_80"
+    with pytest.raises(EmmyError, match="no Tensor IR to interpret"):
+        loaded(*program.example_inputs, device="interpret")
+
+
+def test_damaged_foreign_and_other_version_files_are_refused_with_a_reason(tmp_path):
+    program = emmy.optimize(CODE)
+    path = tmp_path / "p.emmy"
+    program.save(path)
+    data = path.read_bytes()
+
+    def refused(content: bytes, match: str):
+        bad = tmp_path / "bad.emmy"
+        bad.write_bytes(content)
+        with pytest.raises(SavedProgramError, match=match):
+            emmy.load(bad)
+
+    refused(data[:-100], "damaged: its contents do not match their checksum")
+    flipped = bytearray(data)
+    flipped[-50] ^= 0xFF
+    refused(bytes(flipped), "damaged")
+    refused(b"PK\x03\x04 a zip file", "not a saved emmy program")
+    header_end = data.index(b"\n", data.index(b"\n") + 1)
+    header = json.loads(data[data.index(b"\n") + 1:header_end])
+    old = data.replace(json.dumps(header).encode(), json.dumps({**header, "emmy": "0.0.1"}).encode())
+    refused(old, r"saved by emmy 0\.0\.1 .* this is emmy .*: compile and save the program again")
+    with pytest.raises(SavedProgramError, match="cannot read"):
+        emmy.load(tmp_path / "missing.emmy")
+    # and the intact file still loads and runs
+    loaded = emmy.load(path)
+    x, w = program.example_inputs
+    a, b = loaded(x, w)
+    torch.testing.assert_close(b, F.rms_norm(x, (16,)))
