@@ -1,5 +1,3 @@
-import sys
+from emmy.cli import console_main
 
-from emmy.cli import main
-
-sys.exit(main())
+console_main()

@@ -47,6 +47,7 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
         from emmy.capture.cache import lookup
 
         code = program_text(graph)[0]
+        _wait_for_capture_ahead(code)
         cached = lookup(code, config.cache_dir)
     program = Program(cached or capture(graph, *example_inputs), chosen, groups, budget, pins,
                       schedule_rules=schedule_rules)
@@ -57,6 +58,65 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     for stage in STAGES[1:STAGES.index(stop_after) + 1]:  # build now, so each stage's errors surface here
         getattr(program, _BUILT_BY[stage])
     return program
+
+
+def capture_ahead(graph) -> None:
+    """Start capturing `-c` code or a program file into the capture cache in a forked process, so
+    that torch's imports and torch.export (most of a cold compile) overlap with loading egglog and
+    the rules here; the next `optimize(..., capture_cache=True)` of the same code waits for it.
+    Does nothing where the entry is cached already, for other graph forms, without os.fork, or once
+    torch is imported here (nothing left to overlap, and forking a process whose torch started its
+    thread pools is unsafe). The child reports nothing: if it fails, optimize captures again here
+    and reports the error."""
+    import sys
+
+    if not isinstance(graph, (str, os.PathLike)) or not hasattr(os, "fork") or "torch" in sys.modules:
+        return
+    from emmy.capture import program_text
+    from emmy.capture.cache import is_cached
+    from emmy.config import settings
+
+    try:
+        code = program_text(graph)[0]
+    except Exception:  # optimize reports an unreadable file
+        return
+    cache_dir = settings().cache_dir
+    if is_cached(code, cache_dir) or code in _AHEAD:
+        return
+    pid = os.fork()
+    if pid == 0:  # the child: capture, decompose, store, and leave without running the parent's exit code
+        import gc
+
+        gc.disable()  # a short-lived process: cyclic collection would only slow torch's imports (by a fifth)
+        status = 1
+        try:
+            quiet = os.open(os.devnull, os.O_WRONLY)  # the parent speaks for the capture (its errors included)
+            os.dup2(quiet, 1)
+            os.dup2(quiet, 2)
+            from emmy.capture import capture
+            from emmy.capture.cache import store
+
+            store(code, Program(capture(code), None), cache_dir)
+            status = 0
+        finally:
+            os._exit(status)
+    _AHEAD[code] = pid
+
+
+_AHEAD: dict[str, int] = {}  # code -> the pid capturing it ahead
+
+
+def _wait_for_capture_ahead(code: str) -> None:
+    pid = _AHEAD.pop(code, None)
+    if pid is not None:
+        # while the child captures: import what the later stages run (a tenth of a second of a cold compile)
+        import emmy.decompose.from_aten  # noqa: F401
+        import emmy.egraph.extract  # noqa: F401
+        import emmy.kernel_ir.cuda  # noqa: F401
+        import emmy.kernel_ir.lower  # noqa: F401
+        import emmy.tile_ir.build  # noqa: F401
+
+        os.waitpid(pid, 0)
 
 
 # The Program attribute that builds each stage.

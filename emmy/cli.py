@@ -356,8 +356,10 @@ def _compile(args) -> int:
         from emmy.errors import StageNotBuiltError
 
         raise StageNotBuiltError(f"the {args.ir} stage is not built yet; stages so far: {', '.join(BUILT_STAGES)}")
-    from emmy.api import optimize
+    from emmy.api import capture_ahead, optimize
 
+    if args.ir != "torch":  # --ir torch prints the capture itself: nothing to overlap it with
+        capture_ahead(args.code or args.file)
     rules, budget = _optimizer_args(args)
     program = optimize(args.code or args.file, target=args.target, stop_after=args.ir, rules=rules, budget=budget,
                        knobs=args.knobs, capture_cache=True, exact=args.exact)
@@ -402,8 +404,10 @@ def _compiled(args, stop_after: str, capture_cache: bool = True):
     checking the cheap arguments before the slow capture (through the capture cache unless the
     command needs torch's own program, as checking against torch does)."""
     _check_target(args.target)
-    from emmy.api import optimize
+    from emmy.api import capture_ahead, optimize
 
+    if capture_cache:
+        capture_ahead(args.code or args.file)
     rules, budget = _optimizer_args(args)
     return optimize(args.code or args.file, target=args.target, stop_after=stop_after, rules=rules, budget=budget,
                     knobs=args.knobs, capture_cache=capture_cache, exact=args.exact)
@@ -459,7 +463,8 @@ def _run(args) -> int:
 
     if args.sim_mode is not None and args.sim_mode not in MODES:
         raise EmmyError(f"unknown --sim-mode {args.sim_mode!r}; modes are {', '.join(MODES)}")
-    program = _compiled(args, "tile", capture_cache=False)
+    # checking runs torch's own program, so it captures afresh; a plain run reuses a cached capture
+    program = _compiled(args, "tile", capture_cache=not args.check)
     for kernel in program.kernel_ir:
         print(f"{kernel.name}: grid {kernel.grid[0]} x block {kernel.block[0]}  {kernel.knobs}")
     if not args.check:
@@ -547,3 +552,25 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"emmy: internal error: {type(err).__name__}: {err} (rerun with -v for the traceback)", file=sys.stderr)
         return 1
+
+
+def console_main() -> None:
+    """The `emmy` command: main(), then a quick exit. Tearing down an interpreter that imported
+    torch and egglog takes most of a second, a quarter of a small compile; every file emmy writes
+    is closed and every database row committed before main returns, so the exit handlers run and
+    the process ends without the teardown."""
+    import atexit
+    import logging
+    import os
+
+    try:
+        code = main()
+    except SystemExit as stop:  # argparse's --help and usage errors
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
+        if stop.code is not None and not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

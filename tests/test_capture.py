@@ -131,3 +131,17 @@ def test_python_numbers_are_scalar_inputs_that_each_call_may_change():
     for s, n in [(2.5, 3), (-0.75, 11)]:
         (got,) = run_program(program, [x, s, n], mode="asan").values()
         torch.testing.assert_close(torch.from_numpy(got).reshape(6), scaled(x, s, n), rtol=1e-5, atol=1e-4)
+
+
+def test_a_graph_already_in_emmys_ops_skips_the_second_trace():
+    from emmy.capture import exporting
+    from emmy.capture.code import capture_code
+
+    rms = capture_code("x=torch.randn(4,16); w=torch.randn(16); F.rms_norm(x,(16,),w)", "-c code")
+    exported = exporting.export_module(rms.module, rms.example_inputs.shaped())
+    assert exporting.decompose(exported) is exported  # rms_norm is kept whole and emmy lowers it
+    mlp = capture_code("x=torch.randn(4,8); l=nn.Linear(8,8); F.silu(l(x))", "-c code")
+    exported = exporting.export_module(mlp.module, mlp.example_inputs.shaped())
+    decomposed = exporting.decompose(exported)
+    ops = {str(n.target) for n in decomposed.graph.nodes if n.op == "call_function"}
+    assert decomposed is not exported and "aten.linear.default" not in ops and "aten.silu.default" not in ops

@@ -28,18 +28,43 @@ def test_a_repeated_compile_hits_the_cache_without_importing_torch(tmp_path):
     import os
 
     env = dict(os.environ, EMMY_CACHE_DIR=str(tmp_path / "cache"))
+    entries = lambda: sorted((tmp_path / "cache" / "capture").glob("*.pickle"))  # noqa: E731
     first, second = tmp_path / "first.cu", tmp_path / "second.cu"
+    # a cold compile captures in a forked child (emmy.api.capture_ahead): the entry is stored there
     imported, status, _ = _compile_in_process(RMSNORM, "cuda", first, env)
-    assert imported and status == 0
+    assert not imported and status == 0 and len(entries()) == 1
     imported, status, _ = _compile_in_process(RMSNORM, "cuda", second, env)
-    assert not imported and status == 0
+    assert not imported and status == 0 and len(entries()) == 1
     assert first.read_text() == second.read_text()
     # the torch stage comes from the cache too
     imported, status, _ = _compile_in_process(RMSNORM, "torch", tmp_path / "torch.txt", env)
     assert not imported and "aten.rms_norm.default(x, [2048], w, 1e-06)" in (tmp_path / "torch.txt").read_text()
-    # other code is a miss
-    imported, _, _ = _compile_in_process(RMSNORM.replace("1e-6", "1e-5"), "cuda", tmp_path / "other.cu", env)
-    assert imported
+    # other code is a miss: a second entry
+    _compile_in_process(RMSNORM.replace("1e-6", "1e-5"), "cuda", tmp_path / "other.cu", env)
+    assert len(entries()) == 2
+
+
+def test_capturing_ahead_in_a_child_gives_the_same_program_as_capturing_here(tmp_path):
+    import os
+
+    here = tmp_path / "here.cu"
+    env = dict(os.environ, EMMY_CACHE_DIR=str(tmp_path / "fresh"))
+    done = subprocess.run([sys.executable, "-c", "import torch\n" + PROBE, RMSNORM, "cuda", str(here)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    ahead = tmp_path / "ahead.cu"
+    env["EMMY_CACHE_DIR"] = str(tmp_path / "other")
+    assert _compile_in_process(RMSNORM, "cuda", ahead, env)[1] == 0
+    assert here.read_text() == ahead.read_text()
+
+
+def test_a_capture_that_fails_in_the_child_is_reported_by_the_parent(tmp_path):
+    result = run_emmy("compile", "-c", "x=torch.randn(4); torch.sort(x)[0]", "--ir", "cuda",
+                      env={"EMMY_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.returncode == 2
+    assert "unsupported op aten.sort.default (line 1" in result.stderr
+    assert result.stderr.count("emmy: error") == 1 and "Traceback" not in result.stderr
+    assert not list((tmp_path / "cache" / "capture").glob("*.pickle"))
 
 
 def test_a_broken_entry_is_a_miss_with_a_warning(tmp_path):

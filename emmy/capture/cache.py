@@ -40,6 +40,11 @@ class CachedCapture:
         return tuple(from_numpy(values, dtype) for values, dtype in self.inputs)
 
 
+def is_cached(code: str, cache_dir: Path) -> bool:
+    """Whether an entry for `code` exists (lookup may still find it unreadable)."""
+    return _path(code, cache_dir).exists()
+
+
 def lookup(code: str, cache_dir: Path) -> CachedCapture | None:
     path = _path(code, cache_dir)
     if not path.exists():

@@ -54,5 +54,20 @@ def export_module(module: torch.nn.Module, args: tuple) -> "torch.export.Exporte
 
 
 def decompose(program: "torch.export.ExportedProgram") -> "torch.export.ExportedProgram":
+    table = decomposition_table()
+    if _already_decomposed(program, table):
+        return program
     with quiet_torch():
-        return program.run_decompositions(decomposition_table())
+        return program.run_decompositions(table)
+
+
+def _already_decomposed(program, table: dict) -> bool:
+    """Every op of the exported graph is one emmy decomposes itself and the table leaves whole: a
+    second trace through run_decompositions (a third of a small program's capture) would give
+    back the same graph."""
+    import operator
+
+    from emmy.decompose.from_aten import LOWERINGS
+
+    return all(node.target is operator.getitem or (node.target not in table and str(node.target) in LOWERINGS)
+               for node in program.graph.nodes if node.op == "call_function")
