@@ -62,12 +62,22 @@ def decompose(program: "torch.export.ExportedProgram") -> "torch.export.Exported
 
 
 def _already_decomposed(program, table: dict) -> bool:
-    """Every op of the exported graph is one emmy decomposes itself and the table leaves whole: a
-    second trace through run_decompositions (a third of a small program's capture) would give
-    back the same graph."""
+    """Every op of the exported graph is one emmy decomposes itself and run_decompositions leaves
+    whole (not in the table, not a composite it expands, such as reshape into view, unless emmy
+    keeps it whole): a second trace (a third of a small program's capture) would give back the
+    same graph."""
     import operator
 
     from emmy.decompose.from_aten import LOWERINGS
 
-    return all(node.target is operator.getitem or (node.target not in table and str(node.target) in LOWERINGS)
-               for node in program.graph.nodes if node.op == "call_function")
+    kept = {f"aten.{name}" for name in KEPT_WHOLE}
+    composite = torch._C.DispatchKey.CompositeImplicitAutograd
+
+    def stays(op) -> bool:
+        if op is operator.getitem:
+            return True
+        if not isinstance(op, torch._ops.OpOverload) or op in table or str(op) not in LOWERINGS:
+            return False
+        return str(op) in kept or not op.has_kernel_for_dispatch_key(composite)
+
+    return all(stays(node.target) for node in program.graph.nodes if node.op == "call_function")
