@@ -110,11 +110,11 @@ def _wait_for_capture_ahead(code: str) -> None:
     pid = _AHEAD.pop(code, None)
     if pid is not None:
         # while the child captures: import what the later stages run (a tenth of a second of a cold compile)
-        import emmy.decompose.from_aten  # noqa: F401
-        import emmy.egraph.extract  # noqa: F401
-        import emmy.kernel_ir.cuda  # noqa: F401
-        import emmy.kernel_ir.lower  # noqa: F401
-        import emmy.tile_ir.build  # noqa: F401
+        import importlib
+
+        for module in ("emmy.decompose.from_aten", "emmy.egraph.extract", "emmy.tile_ir.build", "emmy.kernel_ir.lower",
+                       "emmy.kernel_ir.cuda"):
+            importlib.import_module(module)
 
         os.waitpid(pid, 0)
 

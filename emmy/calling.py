@@ -86,6 +86,13 @@ def _call_on_gpu(program, inputs: tuple) -> list:
     from emmy.gpu import run_on_torch_cuda
     from emmy.runtime import check_inputs
 
+    import torch
+
+    from emmy.capture import scalar_tensor
+
+    on = next((x.device for x in inputs if isinstance(x, torch.Tensor) and x.is_cuda), None)
+    # a Python number for a rank-0 input goes to the GPU the tensors are on
+    inputs = [x if isinstance(x, torch.Tensor) or on is None else scalar_tensor(x).to(on) for x in inputs]
     given = check_inputs(program, list(inputs), device="cuda")
     devices = {x.device for x in given}
     if len(devices) > 1:
