@@ -23,7 +23,7 @@ def pricer_for(target, pins=None, schedule_rules: tuple = ()):
     return KernelPricer(target, lowers_row, pins or Schedule(), schedule_rules)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Program:
     captured: object  # emmy.capture.Captured
     target: object  # emmy.extract.targets.Target
@@ -142,6 +142,15 @@ class Program:
         from emmy.calling import call
 
         return call(self, inputs, device, sim_mode)
+
+    def __repr__(self) -> str:
+        """One line; builds nothing (the stages built so far say what is known)."""
+        built = [stage for stage, attribute in (("tensor", "tensor_program"), ("loop", "loop_result"),
+                                                ("tile", "tile_ir"), ("cuda", "cuda_source"))
+                 if attribute in self.__dict__]
+        shape = self.signature.describe() if "tensor_program" in self.__dict__ else "not decomposed yet"
+        kernels = f", {len(self.tile_ir.kernels)} kernels" if "tile_ir" in self.__dict__ else ""
+        return f"<emmy program {shape} for {self.target.name}{kernels}; built: {', '.join(built) or 'torch'}>"
 
     def gpu_library(self, device=None):
         """The path of the program's GPU library (built by nvcc, cached by content under

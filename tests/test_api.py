@@ -133,6 +133,7 @@ def test_stop_after_is_checked_and_builds_every_stage_it_names():
     assert {"tensor_program", "loop_result", "tile_ir", "kernel_ir", "cuda_source"} <= set(program.__dict__)
     early = emmy.optimize(CODE, stop_after="loop")
     assert "loop_result" in early.__dict__ and "tile_ir" not in early.__dict__
+    assert repr(early) == "<emmy program (x: f32[4, 16], w: f32[8, 16]) -> out0, out1 for sm_90; built: tensor, loop>"
 
 
 def test_every_error_class_a_caller_can_meet_is_an_emmy_error():
