@@ -116,8 +116,6 @@ def _op_name(node) -> str:
 
 
 def _is_symbolic(value) -> bool:
-    import torch
-
     if isinstance(value, torch.SymInt):
         return True
     return isinstance(value, torch.Tensor) and any(not isinstance(s, int) for s in value.shape)
@@ -147,8 +145,6 @@ class _Support:
 
 
 def _plain(value) -> bool:
-    import torch
-
     from emmy.dtypes import _TORCH_NAMES
 
     if isinstance(value, (list, tuple)):
@@ -168,8 +164,6 @@ class EmmyPart(torch.nn.Module):
         self.warned = False
 
     def forward(self, *args):
-        import torch
-
         if not args or not all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args):
             return self.graph_module(*args)  # being traced (fake or functional tensors), or odd inputs
         on_gpu = args[0].is_cuda
