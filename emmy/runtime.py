@@ -137,7 +137,7 @@ def run_program(program, inputs=None, device: str = "sim", mode: str | None = No
         raise EmmyError(f"unknown device {device!r}; devices: {', '.join(DEVICES)}")
     import emmy.sim as sim
 
-    given = check_inputs(program, inputs or program.example_inputs)
+    given = check_inputs(program, inputs if inputs is not None else program.example_inputs)
     buffers = host_buffers(program, given)
     if device == "cuda":
         from emmy.gpu import ProgramOnGpu

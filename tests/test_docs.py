@@ -112,9 +112,12 @@ def _scratch(tmp_path: Path) -> Path:
 def run_document(path: Path, tmp_path: Path, monkeypatch) -> int:
     """Run every block of one document; the number of commands and code blocks run."""
     work = _scratch(tmp_path)
-    env = dict(os.environ, EMMY_CACHE_DIR=str(tmp_path / "cache"), EMMY_DB=str(tmp_path / "db.sqlite"))
+    # the doc's own caches, database and calibrations: a fit a doc writes must not price the GPUs of
+    # tests that run after it in this process
+    env = dict(os.environ, EMMY_CACHE_DIR=str(tmp_path / "cache"), EMMY_DB=str(tmp_path / "db.sqlite"),
+               EMMY_CALIBRATION_DIR=str(tmp_path / "calibration"))
     env["PATH"] = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"
-    for name in ("EMMY_CACHE_DIR", "EMMY_DB"):
+    for name in ("EMMY_CACHE_DIR", "EMMY_DB", "EMMY_CALIBRATION_DIR"):
         monkeypatch.setenv(name, env[name])
     monkeypatch.chdir(work)
     namespace: dict = {"__name__": "__doc__"}
@@ -149,7 +152,12 @@ def run_document(path: Path, tmp_path: Path, monkeypatch) -> int:
 
 @pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
 def test_the_document_runs_and_shows_what_it_prints(path, tmp_path, monkeypatch):
-    run_document(path, tmp_path, monkeypatch)
+    before = dict(os.environ)
+    try:
+        run_document(path, tmp_path, monkeypatch)
+    finally:  # what a doc's own code set in os.environ goes with it
+        os.environ.clear()
+        os.environ.update(before)
 
 
 def test_every_fence_says_what_it_holds_and_docs_cite_only_files_that_exist():
