@@ -244,3 +244,10 @@ def test_damaged_foreign_and_other_version_files_are_refused_with_a_reason(tmp_p
     x, w = program.example_inputs
     a, b = loaded(x, w)
     torch.testing.assert_close(b, F.rms_norm(x, (16,)))
+
+
+def test_import_emmy_stays_light():
+    probe = ("import sys, emmy, emmy.cli; heavy = [m for m in ('torch', 'egglog', 'scipy', 'jinja2') if m in sys.modules]; "
+             "print(','.join(heavy))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
