@@ -61,7 +61,9 @@ def call(program, inputs: tuple, device: str | None, sim_mode: str | None):
         raise EmmyError(f"unknown device {device!r}; a program runs on {', '.join(CALL_DEVICES)} "
                         "(default: cuda for CUDA tensors, else sim)")
     signature = program.signature
-    types = program.plan.buffer_types if device != "interpret" else None
+    if not inputs and signature.inputs:  # never the example inputs in the user's stead
+        raise InputMismatchError(f"the program takes {len(signature.inputs)} inputs "
+                                 f"({', '.join(n for n, _ in signature.inputs)}), got 0")
     if device == "interpret":
         if not hasattr(program, "interpret"):
             raise EmmyError("a loaded program has no Tensor IR to interpret; run it with device='sim' "
@@ -71,9 +73,7 @@ def call(program, inputs: tuple, device: str | None, sim_mode: str | None):
         from emmy.dtypes import from_numpy
         from emmy.runtime import run_program
 
-        if not inputs and signature.inputs:
-            raise InputMismatchError(f"the program takes {len(signature.inputs)} inputs "
-                                     f"({', '.join(n for n, _ in signature.inputs)}), got 0")
+        types = program.plan.buffer_types
         results = run_program(program, list(inputs), "sim", sim_mode)
         outputs = [from_numpy(values, types[buffer].dtype)
                    for values, buffer in zip(results.values(), program.plan.outputs)]
@@ -83,12 +83,11 @@ def call(program, inputs: tuple, device: str | None, sim_mode: str | None):
 
 
 def _call_on_gpu(program, inputs: tuple) -> list:
-    from emmy.gpu import run_on_torch_cuda
-    from emmy.runtime import check_inputs
-
     import torch
 
     from emmy.capture import scalar_tensor
+    from emmy.gpu import run_on_torch_cuda
+    from emmy.runtime import check_inputs
 
     on = next((x.device for x in inputs if isinstance(x, torch.Tensor) and x.is_cuda), None)
     # a Python number for a rank-0 input goes to the GPU the tensors are on

@@ -118,6 +118,9 @@ def test_inputs_that_do_not_match_are_refused_naming_the_input():
         program(torch.randn(5, 16), W)
     with pytest.raises(InputMismatchError, match="takes 2 inputs"):
         program(X)
+    for device in ("sim", "interpret"):  # never the example inputs in the caller's stead
+        with pytest.raises(InputMismatchError, match=r"takes 2 inputs \(x, w\), got 0"):
+            program(device=device)
     with pytest.raises(InputMismatchError, match="dtype"):
         program(X.half(), W)
     with pytest.raises(InputMismatchError, match="expected a CUDA tensor"):
