@@ -22,6 +22,7 @@ reports reach `Program.saturation`, `emmy explain` and `-v` output.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,10 @@ from dataclasses import dataclass, field
 from egglog import EGraph, back_off, ruleset, run, seq
 
 log = logging.getLogger("emmy.egraph")
+# Names for the rulesets saturate combines. egglog names an unnamed ruleset `ruleset_<id>`, and
+# Python reuses an id once its object is collected: a later phase's ruleset could then take the
+# name, and so the rules, of an earlier phase's on the same e-graph.
+_RULESET_NUMBERS = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,8 @@ def run_phase(egraph: EGraph, name: str, units, budget: Budget, program_enodes: 
             for limit, members in sorted(groups.items()):
                 key = tuple(members)
                 if key not in combined_cache:  # one ruleset of the rewrites (a union of rulesets nests)
-                    combined_cache[key] = ruleset(*(units[index][1] for index in members))
+                    combined_cache[key] = ruleset(*(units[index][1] for index in members),
+                                                  name=f"emmy.saturate.{next(_RULESET_NUMBERS)}")
                 runs.append(run(combined_cache[key], scheduler=back_off(match_limit=limit,
                                                                          ban_length=budget.ban_length)))
             result = egraph.run(seq(*runs) if len(runs) > 1 else runs[0])
