@@ -62,8 +62,9 @@ def call(program, inputs: tuple, device: str | None, sim_mode: str | None):
                         "(default: cuda for CUDA tensors, else sim)")
     signature = program.signature
     if not inputs and signature.inputs:  # never the example inputs in the user's stead
-        raise InputMismatchError(f"the program takes {len(signature.inputs)} inputs "
-                                 f"({', '.join(n for n, _ in signature.inputs)}), got 0")
+        from emmy.runtime import check_inputs
+
+        check_inputs(program, [])  # refuses, naming the inputs
     if device == "interpret":
         if not hasattr(program, "interpret"):
             raise EmmyError("a loaded program has no Tensor IR to interpret; run it with device='sim' "

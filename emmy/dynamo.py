@@ -99,7 +99,7 @@ def partition(gm, settings: _Options):
             if op not in _REPORTED:
                 _REPORTED.add(op)
                 log.info("emmy: %s is not supported; it runs eagerly", op)
-    parts = [p for p in parts if not all(_op_name(n) in LAYOUT_OPS or n.target is operator.getitem
+    parts = [p for p in parts if not all(str(n.target) in LAYOUT_OPS or n.target is operator.getitem
                                          for n in p.nodes)]
     if not parts:
         return gm
@@ -109,10 +109,6 @@ def partition(gm, settings: _Options):
             setattr(fused, node.target, EmmyPart(getattr(fused, node.target), node.target, settings))
     fused.recompile()
     return fused
-
-
-def _op_name(node) -> str:
-    return str(node.target)
 
 
 def _is_symbolic(value) -> bool:
@@ -136,7 +132,7 @@ class _Support:
         if node.target is operator.getitem:
             producer = node.args[0]
             return hasattr(producer, "op") and self.is_node_supported(submodules, producer)
-        name = _op_name(node)
+        name = str(node.target)
         if name not in self.lowerings:
             self.refused.add(name)
             return False

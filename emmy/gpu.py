@@ -246,7 +246,7 @@ def run_on_torch_cuda(program, library: Path, inputs: list, weights: dict) -> li
     tensors |= {name: torch.zeros(t.shape, dtype=to_torch(t.dtype), device=device)
                 for name, t in plan.kernel_outputs}
     tensors |= {name: torch.zeros(count, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype, device=device)
-                for name, (count, dtype) in plan.scratch().items()}
+                for name, (count, dtype) in plan.scratch.items()}
     pointers = {name: ctypes.c_void_p(t.data_ptr()) for name, t in tensors.items()}
     itemsizes = {name: t.element_size() for name, t in tensors.items()}
     sizes = {name: t.numel() for name, t in tensors.items()}

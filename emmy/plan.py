@@ -9,6 +9,7 @@ emmy.gpu) runs plans.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from emmy.capture.outputs import OutputStructure
 
@@ -53,6 +54,7 @@ class RunPlan:
         return {name: from_device(fetch(buffer), self.buffer_types[buffer].dtype)
                 for name, buffer in zip(self.signature.output_names, self.outputs)}
 
+    @cached_property
     def scratch(self) -> dict:
         """Buffers no Loop IR kernel names (a split's workspace, the index-fault record):
         name -> (element count, numpy dtype), zeroed before a run."""

@@ -126,7 +126,7 @@ class Program:
 
         return plan_of(self)
 
-    @property
+    @cached_property
     def kernels(self) -> tuple:
         """One emmy.calling.KernelInfo per kernel: its row, predicted and measured time, registers
         and shared memory (registers need nvcc: None without it)."""

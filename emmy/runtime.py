@@ -112,7 +112,7 @@ def host_buffers(program, inputs) -> dict[str, np.ndarray]:
     buffers = {name: to_device(to_numpy(by_name[name])[0], types[name].dtype) for name in plan.read_inputs}
     buffers |= {name: to_device(program.weights[name], t.dtype) for name, t in plan.weights}
     buffers |= {name: empty_buffer(t) for name, t in plan.kernel_outputs}
-    buffers |= {name: np.zeros(count, dtype) for name, (count, dtype) in plan.scratch().items()}
+    buffers |= {name: np.zeros(count, dtype) for name, (count, dtype) in plan.scratch.items()}
     return buffers
 
 

@@ -54,16 +54,13 @@ class Payload:
 def save(program, path, targets: tuple[str, ...] | None = None) -> None:
     """Write `program` (emmy.program.Program) to `path`, atomically."""
     from emmy import __version__
-    from emmy.gpu import program_library
 
     targets = tuple(targets or (program.target.name,))
     builds = {}
     if shutil.which("nvcc"):
-        with tempfile.TemporaryDirectory() as work:
-            for target in targets:
-                cubin = program.cubin(target)
-                library = program_library(program, Path(work)) if target == program.target.name else None
-                builds[target] = TargetBuild(cubin.path.read_bytes(), library.read_bytes() if library else None)
+        for target in targets:  # both cached by content: a second save builds nothing
+            library = program.gpu_library().read_bytes() if target == program.target.name else None
+            builds[target] = TargetBuild(program.cubin(target).path.read_bytes(), library)
     else:
         log.warning("nvcc is not on PATH: %s is saved without cubins; it runs only in the simulator", path)
     payload = Payload(program.plan, dict(program.weights), program.kernels, program.explain().render(), builds)

@@ -45,14 +45,8 @@ class OutputStructure:
 
 
 def _name(path: tuple, position: int) -> str:
-    parts = []
-    for key in path:
-        if hasattr(key, "key"):  # a dict entry
-            parts.append(str(key.key))
-        elif hasattr(key, "name"):  # a named tuple's or dataclass's field
-            parts.append(str(key.name))
-        else:
-            parts.append(None)
-    if all(p is None for p in parts):  # only positions: number the tensors in order
+    # a dict entry has a key, a named tuple's or dataclass's field a name, a sequence entry an idx
+    names = [getattr(key, "key", getattr(key, "name", None)) for key in path]
+    if all(n is None for n in names):  # only positions: number the tensors in order
         return f"out{position}"
-    return ".".join(p if p is not None else str(getattr(key, "idx", "")) for p, key in zip(parts, path))
+    return ".".join(str(n if n is not None else key.idx) for n, key in zip(names, path))
