@@ -6,7 +6,8 @@ predicted against measured.
     python benchmarks/gpu_session.py [--dry-run] [--seconds 360] [--out benchmarks/results] [--only NAME]
 
 Each job (a program: its chosen rows, and for tuned jobs its candidates) runs in a worker process
-of its own: it compiles and builds its libraries (nvcc, a thread per core it is given) while other
+of its own: it compiles and builds its variants' device code (emmy.batch_build: many variants to an
+nvcc call, a call per core it is given; loaded through the driver API by emmy.module_gpu) while other
 workers use the GPU, then takes the GPU lock (one worker on the GPU at a time) to compute the
 reference (torch on the GPU, float64), check and time. A candidate is timed only after its outputs,
 poisoned before the run, match the reference; a candidate that faults ends its worker, which the
@@ -18,7 +19,7 @@ Timing is emmy.measure's (per kernel: CUDA events around each launch with 256 MB
 it, samples until the median settles, median with p10/p90; back-to-back batches beside it for
 kernels under 20 us); torch is timed the same way around one call of the program.
 
---dry-run (no GPU needed) compiles every job and builds every library it would run, then prints the
+--dry-run (no GPU needed) compiles every job and builds everything it would run, then prints the
 plan and a time estimate.
 
 On a GPU machine with no network (Python 3.12, torch with CUDA, nvcc): make the wheels here with
@@ -168,11 +169,12 @@ def time_torch(fn, args, flush) -> dict:
 
 
 def run_worker(job: Job, args) -> int:
-    import concurrent.futures
-
     import emmy
-    from emmy.gpu import GpuError, ProgramOnGpu, program_library
+    from emmy.batch_build import build_programs
+    from emmy.errors import KernelBuildError
+    from emmy.gpu import GpuError, ProgramOnGpu
     from emmy.kernel_ir.lower import Unsupported
+    from emmy.module_gpu import ModuleGpu, loader_library
     from emmy.runtime import compare_outputs, host_buffers
 
     out = Path(args.out)
@@ -187,14 +189,19 @@ def run_worker(job: Job, args) -> int:
             built.append((label, variant, records))
         except Unsupported as refused:
             rows.add(kind="variant", label=label, kernels=records, error=f"not lowered: {refused}")
-    with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
-        libraries = list(pool.map(lambda v: program_library(v[1], work), built))
+    # every variant's device code, many to an nvcc call (emmy.batch_build), loaded through the driver
+    # API; should that loader fail here, each variant gets a host library of its own as before
+    cubins = build_programs([(v.cuda_source, [k.name for k in v.kernel_ir]) for _, v, _ in built],
+                            f"sm_{args.arch}", cache_dir=work, jobs=args.threads)
+    loader_library(work)
     compiled_s = time.perf_counter() - started
     if args.dry:
         rows.add(kind="plan", variants=len(built), compile_s=compiled_s,
                  predicted_s=[sum(r["predicted_s"] for r in records) for _, _, records in built])
-        print(f"{job.name}: {len(built)} variants, {len(libraries)} libraries, compiled in {compiled_s:.1f}s", flush=True)
+        print(f"{job.name}: {len(built)} variants in {len({c.cubin for c in cubins})} nvcc units, compiled in "
+              f"{compiled_s:.1f}s", flush=True)
         return 0
+    loader_failed = ""
 
     import torch
 
@@ -220,10 +227,19 @@ def run_worker(job: Job, args) -> int:
                 rows.add(kind="stopped", text="time limit")
                 return 0
             rows.add(kind="start", index=index)
-            on_gpu = None
+            on_gpu = loaded = None
             try:
                 host = host_buffers(variant, inputs)
-                on_gpu = ProgramOnGpu(variant, host, work)
+                if cubins[index].error:
+                    raise KernelBuildError(cubins[index].error)
+                if not loader_failed:
+                    try:
+                        loaded = ModuleGpu(cubins[index], tuple(k.name for k in variant.kernel_ir if k.cooperative),
+                                           work)
+                    except GpuError as err:
+                        loader_failed = str(err)
+                        rows.add(kind="note", text=f"the cubin loader failed ({err}): host libraries from here")
+                on_gpu = ProgramOnGpu(variant, host, work, gpu=loaded)
                 on_gpu.poison()
                 on_gpu.run()
                 checks = compare_outputs(variant, on_gpu.outputs(), references=references)
@@ -244,6 +260,8 @@ def run_worker(job: Job, args) -> int:
                 if on_gpu is not None:
                     with contextlib.suppress(GpuError):
                         on_gpu.close()
+                if loaded is not None:
+                    loaded.close()
     if job.versus_torch and time.time() < args.deadline:
         versus_torch(job, rows, flush, args.deadline, out)
     return 0

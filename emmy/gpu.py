@@ -182,14 +182,15 @@ def _argv(gpu: Gpu, kernel, pointers: dict, itemsizes: dict, sizes: dict, keep: 
 class ProgramOnGpu:
     """A compiled program's kernels on the GPU: its buffers uploaded, an argument vector per kernel
     (buffers, then TMA descriptors), launched in order. `program`: a Program or a loaded one;
-    `library`: its GPU library when already built (a loaded program carries one)."""
+    `library`: its GPU library when already built (a loaded program carries one); `gpu`: its
+    kernels already loaded otherwise (emmy.module_gpu.ModuleGpu: a cubin through the driver API)."""
 
     def __init__(self, program, buffers: dict[str, np.ndarray], work: Path | None = None,
-                 library: Path | None = None):
+                 library: Path | None = None, gpu: Gpu | None = None):
         self.plan, self.host = program.plan, buffers
         self.kernels = self.plan.kernels
         self._folder = tempfile.TemporaryDirectory()
-        self.gpu = Gpu.of_library(library or program_library(program, work or Path(self._folder.name)))
+        self.gpu = gpu or Gpu.of_library(library or program_library(program, work or Path(self._folder.name)))
         self.device = {name: self.gpu.upload(array) for name, array in buffers.items()}
         self._keep: list = []
         itemsizes = {name: a.itemsize for name, a in buffers.items()}

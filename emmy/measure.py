@@ -11,13 +11,16 @@ simulator seconds, recorded as such and never standing for a GPU's.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import statistics
 import subprocess
 import time
 from dataclasses import dataclass
 
-from emmy.errors import NoGpuError
+from emmy.errors import GpuError, NoGpuError
+
+log = logging.getLogger(__name__)
 
 FLUSH_BYTES = 256 << 20  # over four times an H100/H200's L2
 SMALL_KERNEL_S = 20e-6
@@ -85,7 +88,11 @@ class SimDevice:
         self.runs = runs
         self.name, self.driver, self.capability = f"CPU simulator ({platform.machine()})", "", ""
 
-    def measure(self, program, inputs, references) -> Measured:
+    def prepare(self, programs) -> list:
+        """Nothing to build ahead: the simulator builds each program as it runs it."""
+        return [None] * len(programs)
+
+    def measure(self, program, inputs, references, built=None) -> Measured:
         import emmy.sim as sim
         from emmy.dtypes import from_device
         from emmy.runtime import compare_outputs, host_buffers, launch_in_order
@@ -108,7 +115,9 @@ class SimDevice:
 
 
 class GpuDevice:
-    """The machine's GPU (CUDA_VISIBLE_DEVICES picks it), through emmy.gpu's host library."""
+    """The machine's GPU (CUDA_VISIBLE_DEVICES picks it). Candidates the tuner built ahead
+    (`prepare`: batched cubins) load through the driver API (emmy.module_gpu); other programs, and
+    every program once that loader has failed, get a host library of their own (emmy.gpu)."""
     source = "gpu"
 
     def __init__(self):
@@ -116,12 +125,31 @@ class GpuDevice:
         self.name, self.driver = fields[0], fields[1] if len(fields) > 1 else ""
         self.capability = fields[2] if len(fields) > 2 else ""
         self._flush = None
+        self.loader_failed = ""  # why loading a batched cubin failed, once it has
 
-    def measure(self, program, inputs, references) -> Measured:
+    def prepare(self, programs) -> list:
+        """Every program's device code built ahead, many to an nvcc call on every core
+        (emmy.batch_build): one BuiltProgram each, for `measure`."""
+        from emmy.batch_build import build_programs
+
+        return build_programs([(p.cuda_source, [k.name for k in p.kernel_ir]) for p in programs],
+                              programs[0].target.name if programs else "sm_90")
+
+    def measure(self, program, inputs, references, built=None) -> Measured:
+        """`built`: the program's BuiltProgram from `prepare` (its cubin, loaded through the driver
+        API), else the program gets a host library of its own."""
         from emmy.gpu import ProgramOnGpu
+        from emmy.module_gpu import ModuleGpu
         from emmy.runtime import compare_outputs, host_buffers
 
-        on_gpu = ProgramOnGpu(program, host_buffers(program, inputs))
+        loaded = None
+        if built is not None and not self.loader_failed:
+            try:
+                loaded = ModuleGpu(built, tuple(k.name for k in program.kernel_ir if k.cooperative))
+            except GpuError as err:  # the loader, not the candidate: every later one gets a host library
+                self.loader_failed = str(err)
+                log.warning("the cubin loader failed (%s); candidates get a host library of their own", err)
+        on_gpu = ProgramOnGpu(program, host_buffers(program, inputs), gpu=loaded)
         try:
             on_gpu.poison()
             on_gpu.run()
@@ -133,6 +161,8 @@ class GpuDevice:
             return Measured(True, "", tuple(time_on_gpu(on_gpu, i, self._flush) for i in range(len(on_gpu.kernels))))
         finally:
             on_gpu.close()
+            if loaded is not None:
+                loaded.close()
 
 
 def time_on_gpu(on_gpu, index: int, flush) -> KernelTime:

@@ -51,19 +51,18 @@ class Cubin:
 
 def build_cubin(source: str, target: str, cache_dir: Path | None = None) -> Cubin:
     from emmy.config import settings
-    from emmy.sim.build import HEADERS, headers_digest
+    from emmy.sim.build import HEADERS
 
     if not re.fullmatch(r"sm_\d+a?", target):
         raise EmmyError(f"nvcc target must look like sm_90, got {target!r}")
+    key = cubin_key(source, target)
     nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise KernelBuildError("nvcc is not on PATH; it is needed to build cubins")
-    key = hashlib.sha256("\0".join([source, target, " ".join(FLAGS), _nvcc_version(nvcc),
-                                    headers_digest()]).encode()).hexdigest()[:24]
     folder = (cache_dir or settings().cache_dir) / "cubin"
     cubin, report = folder / f"{key}-{target}.cubin", folder / f"{key}-{target}.json"
     if cubin.exists() and report.exists():
         return Cubin(cubin, target, _load_report(report), True)
+    if nvcc is None:
+        raise KernelBuildError("nvcc is not on PATH; it is needed to build cubins")
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as work:
         cu = Path(work) / "program.cu"
@@ -82,6 +81,15 @@ def build_cubin(source: str, target: str, cache_dir: Path | None = None) -> Cubi
     log.info("nvcc: built %s for %s: %s", cubin.name, target,
              ", ".join(f"{k} {r.registers} regs" for k, r in resources.items()))
     return Cubin(cubin, target, resources, False)
+
+
+def cubin_key(source: str, target: str) -> str:
+    """The cache key of a cubin of `source`: the text, the target, nvcc's flags and version, and the
+    runtime headers the text includes."""
+    from emmy.sim.build import headers_digest
+
+    return hashlib.sha256("\0".join([source, target, " ".join(FLAGS), nvcc_version(),
+                                     headers_digest()]).encode()).hexdigest()[:24]
 
 
 def parse_ptxas(text: str) -> dict[str, Resources]:

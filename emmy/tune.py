@@ -51,17 +51,23 @@ def candidates(program, budget: int, seed: int = 0) -> list[Candidate]:
     return found
 
 
-def measure_candidate(program, candidate: Candidate, device, inputs, references) -> MeasuredRow:
-    """One candidate checked and timed on `device`, as a database row (wrong or refused: a row saying why)."""
-    from emmy.errors import EmmyError, KernelFault
+def measure_candidate(program, candidate: Candidate, device, inputs, references, variant=None,
+                      built=None) -> MeasuredRow:
+    """One candidate checked and timed on `device`, as a database row (wrong or refused: a row saying
+    why). `variant`: the program with the candidate's row, when already made; `built`: its device code
+    when `device.prepare` built it ahead."""
+    from emmy.errors import EmmyError, KernelBuildError, KernelFault
     from emmy.extract.targets import measurement_key
     from emmy.gpu import GpuError
     from emmy.kernel_ir.lower import Unsupported
     from emmy.measure import Measured
 
-    variant = program.with_rows({candidate.kernel: candidate.row})
     try:
-        measured = device.measure(variant, inputs, references)
+        if variant is None:
+            variant = program.with_rows({candidate.kernel: candidate.row})
+        if built is not None and built.error:
+            raise KernelBuildError(built.error)
+        measured = device.measure(variant, inputs, references, built)
     except GpuError as err:  # the CUDA context may be lost: recorded, then the tuner stops (run)
         measured = Measured(False, f"{FAULT}{str(err)[:500]}")
     except (Unsupported, KernelFault, EmmyError) as err:
@@ -112,11 +118,12 @@ def run(program, device, budget: int, seconds: float, store, share: tuple[int, i
     except Exception:  # noqa: BLE001 - torch without CUDA, or a graph with CPU-only pieces
         references = torch_comparison(program.captured, inputs)
     rows, start = [], time.perf_counter()
+    variants, built = _built_ahead(program, chosen, device)
     bar = _bar(len(chosen), progress, f"tuning on {device.name}")
-    for candidate in chosen:
+    for candidate, variant, code in zip(chosen, variants, built):
         if time.perf_counter() - start > seconds:
             break
-        row = measure_candidate(program, candidate, device, inputs, references)
+        row = measure_candidate(program, candidate, device, inputs, references, variant, code)
         store.add([row])
         rows.append(row)
         bar.update(1)
@@ -127,6 +134,25 @@ def run(program, device, budget: int, seconds: float, store, share: tuple[int, i
                             "again to go on past it")
     bar.close()
     return rows
+
+
+def _built_ahead(program, chosen: list[Candidate], device) -> tuple[list, list]:
+    """The candidates' programs, and their device code built by `device.prepare` before any is
+    measured (on a GPU: many to an nvcc call, every core busy). A candidate the lowering refuses has
+    no program (None): measuring it records why."""
+    from emmy.errors import EmmyError
+
+    variants = []
+    for candidate in chosen:
+        try:
+            variant = program.with_rows({candidate.kernel: candidate.row})
+            variant.kernel_ir  # noqa: B018 - lowered now, so a refusal shows here, not inside a batch
+            variants.append(variant)
+        except EmmyError:
+            variants.append(None)
+    made = [v for v in variants if v is not None]
+    ready = iter(device.prepare(made))
+    return variants, [next(ready) if v is not None else None for v in variants]
 
 
 def _bar(total: int, show: bool, what: str):

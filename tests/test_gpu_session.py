@@ -28,7 +28,8 @@ def test_the_dry_run_builds_a_job_s_variants_and_prints_its_plan(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "plan: 1 of 1 jobs built, 1 variants" in done.stdout
     (folder,) = tmp_path.iterdir()
-    assert list((folder / "build").glob("*-sm_90.so")), "the job's GPU library was built"
+    assert list((folder / "build" / "cubin").glob("*-sm_90.cubin")), "the job's device code was built"
+    assert list((folder / "build").glob("module-loader-*.so")), "the cubin loader was built"
 
 
 def test_a_tuned_job_offers_the_chosen_row_and_distinct_candidates_of_its_costliest_kernel():

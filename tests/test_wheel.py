@@ -21,6 +21,7 @@ def test_the_wheel_carries_what_emmy_reads_and_runs_from_a_fresh_venv(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("emmy/rules/algebra.py", "emmy/rules/schedules.py", "emmy/cuda_templates/emmy_rt.cuh",
                    "emmy/cuda_templates/emmy_sim.h", "emmy/cuda_templates/host_library.cu.j2",
+                   "emmy/cuda_templates/host_common.cuh", "emmy/cuda_templates/module_loader.cu",
                    "emmy/cuda_templates/kernel_ir/MmaTile.j2", "emmy/data/measurements.json",
                    "emmy/extract/targets.py", "emmy/dynamo.py", "emmy/saved.py"):
         assert needed in names, f"the wheel lacks {needed}"
