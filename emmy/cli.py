@@ -96,7 +96,11 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--device", choices=("cuda", "sim"), default="cuda",
                       help="cuda (default) or sim: the CPU simulator, to check the tuner's steps (its times "
                            "are recorded as simulator rows and never used for a GPU)")
-    tune.add_argument("--share", help=argparse.SUPPRESS)  # i/n: a --gpus worker's part of the candidates
+    tune.add_argument("--watchdog", type=float, default=60.0, metavar="S",
+                      help="a worker with no result for S seconds is killed, its candidate recorded as hung "
+                           "(default 60)")
+    tune.add_argument("--share", help=argparse.SUPPRESS)  # i/n: a worker's part of the candidates
+    tune.add_argument("--since", default="", help=argparse.SUPPRESS)  # a restarted worker skips rows from then on
 
     bench = sub.add_parser("bench", help="emmy against torch eager and torch.compile on a GPU, timed alike: "
                                          "a table, bench.json and bench.png")
@@ -133,49 +137,69 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _tune(args) -> int:
-    import os
-    import subprocess
     import time
 
     from emmy import tune
     from emmy.measure import GpuDevice, NoGpuError, SimDevice
     from emmy.measure_db import MeasurementDb
+    from emmy.tune_workers import announcer, supervise
 
     if args.budget < 1:
         raise EmmyError(f"--budget must be at least 1 row a kernel, got {args.budget}")
     if args.seconds <= 0:
         raise EmmyError(f"--seconds must be positive, got {args.seconds}")
+    if args.watchdog <= 0:
+        raise EmmyError(f"--watchdog must be positive, got {args.watchdog}")
     gpus = _gpu_list(args.gpus)
     try:
         device = GpuDevice() if args.device == "cuda" else SimDevice()  # no GPU: one line, exit 2, before compiling
     except NoGpuError as err:
         raise NoGpuError(f"{err}; --device sim runs the same steps on the CPU simulator") from None
     program = _compiled(args, "tile", capture_cache=False)
+    if args.share:  # a worker: its share measured and stored, each candidate announced to the parent
+        index, count = (int(v) for v in args.share.split("/"))
+        with MeasurementDb() as store:
+            tune.run(program, device, args.budget, args.seconds, store, (index, count), progress=False,
+                     since=args.since, announce=announcer())
+        return 0
     started = time.time()
+    # the measuring runs in watched workers, one a GPU (emmy.tune_workers): a hung or faulting
+    # candidate costs itself, not the run
+    command = [sys.executable, "-m", "emmy", *_without(sys.argv[1:], ("--gpus", "--seconds", "--watchdog"))]
+    slots = gpus if (gpus and args.device == "cuda") else [None]
     with MeasurementDb() as store:
-        if args.share:
-            index, count = (int(v) for v in args.share.split("/"))
-            tune.run(program, device, args.budget, args.seconds, store, (index, count), progress=False)
-            return 0
-        if len(gpus) > 1 and args.device == "cuda":
-            share = [a for a in sys.argv[1:] if a not in ("--gpus", args.gpus) and not a.startswith("--gpus=")]
-            workers = [subprocess.Popen([sys.executable, "-m", "emmy", *share, "--share", f"{i}/{len(gpus)}"],
-                                        env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu})
-                       for i, gpu in enumerate(gpus)]
-            failed = [w.wait() for w in workers]
-            if any(failed):
-                raise EmmyError(f"a tuning worker failed (exit statuses {failed}); its rows so far are recorded")
-            signatures = {tk.signature for tk in program.tile_ir.kernels}
-            rows = [r for r in store.rows() if r.signature in signatures and r.measured_at >= _iso(started)]
-        else:
-            rows = tune.run(program, device, args.budget, args.seconds, store)
+        bar = tune._bar(len(tune.candidates(program, args.budget)), True, f"tuning on {device.name}")
+
+        def record_lost(signature: str, knobs: str, error: str) -> None:
+            store.add([tune.failed_row(program, device, signature, knobs, error)])
+            bar.update(1)
+
+        events = supervise(command, slots, args.seconds, args.watchdog, record_lost, on_stored=lambda: bar.update(1))
+        bar.close()
+        signatures = {tk.signature for tk in program.tile_ir.kernels}
+        rows = [r for r in store.rows() if r.signature in signatures and r.measured_at >= _iso(started)]
         where = store.path
+    for event in events:
+        print(event)
     _print_tuning(program, device, rows, time.time() - started, where)
     if device.source == "gpu":
         again = _compiled(args, "tile", capture_cache=False)
         print("extraction with the measurements picks: " + "; ".join(
             f"{tk.kernel.name} {tk.row} ({tk.seconds * 1e6:.2f} us)" for tk in again.tile_ir.kernels))
     return 0
+
+
+def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """`argv` less the given options and their values (`--x V` or `--x=V`)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif not any(arg.startswith(f"{o}=") for o in options):
+            kept.append(arg)
+    return kept
 
 
 def _gpu_list(text: str | None) -> list[str]:

@@ -6,8 +6,10 @@ pick: the ones its error could reorder). Each candidate is the program with that
 replaced (Program.with_rows: the Loop IR is not rebuilt), checked against torch and timed on the
 device (emmy.measure); every outcome, wrong ones too, becomes a row of the measurement database
 (emmy.measure_db) labelled with where it was measured. Extraction then reads the GPU rows (a
-simulator's never stand for a GPU). With several GPUs, one worker process a GPU measures its share
-of the candidates (CUDA_VISIBLE_DEVICES), writing to the database at once as it goes.
+simulator's never stand for a GPU). The measuring runs in worker processes, one a GPU, each its
+share of the candidates (CUDA_VISIBLE_DEVICES), writing to the database as it goes, watched by the
+parent (emmy.tune_workers): a worker that hangs or dies costs the candidate it was on, recorded as
+such, and a new one goes on past it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from emmy.measure_db import MeasuredRow
 EXPLORE_SHARE = 0.25
 EXPLORE_WITHIN = 4.0  # predicted time over the pick's
 FAULT = "fault on the GPU: "  # a row's error when its candidate broke the CUDA context
+HUNG = "hung: "  # a row's error when its candidate's worker made no progress (emmy.tune_workers)
+LOST = (FAULT, HUNG)  # rows whose candidates a later run skips
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,6 @@ def measure_candidate(program, candidate: Candidate, device, inputs, references,
     why). `variant`: the program with the candidate's row, when already made; `built`: its device code
     when `device.prepare` built it ahead."""
     from emmy.errors import EmmyError, KernelBuildError, KernelFault
-    from emmy.extract.targets import measurement_key
     from emmy.gpu import GpuError
     from emmy.kernel_ir.lower import Unsupported
     from emmy.measure import Measured
@@ -73,15 +76,26 @@ def measure_candidate(program, candidate: Candidate, device, inputs, references,
     except (Unsupported, KernelFault, EmmyError) as err:
         measured = Measured(False, f"{type(err).__name__}: {str(err)[:500]}")
     mine = [t for t in measured.times if t.name.startswith(candidate.kernel)]  # a split's fill or finish kernel too
-    base = dict(gpu=device.name, target=measurement_key(program.target.key), capability=device.capability,
-                driver=device.driver, signature=candidate.signature, knobs=str(candidate.row),
-                compiler=_compiler(), measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                source=device.source)
     if not measured.correct or not mine:
-        return MeasuredRow(**base, median_s=None, p10_s=None, p90_s=None, repetitions=0, correct=False,
-                           error=measured.why or "no kernel of it was timed")
-    return MeasuredRow(**base, median_s=sum(t.median_s for t in mine), p10_s=sum(t.p10_s for t in mine),
+        return failed_row(program, device, candidate.signature, str(candidate.row),
+                          measured.why or "no kernel of it was timed")
+    return MeasuredRow(**_row_base(program, device, candidate.signature, str(candidate.row)),
+                       median_s=sum(t.median_s for t in mine), p10_s=sum(t.p10_s for t in mine),
                        p90_s=sum(t.p90_s for t in mine), repetitions=min(t.samples for t in mine), correct=True)
+
+
+def failed_row(program, device, signature: str, knobs: str, error: str) -> MeasuredRow:
+    """A candidate's row that records why it has no time (wrong, refused, faulted, hung)."""
+    return MeasuredRow(**_row_base(program, device, signature, knobs), median_s=None, p10_s=None, p90_s=None,
+                       repetitions=0, correct=False, error=error)
+
+
+def _row_base(program, device, signature: str, knobs: str) -> dict:
+    from emmy.extract.targets import measurement_key
+
+    return dict(gpu=device.name, target=measurement_key(program.target.key), capability=device.capability,
+                driver=device.driver, signature=signature, knobs=knobs, compiler=_compiler(),
+                measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(), source=device.source)
 
 
 def _compiler() -> str:
@@ -102,15 +116,20 @@ class KernelReport:
 
 
 def run(program, device, budget: int, seconds: float, store, share: tuple[int, int] = (0, 1),
-        progress: bool = True) -> list[MeasuredRow]:
+        progress: bool = True, since: str = "", announce=None) -> list[MeasuredRow]:
     """Measure this share (index, count) of the candidates within `seconds`, each row stored as it
-    comes (so a killed tuner keeps what it measured). The rows, in order."""
+    comes (so a killed tuner keeps what it measured). Skipped: candidates that faulted or hung on
+    this device before, and those with a row measured at or after `since` (an ISO time: a restarted
+    worker goes on where the last one stopped). `announce(candidate)` is called before each is
+    measured and `announce(None)` after its row is stored (emmy.tune_workers watches them). The
+    rows, in order."""
     from emmy.checking import torch_comparison
 
     from emmy.errors import EmmyError
 
-    faulted = {(r.signature, r.knobs) for r in store.rows() if r.gpu == device.name and r.error.startswith(FAULT)}
-    chosen = [c for c in candidates(program, budget)[share[0]::share[1]] if (c.signature, str(c.row)) not in faulted]
+    skip = {(r.signature, r.knobs) for r in store.rows()
+            if r.gpu == device.name and (r.error.startswith(LOST) or (since and r.measured_at >= since))}
+    chosen = [c for c in candidates(program, budget)[share[0]::share[1]] if (c.signature, str(c.row)) not in skip]
     inputs = program.example_inputs
     where = "cuda" if device.source == "gpu" else "cpu"
     try:
@@ -123,15 +142,19 @@ def run(program, device, budget: int, seconds: float, store, share: tuple[int, i
     for candidate, variant, code in zip(chosen, variants, built):
         if time.perf_counter() - start > seconds:
             break
+        if announce is not None:
+            announce(candidate)
         row = measure_candidate(program, candidate, device, inputs, references, variant, code)
         store.add([row])
         rows.append(row)
+        if announce is not None:
+            announce(None)
         bar.update(1)
         if row.error.startswith(FAULT):
             bar.close()
             raise EmmyError(f"{candidate.kernel} with {candidate.row} broke the GPU's CUDA context ({row.error}); "
-                            f"its row is recorded as wrong with the {len(rows) - 1} measured before it: run emmy tune "
-                            "again to go on past it")
+                            f"its row is recorded as wrong with the {len(rows) - 1} measured before it, and a new "
+                            "worker goes on past it")
     bar.close()
     return rows
 

@@ -57,3 +57,58 @@ def test_bad_tuning_arguments_are_refused_with_what_is_wrong():
     assert done.returncode == 2 and "--budget must be at least 1" in done.stderr
     done = run_emmy("tune", "-c", RMS, "--device", "sim", "--gpus", "0,x")
     assert done.returncode == 2 and "--gpus takes distinct GPU indices" in done.stderr
+
+
+@pytest.mark.parametrize("how", ["hang", "crash"])
+def test_a_worker_that_hangs_or_dies_costs_one_candidate_and_the_run_goes_on(tmp_path, how):
+    """The measuring runs in a watched worker: stopped (SIGSTOP, a hang) it is killed after the
+    watchdog and its candidate recorded as hung; killed (a crash) its candidate, if it was measuring
+    one, recorded as a fault. Either way a new worker measures the rest and every candidate ends
+    with one row."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from tests.conftest import EMMY
+
+    db = tmp_path / "m.sqlite"
+    # a cold cache: each candidate's simulator build takes seconds, so the signal lands mid-run
+    env = dict(os.environ, EMMY_DB=str(db), EMMY_SIM_MODE="plain", EMMY_CACHE_DIR=str(tmp_path / "cache"))
+    parent = subprocess.Popen([str(EMMY), "tune", "-c", RMS, "--device", "sim", "--budget", "4", "--watchdog", "3"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def stored() -> int:
+        if not db.exists():
+            return 0
+        with MeasurementDb(db) as store:
+            return len(store.rows())
+
+    begun = time.monotonic()
+    while stored() < 1 and time.monotonic() - begun < 240 and parent.poll() is None:
+        time.sleep(0.2)
+    workers = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent_of(p) == parent.pid]
+    assert len(workers) == 1 and stored() >= 1
+    os.kill(workers[0], signal.SIGSTOP if how == "hang" else signal.SIGKILL)
+    out, err = parent.communicate(timeout=300)
+    assert parent.returncode == 0, err[-3000:]
+    assert ("no progress for 3 s" if how == "hang" else "worker 0: ") in out
+    with MeasurementDb(db) as store:
+        rows = store.rows()
+    program = emmy.optimize(RMS, target="sm_90")
+    assert sorted(r.knobs for r in rows) == sorted(str(c.row) for c in candidates(program, 4))  # one row each
+    lost = [r for r in rows if not r.correct]
+    if how == "hang":
+        assert len(lost) <= 1 and all(r.error.startswith("hung: no result within 3 s") for r in lost)
+        assert lost or "killed" in out
+    else:
+        assert all(r.error.startswith("fault on the GPU: the worker died") for r in lost)
+    assert all(r.source == "simulator" for r in rows)
+
+
+def _parent_of(proc) -> int:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
