@@ -711,8 +711,13 @@ EMMY_SIM_INLINE void syncthreads(int line) { wait_here(State::barrier, line, "__
 EMMY_SIM_INLINE void grid_sync(int line) { wait_here(State::grid, line, "grid sync"); }
 
 inline void count_copy(const void* source, size_t bytes);  // race-check builds count what a copy reads
+// race-check builds: a cp.async copy's shared-memory write, seen as made both when it is issued and
+// when its wait returns (on a GPU it lands any time between), so a copy into a buffer that other
+// threads still read, or read before the wait and a barrier, is a reported race
+inline void note_copy_write(void* dst, size_t bytes, const void* pc);
 
 EMMY_SIM_INTERNAL inline void issue_copy(void* dst, const void* src, unsigned bytes, unsigned source_bytes) {
+  note_copy_write(dst, bytes, __builtin_return_address(0));
   mute(true);
   me().pending.push_back({dst, src, bytes, source_bytes});
   mute(false);
@@ -728,8 +733,9 @@ EMMY_SIM_INTERNAL inline void commit_copies() {
 EMMY_SIM_INTERNAL inline void complete_copies(Thread& t, size_t keep) {
   const size_t groups = t.group_ends.size();
   if (groups <= keep) return;
-  mute(true);
   const size_t done = t.group_ends[groups - 1 - keep];  // copies in the groups that must be complete
+  for (size_t i = 0; i < done; ++i) note_copy_write(t.pending[i].dst, t.pending[i].bytes, __builtin_return_address(0));
+  mute(true);
   for (size_t i = 0; i < done; ++i) {
     const Thread::AsyncCopy& c = t.pending[i];
     const unsigned read = c.source_bytes < c.bytes ? c.source_bytes : c.bytes;
@@ -902,6 +908,9 @@ inline void count_copy(const void* source, size_t bytes) {
   count_access(reinterpret_cast<uintptr_t>(source), bytes, false);
 }
 
+EMMY_SIM_INTERNAL inline void access(const void* address, size_t size, bool write, const void* pc);
+EMMY_SIM_INTERNAL inline void note_copy_write(void* dst, size_t bytes, const void* pc) { access(dst, bytes, true, pc); }
+
 EMMY_SIM_INTERNAL inline void access(const void* address, size_t size, bool write, const void* pc) {
   Launch& L = launch_state;
   if (!L.current || muted) return;
@@ -1016,5 +1025,6 @@ EMMY_SIM_INTERNAL void __tsan_vptr_read(void**) {}
 namespace emmy_sim {
 inline void count_atomic(const void*, size_t) {}  // only race-check builds count accesses
 inline void count_copy(const void*, size_t) {}
+inline void note_copy_write(void*, size_t, const void*) {}
 }  // namespace emmy_sim
 #endif  // EMMY_SIM_RACECHECK

@@ -114,6 +114,18 @@ def test_three_stage_cp_async_pipeline_and_its_waits(cache, rng):
     assert np.isnan(out).all()
 
 
+def test_a_cp_async_copy_into_a_stage_other_threads_still_read_is_a_reported_race(cache, rng):
+    """Without the barrier after a stage is read, the next refill of that stage is issued while slower
+    threads still read it. The twin's copy lands only at its wait, two chunks later, so the values
+    come out right: the race check sees the copy's write from its issue on, as a GPU may land it."""
+    racy = load("cp_async_pipeline.cu", cache, "racecheck",
+                edit=lambda s: s.replace("__syncthreads();  // stage t is read: it may be refilled", ""))
+    x = rng.standard_normal((2, 1000)).astype(np.float32)
+    with pytest.raises(KernelFault, match=r"race on shared memory in block \(0,0,0\)"):
+        racy.launch("pipelined_row_sum", grid=2, block=64, args=[x, np.zeros(2, np.float32), 1000],
+                    shared_bytes=3 * 64 * 4 * 4)
+
+
 def test_tma_tile_load_completing_on_an_mbarrier(cache):
     module = load("tma_tile.cu", cache)
     a = np.arange(40 * 72, dtype=np.float32).reshape(40, 72)  # 3 x 3 tiles of 16 x 32, ragged at both edges
