@@ -289,3 +289,52 @@ def test_a_staged_loop_copies_the_next_chunk_under_this_chunk_s_compute_without_
     assert barrier < refill, loop[:600]
     assert "ldmatrix" not in loop[:refill] and "acc" not in loop[:refill]  # nothing computed before the copy
     assert all(c.ok for c in check_program(program, mode="racecheck"))
+
+
+def _bank_groups(cols: int, rows: range, chunk: int, shift: int, mask: int) -> list[int]:
+    """The 128-byte-line slot (of 8 16-byte chunks) each row's chunk `chunk` is stored in."""
+    return [((r * cols * 2) // 16 + (chunk ^ ((r >> shift) & mask))) % 8 for r in rows]
+
+
+@pytest.mark.parametrize("cols", [16, 32, 64, 128, 256])
+def test_a_swizzled_panel_serves_every_ldmatrix_phase_without_a_bank_conflict(cols):
+    """An 8x8 matrix of ldmatrix is one 16-byte chunk of 8 consecutive rows from a multiple of 8:
+    with the panel's swizzle the 8 rows fall in 8 distinct chunks of a 128-byte line (32 banks);
+    stored as they are, rows of 32 bytes or more collide (an 8-way conflict from 256 bytes)."""
+    from emmy.kernel_ir.lower_mma import panel_swizzle
+
+    shift, mask = panel_swizzle(cols)
+    assert mask == min(cols // 8, 8) - 1
+    for start in range(0, 64, 8):
+        for chunk in range(cols // 8):
+            assert len(set(_bank_groups(cols, range(start, start + 8), chunk, shift, mask))) == 8, (start, chunk)
+    assert len(set(_bank_groups(cols, range(8), 0, 0, 0))) < 8  # unswizzled: a conflict
+
+
+H16 = "dtype=torch.float16"
+
+
+@pytest.mark.parametrize("code", [
+    f"a=torch.randn(96,160,{H16}); b=torch.randn(160,72,{H16}); a@b",  # A along K, B transposed on load
+    f"a=torch.randn(96,160,{H16}); b=torch.randn(72,160,{H16}); a@b.t()",  # both along K
+    f"a=torch.randn(160,96,{H16}); b=torch.randn(160,72,{H16}); a.t()@b",  # A transposed on load
+    "a=torch.randn(3,40,48,dtype=torch.bfloat16); b=torch.randn(3,48,56,dtype=torch.bfloat16); torch.bmm(a,b)",
+    f"a=torch.randn(64,80,{H16}); b=torch.randn(80,64,{H16}); torch.relu(a)@b",  # a prologue on fragments
+])
+def test_swizzled_tensor_core_panels_fill_and_read_the_same_elements(code):
+    """A staged (plain or cp.async) mma row offered for each K chunk (BK 16, 32, 64: the panel
+    widths along K), the first two: the fill and the ldmatrix reads go through one swizzle,
+    checked in the simulator (the race check on the first, ASan on the second)."""
+    program = emmy.optimize(code, target="sm_90")
+    (kernel,) = [k for k in program.loop_ir.kernels if "mm" in k.name]
+    rows = [r for r in program.schedule_space().rows[kernel.name]
+            if r.TILE.startswith("mma") and r.STAGE and "tma" not in r.STAGE]
+    by_chunk = {}
+    for row in rows:
+        by_chunk.setdefault(row.TILE.rsplit("/", 1)[1], row)
+    assert by_chunk
+    for mode, row in zip(("racecheck", "asan"), by_chunk.values()):
+        pinned = emmy.optimize(code, target="sm_90", knobs=str(row))
+        (mma,) = [n for k in pinned.kernel_ir for n in k.body if type(n).__name__ == "MmaTile"]
+        assert all(bool(o.swizzle_mask) == (o.cols >= 16) for o in mma.operands), [o.cols for o in mma.operands]
+        assert all(c.ok for c in check_program(pinned, mode=mode)), str(row)

@@ -22,6 +22,23 @@ from emmy.loop_ir import nodes as L
 from emmy.tile_ir.nodes import Epilogue, Fold, TileKernel
 
 PANEL_VECTOR = 8  # f16/bf16 elements in a 16-byte copy
+BANK_GROUPS = 8  # 16-byte chunks of one 128-byte line of shared memory: 32 banks of 4 bytes
+
+
+def panel_swizzle(cols: int) -> tuple[int, int]:
+    """(shift, mask) of a panel with `cols` 16-bit elements a row: its 16-byte chunk c of row r is
+    stored at chunk c ^ ((r >> shift) & mask). Each 8x8 matrix an ldmatrix reads is one chunk of 8
+    consecutive rows from a multiple of 8; stored as they are, rows 128 bytes or more apart share
+    their banks (an 8-way conflict for a 128-element row) and 32- or 64-byte rows half of them. The
+    XOR spreads the 8 rows over the 8 chunks of a 128-byte line, with no padding (the panel's bytes
+    stay those the cost model counts). (0, 0) where the chunks a row are not a power of two of at
+    least 2 (one chunk a row is conflict-free as it is)."""
+    chunks = cols // PANEL_VECTOR
+    if cols % PANEL_VECTOR or chunks < 2 or chunks & (chunks - 1):
+        return 0, 0
+    if chunks >= BANK_GROUPS:
+        return 0, BANK_GROUPS - 1
+    return (BANK_GROUPS // chunks).bit_length() - 1, chunks - 1  # rows sharing a line take turns
 
 
 def supports_mma(tile: TileKernel, types: dict | None = None, memo: dict | None = None) -> str:
@@ -97,9 +114,12 @@ def _operands(tile: TileKernel, types: dict) -> tuple[MmaOperand, MmaOperand]:
         tma, first_row = _matrix_rows(flat, fold.var, outer, k_fast, batch, types[stmt.expr.buffer]) \
             if g.stage_how == STAGE_TMA and not stmt.expr.guards else (0, ())
         chain, value = prologues.get(stmt.name, ((), stmt.name))
+        # a TMA box lands as it is in the tensor: those panels stay unswizzled
+        shift, mask = panel_swizzle(cols) if g.stage_depth and g.stage_how != STAGE_TMA else (0, 0)
         found[side] = MmaOperand(name=stmt.name, buffer=stmt.expr.buffer, dtype=types[stmt.expr.buffer].dtype,
                                  side=side, index=flat, rows=rows, cols=cols, k_fast=k_fast, width=width, tma=tma,
-                                 tma_batch_rows=first_row, guards=stmt.expr.guards, prologue=chain, value=value)
+                                 tma_batch_rows=first_row, guards=stmt.expr.guards, prologue=chain, value=value,
+                                 swizzle_shift=shift, swizzle_mask=mask)
     return found["a"], found["b"]
 
 

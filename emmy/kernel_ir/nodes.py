@@ -212,6 +212,10 @@ class MmaOperand:
     guards: tuple[Guard, ...] = ()  # the load's guards: the fill reads where they hold, 0 elsewhere (width 1)
     prologue: tuple[LoopStmt, ...] = ()  # Loop IR statements turning a loaded element (`name`) into `value`, in registers
     value: str = ""  # what the tensor cores multiply (the prologue's last value; `name` without one)
+    # the panel's 16-byte chunk c of row r is stored at chunk c ^ ((r >> swizzle_shift) & swizzle_mask)
+    # (lower_mma.panel_swizzle: ldmatrix reads without bank conflicts); mask 0: stored as it is
+    swizzle_shift: int = 0
+    swizzle_mask: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
