@@ -338,3 +338,21 @@ def test_swizzled_tensor_core_panels_fill_and_read_the_same_elements(code):
         (mma,) = [n for k in pinned.kernel_ir for n in k.body if type(n).__name__ == "MmaTile"]
         assert all(bool(o.swizzle_mask) == (o.cols >= 16) for o in mma.operands), [o.cols for o in mma.operands]
         assert all(c.ok for c in check_program(pinned, mode=mode)), str(row)
+
+
+@pytest.mark.parametrize("name", ["attention", "attention_causal"])
+def test_flash_attention_on_tensor_cores_reads_swizzled_q_k_v_panels_right(name):
+    """Q, K and V panels (rows of 64 halves: 128 bytes, an 8-way conflict unswizzled) go through the
+    same swizzle as a contraction's; staged rows of each form, the widest tile among them, run
+    right in the simulator (the race check on the first)."""
+    code = get(name).sim_code
+    program = emmy.optimize(code, target="sm_90")
+    (kernel,) = [k for k in program.loop_ir.kernels if "sdpa" in k.name]
+    rows = [r for r in program.schedule_space().rows[kernel.name] if r.TILE.startswith("mma") and r.STAGE]
+    picked = {r.STAGE: r for r in reversed(rows)}  # the first offered of each staging
+    widest = max(rows, key=lambda r: (r.work.warps_m * r.tile.frag_m * r.tile.frag_n, str(r)))
+    for index, row in enumerate([*list(picked.values())[:2], widest]):
+        pinned = emmy.optimize(code, target="sm_90", knobs=str(row))
+        (flash,) = [n for k in pinned.kernel_ir for n in k.body if type(n).__name__ == "FlashMma"]
+        assert all(o.swizzle_mask for o in (flash.q, flash.k, flash.v)), str(row)
+        assert all(c.ok for c in check_program(pinned, mode="racecheck" if index == 0 else "asan")), str(row)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from math import prod
 
 from emmy.kernel_ir.lower_common import flat_index, free_loops, vectorizable
+from emmy.kernel_ir.lower_mma import panel_swizzle
 from emmy.kernel_ir.nodes import FlashMma, FlashRows, KernelIR, MmaOperand, Panel, Tile
 from emmy.schedule.knobs import STAGE_ASYNC, STAGE_TMA
 from emmy.loop_ir import nodes as L
@@ -265,8 +266,9 @@ def _lower_flash_mma(tile: TileKernel, types: dict, params) -> KernelIR:
         dtype = types[stmt.expr.buffer].dtype
         width = 8 if column_var is not None and vectorizable(flat, column_var[0], 8) and column_var[1] % 8 == 0 \
             else 1
+        shift, mask = panel_swizzle(columns) if g.stage_depth else (0, 0)  # ldmatrix without bank conflicts
         return MmaOperand(name=stmt.name, buffer=stmt.expr.buffer, dtype=dtype, side=side, index=flat, rows=rows,
-                          cols=columns, k_fast=True, width=width)
+                          cols=columns, k_fast=True, width=width, swizzle_shift=shift, swizzle_mask=mask)
 
     body = FlashMma(atom=row.tile.atom, row_vars=row_vars, col_vars=col_vars, batch_vars=batch, key_var=fold.var,
                     key_extent=fold.extent, inner_var=dot.var, inner_extent=dot.extent, warps=warps, frag_m=fm,
