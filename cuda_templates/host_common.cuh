@@ -59,3 +59,28 @@ extern "C" int emmy_gpu_tensormap(void* out, void* base, unsigned long rows, uns
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                                  CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
+
+// `reps` samples, each `batch` back-to-back launches (`enqueue()`, returning a CUDA status) between two
+// events, the `flush_bytes` at `flush` overwritten before each (so the L2 holds none of the kernel's
+// data); ms[i]: sample i's time per launch. Both host libraries time kernels through it.
+template <class Enqueue>
+inline int emmy_samples(Enqueue enqueue, int reps, int batch, void* flush, size_t flush_bytes, float* ms) {
+  int rc = 0;
+  cudaEvent_t* events = new cudaEvent_t[2 * reps];
+  int made = 0;
+  for (; made < 2 * reps && rc == 0; ++made) rc = (int)cudaEventCreate(&events[made]);
+  for (int r = 0; r < reps && rc == 0; ++r) {
+    if (flush_bytes) rc = (int)cudaMemsetAsync(flush, r & 0xff, flush_bytes, 0);
+    if (rc == 0) rc = (int)cudaEventRecord(events[2 * r], 0);
+    for (int i = 0; i < batch && rc == 0; ++i) rc = enqueue();
+    if (rc == 0) rc = (int)cudaEventRecord(events[2 * r + 1], 0);
+  }
+  if (rc == 0) rc = (int)cudaDeviceSynchronize();
+  for (int r = 0; r < reps && rc == 0; ++r) {
+    rc = (int)cudaEventElapsedTime(&ms[r], events[2 * r], events[2 * r + 1]);
+    ms[r] /= (float)batch;
+  }
+  for (int i = 0; i < made; ++i) cudaEventDestroy(events[i]);
+  delete[] events;
+  return rc ? rc : (int)cudaGetLastError();
+}

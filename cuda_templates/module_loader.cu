@@ -55,27 +55,10 @@ extern "C" int emmy_module_launch(void* function, const unsigned* g, const unsig
   return rc ? rc : (int)cudaDeviceSynchronize();
 }
 
-// `reps` samples, each `batch` back-to-back launches between two events, the `flush_bytes` at `flush`
-// overwritten before each (so the L2 holds none of the kernel's data); ms[i]: sample i's time per launch
+// timed samples of one kernel (host_common.cuh: emmy_samples)
 extern "C" int emmy_module_samples(void* function, const unsigned* g, const unsigned* b, unsigned long smem,
                                    void** argv, int cooperative, int reps, int batch, void* flush, size_t flush_bytes,
                                    float* ms) {
-  int rc = 0;
-  cudaEvent_t* events = new cudaEvent_t[2 * reps];
-  int made = 0;
-  for (; made < 2 * reps && rc == 0; ++made) rc = (int)cudaEventCreate(&events[made]);
-  for (int r = 0; r < reps && rc == 0; ++r) {
-    if (flush_bytes) rc = (int)cudaMemsetAsync(flush, r & 0xff, flush_bytes, 0);
-    if (rc == 0) rc = (int)cudaEventRecord(events[2 * r], 0);
-    for (int i = 0; i < batch && rc == 0; ++i) rc = emmy_module_enqueue(function, g, b, smem, argv, cooperative);
-    if (rc == 0) rc = (int)cudaEventRecord(events[2 * r + 1], 0);
-  }
-  if (rc == 0) rc = (int)cudaDeviceSynchronize();
-  for (int r = 0; r < reps && rc == 0; ++r) {
-    rc = (int)cudaEventElapsedTime(&ms[r], events[2 * r], events[2 * r + 1]);
-    ms[r] /= (float)batch;
-  }
-  for (int i = 0; i < made; ++i) cudaEventDestroy(events[i]);
-  delete[] events;
-  return rc ? rc : (int)cudaGetLastError();
+  return emmy_samples([&] { return emmy_module_enqueue(function, g, b, smem, argv, cooperative); }, reps, batch, flush,
+                      flush_bytes, ms);
 }
