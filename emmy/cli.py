@@ -168,7 +168,7 @@ def _tune(args) -> int:
     command = [sys.executable, "-m", "emmy", *_without(sys.argv[1:], ("--gpus", "--seconds", "--watchdog"))]
     slots = gpus if (gpus and args.device == "cuda") else [None]
     with MeasurementDb() as store:
-        bar = tune._bar(len(tune.candidates(program, args.budget)), True, f"tuning on {device.name}")
+        bar = tune.progress_bar(len(tune.candidates(program, args.budget)), True, f"tuning on {device.name}")
 
         def record_lost(signature: str, knobs: str, error: str) -> None:
             store.add([tune.failed_row(program, device, signature, knobs, error)])

@@ -138,7 +138,7 @@ def run(program, device, budget: int, seconds: float, store, share: tuple[int, i
         references = torch_comparison(program.captured, inputs)
     rows, start = [], time.perf_counter()
     variants, built = _built_ahead(program, chosen, device)
-    bar = _bar(len(chosen), progress, f"tuning on {device.name}")
+    bar = progress_bar(len(chosen), progress, f"tuning on {device.name}")
     for candidate, variant, code in zip(chosen, variants, built):
         if time.perf_counter() - start > seconds:
             break
@@ -178,7 +178,7 @@ def _built_ahead(program, chosen: list[Candidate], device) -> tuple[list, list]:
     return variants, [next(ready) if v is not None else None for v in variants]
 
 
-def _bar(total: int, show: bool, what: str):
+def progress_bar(total: int, show: bool, what: str):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=what, unit="row", file=sys.stderr, disable=not show, leave=False)

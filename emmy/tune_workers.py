@@ -7,8 +7,9 @@ one after storing its row (STORED). The parent starts a worker again, with the t
 the rows stored since the tuning began, when it
 - exits after a fault (tune.run stored the candidate's row as FAULT: the new worker skips it), or
   dies while measuring without storing one (the parent stores it as FAULT: the worker died);
-- makes no progress for `watchdog` seconds while measuring (ten times that before its first
-  candidate: it compiles and builds first): it is killed and the candidate stored as HUNG;
+- makes no progress for `watchdog` seconds while measuring (before its first candidate it
+  compiles and builds, which a loaded machine may take minutes over: STARTUP_SECONDS, or ten
+  watchdogs if longer): it is killed and the candidate stored as HUNG;
 at most RESTARTS times a worker. A worker that fails before measuring anything is an error.
 """
 
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 START = "emmy-tune: measuring "
 STORED = "emmy-tune: stored"
 RESTARTS = 8
-STARTUP_FACTOR = 10  # a worker's allowance before its first candidate, in watchdog periods
+STARTUP_SECONDS = 600.0  # a worker's allowance before its first candidate (at least ten watchdogs)
 
 
 def announcer(stream=None):
@@ -82,7 +83,7 @@ def supervise(command: list[str], gpus: list[str | None], seconds: float, watchd
                     continue
                 code = worker.process.poll()
                 if code is None:
-                    allowance = watchdog if worker.measured_any else watchdog * STARTUP_FACTOR
+                    allowance = watchdog if worker.measured_any else max(STARTUP_SECONDS, 10 * watchdog)
                     if now - worker.progress_at > allowance:
                         _stop(worker, selector)
                         if worker.current is not None:
@@ -125,7 +126,8 @@ def _start(worker: _Worker, command: list[str], count: int, deadline: float, sin
     # a session of its own, so a kill takes its helpers (the simulator's ASan worker) with it
     worker.process = subprocess.Popen([*command, "--share", f"{worker.share}/{count}", "--seconds", f"{left:.1f}",
                                        "--since", since], stdout=subprocess.PIPE, env=env, start_new_session=True)
-    worker.current, worker.progress_at, worker.pending = None, time.monotonic(), b""
+    # a new process: its startup allowance again, and nothing measured by it yet
+    worker.current, worker.progress_at, worker.pending, worker.measured_any = None, time.monotonic(), b"", False
     os.set_blocking(worker.process.stdout.fileno(), False)
     selector.register(worker.process.stdout, selectors.EVENT_READ, worker)
     log.info("tuning worker %d started (pid %d)", worker.share, worker.process.pid)

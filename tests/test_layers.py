@@ -20,9 +20,11 @@ LAYERS = (
     ("egraph", ("emmy.egraph", "emmy.rules.algebra", "emmy.rules.fusion", "emmy.rules.twist")),
     ("tile_ir", ("emmy.tile_ir",)),
     ("kernel_ir", ("emmy.kernel_ir",)),
-    ("back ends", ("emmy.plan", "emmy.sim", "emmy.nvcc", "emmy.gpu", "emmy.runtime", "emmy.measure")),
+    ("back ends", ("emmy.plan", "emmy.sim", "emmy.nvcc", "emmy.batch_build", "emmy.gpu", "emmy.module_gpu",
+                   "emmy.runtime", "emmy.measure")),
     ("api", ("emmy.explain", "emmy.calling", "emmy.saved", "emmy.program", "emmy.api", "emmy.dynamo",
-             "emmy.testing", "emmy.workloads", "emmy.suite", "emmy.tune", "emmy.calibrate", "emmy.bench",
+             "emmy.testing", "emmy.workloads", "emmy.suite", "emmy.tune", "emmy.tune_workers", "emmy.calibrate",
+             "emmy.bench",
              "emmy.cli", "emmy.__main__", "emmy")),
 )
 
