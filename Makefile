@@ -25,9 +25,10 @@ run: setup
 	@if nvidia-smi -L >/dev/null 2>&1; then $(BIN)/python benchmarks/gpu_session.py; \
 	else echo "no GPU here: nothing timed (benchmarks/gpu_session.py checks and times every workload on one)"; fi
 
-# In parallel: a worker per core (the suite is mostly compiler and simulator runs).
+# In parallel: a worker per core (the suite is mostly compiler and simulator runs); the slowest tests are
+# listed at the end, so a CI log shows where the time goes.
 test: setup
-	$(BIN)/python -m pytest -q -n auto
+	$(BIN)/python -m pytest -q -n auto --durations=25
 
 bench: setup
 	$(BIN)/python benchmarks/run.py

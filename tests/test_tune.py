@@ -76,7 +76,7 @@ def test_a_worker_that_hangs_or_dies_costs_one_candidate_and_the_run_goes_on(tmp
     db = tmp_path / "m.sqlite"
     # a cold cache: each candidate's simulator build takes seconds, so the signal lands mid-run
     env = dict(os.environ, EMMY_DB=str(db), EMMY_SIM_MODE="plain", EMMY_CACHE_DIR=str(tmp_path / "cache"))
-    parent = subprocess.Popen([str(EMMY), "tune", "-c", RMS, "--device", "sim", "--budget", "4", "--watchdog", "3"],
+    parent = subprocess.Popen([str(EMMY), "tune", "-c", RMS, "--device", "sim", "--budget", "3", "--watchdog", "3"],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def stored() -> int:
@@ -97,7 +97,7 @@ def test_a_worker_that_hangs_or_dies_costs_one_candidate_and_the_run_goes_on(tmp
     with MeasurementDb(db) as store:
         rows = store.rows()
     program = emmy.optimize(RMS, target="sm_90")
-    assert sorted(r.knobs for r in rows) == sorted(str(c.row) for c in candidates(program, 4))  # one row each
+    assert sorted(r.knobs for r in rows) == sorted(str(c.row) for c in candidates(program, 3))  # one row each
     lost = [r for r in rows if not r.correct]
     if how == "hang":
         assert len(lost) <= 1 and all(r.error.startswith("hung: no result within 3 s") for r in lost)
