@@ -171,7 +171,6 @@ def time_torch(fn, args, flush) -> dict:
 def run_worker(job: Job, args) -> int:
     import emmy
     from emmy.batch_build import build_programs
-    from emmy.errors import KernelBuildError
     from emmy.gpu import GpuError, ProgramOnGpu
     from emmy.kernel_ir.lower import Unsupported
     from emmy.module_gpu import ModuleGpu, loader_library
@@ -230,12 +229,9 @@ def run_worker(job: Job, args) -> int:
             on_gpu = loaded = None
             try:
                 host = host_buffers(variant, inputs)
-                if cubins[index].error:
-                    raise KernelBuildError(cubins[index].error)
                 if not loader_failed:
                     try:
-                        loaded = ModuleGpu(cubins[index], tuple(k.name for k in variant.kernel_ir if k.cooperative),
-                                           work)
+                        loaded = ModuleGpu(cubins[index], variant, work)
                     except GpuError as err:
                         loader_failed = str(err)
                         rows.add(kind="note", text=f"the cubin loader failed ({err}): host libraries from here")

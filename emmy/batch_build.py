@@ -81,7 +81,8 @@ def build_programs(programs: list[tuple[str, list[str]]], target: str, cache_dir
     units = _units(list(todo.items()), batch, jobs)
 
     def build(unit: list[tuple[str, tuple[str, list[str]]]]) -> list[tuple[str, BuiltProgram]]:
-        return [(key, entry) for key, entry in zip((k for k, _ in unit), _build_unit([p for _, p in unit], target, root))]
+        unit_keys, unit_programs = zip(*unit)
+        return list(zip(unit_keys, _build_unit(list(unit_programs), target, root)))
 
     with concurrent.futures.ThreadPoolExecutor(max(1, min(jobs, len(units)))) as pool:
         for done in pool.map(build, units):

@@ -40,29 +40,39 @@ def build_library(source: Path, names: list[str], arch: str, work: Path | None =
                   cooperative: tuple[str, ...] = ()) -> Path:
     """The shared library of a CUDA source and its host side, built by nvcc for sm_`arch` unless one
     with the same content is cached (so many can be built at once, in threads, before any is loaded)."""
-    from emmy.config import settings
-    from emmy.sim.build import HEADERS, headers_digest
+    from emmy.sim.build import headers_digest
 
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise KernelBuildError("nvcc is not on PATH; it is needed to build for a GPU")
     text = host_library_source(source.resolve(), names, cooperative)
     flags = ["-shared", "-Xcompiler", "-fPIC", "-O3", f"-fmad={'true' if fmad else 'false'}", f"-arch=sm_{arch}"]
     key = hashlib.sha256("\0".join([" ".join(names), source.read_text(), " ".join(flags), headers_digest(),
                                     text]).encode())
+    return shared_library(text, flags, work, f"{key.hexdigest()[:24]}-sm_{arch}.so", "the GPU library for sm_" + arch)
+
+
+def shared_library(text: str, flags: list[str], work: Path | None, name: str, what: str) -> Path:
+    """`text` (CUDA C++) built by nvcc with `flags` into `name` under `work` (default
+    EMMY_CACHE_DIR/gpu), unless that file exists: `name` carries the caller's content key. Written
+    whole or not at all, so threads may build at once."""
+    from emmy.config import settings
+    from emmy.sim.build import HEADERS
+
     folder = work or settings().cache_dir / "gpu"
+    library = folder / name
+    if library.exists():
+        return library
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise KernelBuildError(f"nvcc is not on PATH; it is needed to build {what}")
     folder.mkdir(parents=True, exist_ok=True)
-    lib = folder / f"{key.hexdigest()[:24]}-sm_{arch}.so"
-    if not lib.exists():
-        with tempfile.TemporaryDirectory(dir=folder) as tmp:
-            wrapper = Path(tmp) / f"{source.stem}.wrap.cu"
-            wrapper.write_text(text)
-            done = subprocess.run([nvcc, *flags, "-I", str(HEADERS), str(wrapper), "-o", str(Path(tmp) / "lib.so")],
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                raise KernelBuildError(f"nvcc could not build the GPU library for sm_{arch}:\n{done.stderr[:4000]}")
-            os.replace(Path(tmp) / "lib.so", lib)
-    return lib
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        source = Path(tmp) / "library.cu"
+        source.write_text(text)
+        done = subprocess.run([nvcc, *flags, "-I", str(HEADERS), str(source), "-o", str(Path(tmp) / "lib.so")],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise KernelBuildError(f"nvcc could not build {what}:\n{done.stderr[:4000]}")
+        os.replace(Path(tmp) / "lib.so", library)
+    return library
 
 
 class Gpu:

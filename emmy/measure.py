@@ -145,7 +145,7 @@ class GpuDevice:
         loaded = None
         if built is not None and not self.loader_failed:
             try:
-                loaded = ModuleGpu(built, tuple(k.name for k in program.kernel_ir if k.cooperative))
+                loaded = ModuleGpu(built, program)
             except GpuError as err:  # the loader, not the candidate: every later one gets a host library
                 self.loader_failed = str(err)
                 log.warning("the cubin loader failed (%s); candidates get a host library of their own", err)

@@ -12,50 +12,30 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 from emmy.errors import GpuError, KernelBuildError
-from emmy.gpu import Gpu, _dims
+from emmy.gpu import Gpu, _dims, shared_library
 
 
 def loader_library(work: Path | None = None) -> Path:
     """module_loader.cu built by nvcc into a shared library (host code only: one serves every GPU),
     unless one of the same text and nvcc is cached under `work` (default EMMY_CACHE_DIR/gpu)."""
-    from emmy.config import settings
     from emmy.nvcc import nvcc_version
     from emmy.sim.build import HEADERS, headers_digest
 
-    source = HEADERS / "module_loader.cu"
+    text = (HEADERS / "module_loader.cu").read_text()
     flags = ["-shared", "-Xcompiler", "-fPIC", "-O3"]
-    key = hashlib.sha256("\0".join([source.read_text(), headers_digest(), " ".join(flags),
-                                    nvcc_version()]).encode()).hexdigest()[:24]
-    folder = work or settings().cache_dir / "gpu"
-    library = folder / f"module-loader-{key}.so"
-    if library.exists():
-        return library
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise KernelBuildError("nvcc is not on PATH; it is needed to build the GPU module loader")
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        built = Path(tmp) / "loader.so"
-        done = subprocess.run([nvcc, *flags, "-I", str(HEADERS), str(source), "-o", str(built)],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise KernelBuildError(f"nvcc could not build the GPU module loader:\n{done.stderr[:4000]}")
-        os.replace(built, library)
-    return library
+    key = hashlib.sha256("\0".join([text, headers_digest(), " ".join(flags), nvcc_version()]).encode()).hexdigest()[:24]
+    return shared_library(text, flags, work, f"module-loader-{key}.so", "the GPU module loader")
 
 
 class ModuleGpu(Gpu):
     """The kernels of one built program (emmy.batch_build.BuiltProgram) loaded from its cubin;
-    `cooperative`: the program's kernels with grid barriers (launched cooperatively)."""
+    `program` (its Program) says which have grid barriers (launched cooperatively). A program that
+    did not build is a KernelBuildError with nvcc's reason."""
 
-    def __init__(self, built, cooperative: tuple[str, ...] = (), work: Path | None = None):
+    def __init__(self, built, program=None, work: Path | None = None):
         if built.cubin is None:
             raise KernelBuildError(f"the program did not build: {built.error}")
         self._load(loader_library(work))
@@ -68,7 +48,7 @@ class ModuleGpu(Gpu):
             self.check(self.lib.emmy_module_function(self.module, inside.encode(), ctypes.byref(function)),
                        f"finding kernel {inside} in {built.cubin.name}")
             self.functions[name] = function
-        self.cooperative = frozenset(cooperative)
+        self.cooperative = frozenset(k.name for k in program.kernel_ir if k.cooperative) if program else frozenset()
 
     def _function(self, name: str) -> ctypes.c_void_p:
         if name not in self.functions:
@@ -78,10 +58,6 @@ class ModuleGpu(Gpu):
     def launch(self, name: str, grid, block, shared: int, argv) -> None:
         self.check(self.lib.emmy_module_launch(self._function(name), _dims(grid), _dims(block), ctypes.c_ulong(shared),
                                                argv, ctypes.c_int(name in self.cooperative)), f"launching {name}")
-
-    def time(self, name: str, grid, block, shared: int, argv, iters: int) -> float:
-        """Milliseconds for `iters` back-to-back launches."""
-        return self.samples(name, grid, block, shared, argv, 1, iters)[0] * iters
 
     def samples(self, name: str, grid, block, shared: int, argv, reps: int, batch: int = 1,
                 flush: ctypes.c_void_p | None = None, flush_bytes: int = 0) -> list[float]:

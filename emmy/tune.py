@@ -60,7 +60,7 @@ def measure_candidate(program, candidate: Candidate, device, inputs, references,
     """One candidate checked and timed on `device`, as a database row (wrong or refused: a row saying
     why). `variant`: the program with the candidate's row, when already made; `built`: its device code
     when `device.prepare` built it ahead."""
-    from emmy.errors import EmmyError, KernelBuildError, KernelFault
+    from emmy.errors import EmmyError, KernelFault
     from emmy.gpu import GpuError
     from emmy.kernel_ir.lower import Unsupported
     from emmy.measure import Measured
@@ -68,9 +68,7 @@ def measure_candidate(program, candidate: Candidate, device, inputs, references,
     try:
         if variant is None:
             variant = program.with_rows({candidate.kernel: candidate.row})
-        if built is not None and built.error:
-            raise KernelBuildError(built.error)
-        measured = device.measure(variant, inputs, references, built)
+        measured = device.measure(variant, inputs, references, built)  # a build's error raises from its load
     except GpuError as err:  # the CUDA context may be lost: recorded, then the tuner stops (run)
         measured = Measured(False, f"{FAULT}{str(err)[:500]}")
     except (Unsupported, KernelFault, EmmyError) as err:
