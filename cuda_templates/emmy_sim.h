@@ -15,9 +15,10 @@
 // block starts on stacks of its own; once every block is parked, they are
 // released and resumed one after another, up to the next grid barrier. Blocks
 // take turns in one OS thread, so their static __shared__ arrays are one
-// storage: a kernel must not keep shared memory live across a grid barrier
-// (dynamic shared memory is refilled with 0xff bytes at every turn, so a
-// value kept there comes back as NaN).
+// storage: a kernel must not keep static shared memory live across a grid
+// barrier. Dynamic shared memory is each block's own, as on a GPU: a parked
+// block's bytes are saved and given back when it resumes (a block's first
+// turn starts with 0xff bytes, NaN floats).
 //
 // Modes (chosen by the launcher, emmy/sim/): plain; EMMY_SIM_ASAN (built with
 // -fsanitize=address: out-of-bounds accesses are ASan reports); and
@@ -259,7 +260,8 @@ struct Launch {
   unsigned long barrier_epoch = 0;  // barriers released so far (all blocks): race-check epochs
   std::vector<unsigned> warp_epochs;
   bool parked = false;  // the block just run waits at a grid barrier, every live thread of it
-  struct Parked { uint3 block_index; std::vector<Thread> threads; char* stacks; };
+  // a block parked at a grid barrier: its fibers, their stacks, and its dynamic shared memory
+  struct Parked { uint3 block_index; std::vector<Thread> threads; char* stacks; std::vector<std::vector<char>> shared; };
   std::vector<Parked> waiting;  // blocks at the grid barrier, in launch order
 #if defined(__SANITIZE_ADDRESS__)
   void* fake_stack = nullptr;
@@ -285,6 +287,14 @@ constexpr size_t dynamic_shared_capacity = 232448;  // the largest opt-in per bl
 struct DynamicShared { void* base; };
 inline std::vector<DynamicShared>& dynamic_arrays() { static std::vector<DynamicShared> arrays; return arrays; }
 inline size_t dynamic_bytes = 0;
+
+// A parked block's dynamic shared memory, to give back when it resumes.
+inline std::vector<std::vector<char>> saved_dynamic_shared() {
+  std::vector<std::vector<char>> saved;
+  for (DynamicShared& d : dynamic_arrays())
+    saved.emplace_back(static_cast<char*>(d.base), static_cast<char*>(d.base) + dynamic_bytes);
+  return saved;
+}
 
 EMMY_SIM_INTERNAL inline void fail(const std::string& message) {
   if (launch_state.error.empty()) launch_state.error = message;
@@ -611,7 +621,7 @@ EMMY_SIM_INTERNAL int launch(dim3 grid, dim3 block, F&& body) {
         run_block();
         if (!L.error.empty()) return release_parked(1);
         if (L.parked) {  // it keeps its fibers; the next block gets stacks of its own
-          L.waiting.push_back({L.block_index, std::move(L.threads), L.stacks});
+          L.waiting.push_back({L.block_index, std::move(L.threads), L.stacks, saved_dynamic_shared()});
           L.stacks = nullptr;
           fresh_pool(n);
         } else if (!L.waiting.empty()) {
@@ -632,7 +642,8 @@ EMMY_SIM_INTERNAL int launch(dim3 grid, dim3 block, F&& body) {
       std::swap(L.threads, round[b].threads);
       std::swap(L.stacks, round[b].stacks);
       L.block_index = round[b].block_index;
-      for (DynamicShared& d : dynamic_arrays()) std::memset(d.base, 0xff, dynamic_bytes);
+      for (size_t i = 0; i < dynamic_arrays().size(); ++i)
+        std::memcpy(dynamic_arrays()[i].base, round[b].shared[i].data(), dynamic_bytes);
       for (Thread& t : L.threads) if (t.state == State::grid) t.state = State::runnable;
       resume_block();
       std::swap(L.threads, round[b].threads);
@@ -641,7 +652,10 @@ EMMY_SIM_INTERNAL int launch(dim3 grid, dim3 block, F&& body) {
         for (size_t r = b; r < round.size(); ++r) L.waiting.push_back(std::move(round[r]));
         return release_parked(1);
       }
-      if (L.parked) L.waiting.push_back(std::move(round[b]));
+      if (L.parked) {
+        round[b].shared = saved_dynamic_shared();
+        L.waiting.push_back(std::move(round[b]));
+      }
       else { if (!some_ended) ended = round[b].block_index; some_ended = true; std::free(round[b].stacks); }
     }
     if (some_ended && !L.waiting.empty()) return release_parked(grid_unmet(L.waiting.front().block_index, ended));

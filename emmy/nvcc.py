@@ -111,19 +111,24 @@ def parse_ptxas(text: str) -> dict[str, Resources]:
 
 def sass_mix(cubin: Path) -> dict[str, collections.Counter]:
     """Per kernel, how many of each SASS opcode (with modifiers, e.g. LDG.E.128) its code holds."""
+    return {name: collections.Counter(ops) for name, ops in sass_opcodes(cubin).items()}
+
+
+def sass_opcodes(cubin: Path) -> dict[str, list[str]]:
+    """Per kernel, its SASS opcodes (with modifiers) in code order."""
     tool = _cuobjdump()
     env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # nvdisasm beside it
     done = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise KernelBuildError(f"cuobjdump -sass failed: {done.stderr.strip()[:2000]}")
-    mix: dict[str, collections.Counter] = {}
-    counter = None
+    found: dict[str, list[str]] = {}
+    ops = None
     for line in done.stdout.splitlines():
         if m := re.match(r"\s*Function : (\w+)", line):
-            counter = mix.setdefault(m.group(1), collections.Counter())
-        elif counter is not None and (m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)):
-            counter[m.group(1)] += 1
-    return _demangled(mix)
+            ops = found.setdefault(m.group(1), [])
+        elif ops is not None and (m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)):
+            ops.append(m.group(1))
+    return _demangled(found)
 
 
 def _demangled(mix: dict) -> dict:

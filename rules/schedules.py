@@ -64,6 +64,7 @@ CANDIDATES = {
     # RTX 4090 128, H100/H200 132, L40S 142, RTX 5090 170); a GPU takes those up to its own count
     # (a pin may ask for any other: g4s runs a small grid in the simulator)
     "REDUCE_GRID_BLOCKS": (108, 128, 132, 142, 170),
+    "STAGE_WEIGHTS": (0, 1, 2),  # STAGE=regs, regs/w1, regs/w2 (a LayerNorm's weight and bias)
     "STAGE_PLAIN_DEPTHS": (1, 2),
     "STAGE_PIPELINE_DEPTHS": (2, 3, 4),
     "RASTER_GROUPS": (4, 8),
@@ -77,12 +78,14 @@ assert set(ATOM_DTYPE) == set(MMA_ATOMS)
 from emmy.schedule.geometry import (FLASH_SIMT_KEYS, MICRO_K, MICRO_THREADS, flash_fits,  # noqa: E402
                                    micro_layout, simt_staged_fits)  # one source for rules and geometry
 MAX_ACC_REGS = 64
+MAX_HELD_BYTES = 128  # a thread's share of a row held in registers (STAGE=regs): 32 registers
+GRID_ROW_STATIC_SMEM = 1024  # room a grid-synced row's static arrays (its warps' partial states) keep beside its weights
 MAX_FLASH_ACC_REGS = 128  # S tile + O accumulators a thread, flash attention
 
 
 # A kernel is its name (a stand-in name per distinct shape when spaces are shared).
 kernel = relation("kernel", String, String, i64, i64, i64, i64, i64, i64)  # name kind rows cols red inner itemsize batch
-kernel_flag = relation("kernel_flag", String, String)  # foldonly | raw | atomic
+kernel_flag = relation("kernel_flag", String, String)  # foldonly | raw | atomic | held
 kernel_panels = relation("kernel_panels", String, i64, i64)  # contraction: staged element bytes, A side, B side
 kernel_mma = relation("kernel_mma", String, String)  # tensor-core operand dtype: f16 | bf16
 target = relation("target", i64, i64, i64, i64)  # smem per block, SMs, has cp.async, has TMA
@@ -97,6 +100,8 @@ stage_plain = relation("stage_plain", String, i64)  # d<D>/smem
 stage_async = relation("stage_async", String, i64)  # d<D>/smem-async
 stage_tma = relation("stage_tma", String, i64)  # d<D>/smem-tma
 stage_none = relation("stage_none", String)
+stage_regs = relation("stage_regs", String, i64)  # regs[/w<N>]: a row held in registers, N weights in shared memory
+kernel_weights = relation("kernel_weights", String, i64)  # operands a row's sweep reads alike every row
 reduce_none = relation("reduce_none", String)
 reduce_coop = relation("reduce_coop", String)
 raster_none = relation("raster_none", String)
@@ -117,6 +122,7 @@ threads, elems, vec, wm, wn, fm, fn, kc, depth, split, group = vars_(
 rm, rn, tx, ty, pa, pb, fmma = vars_("rm rn tx ty pa pb fmma", i64)
 bm, bn, bk, smem, sms, has_async, has_tma, per_block, brows, nblocks, ksteps = vars_(
     "bm bn bk smem sms has_async has_tma per_block brows nblocks ksteps", i64)
+n, count = vars_("n count", i64)  # weights kept in shared memory, weights the kernel has
 
 _K = kernel(k, kind, rows, cols, red, inner, isz, batch)
 
@@ -128,6 +134,13 @@ def micro_thread_facts() -> list:
 
 def _vector_ok(extent, vector, itemsize):
     return [eq(extent % vector).to(i64(0)), vector * itemsize <= i64(16)]
+
+
+def _held_bytes(blocks=None):
+    """geometry.held_bytes in egglog arithmetic: a thread's whole steps of its block's slice of
+    the row, at the widest element (`blocks`: the row's blocks, the split by default)."""
+    blocks = split if blocks is None else blocks
+    return ((red + threads * elems - 1) / (threads * elems) + blocks - 1) / blocks * elems * isz
 
 
 map_rows = ruleset(
@@ -161,6 +174,29 @@ row_rows = ruleset(
     rule(kernel(k, "row", rows, cols, red, inner, isz, batch), target(smem, sms, has_async, has_tma),
          work_threads(w, threads), tile_simt(t, elems, vec), stage_none(s), reduce_split(r, split, "s"), raster_none(g),
          rows < sms, split <= sms, threads * elems * split <= red, *_vector_ok(inner, vec, isz)
+         ).then(legal_row(k, w, t, r, s, g)),
+    # a cooperating block, or a grid-synced row, whose fold keeps in registers the elements its
+    # sweep (or a later fold) reads again (STAGE=regs), when a thread's share of them is at most
+    # MAX_HELD_BYTES
+    rule(kernel(k, "row", rows, cols, red, inner, isz, batch), kernel_flag(k, "held"), work_threads(w, threads),
+         tile_simt(t, elems, vec), stage_regs(s, i64(0)), reduce_coop(r), raster_none(g),
+         threads * elems <= red, *_vector_ok(inner, vec, isz), _held_bytes(i64(1)) <= i64(MAX_HELD_BYTES),
+         ).then(legal_row(k, w, t, r, s, g)),
+    rule(kernel(k, "row", rows, cols, red, inner, isz, batch), kernel_flag(k, "held"),
+         target(smem, sms, has_async, has_tma), work_threads(w, threads), tile_simt(t, elems, vec),
+         stage_regs(s, i64(0)), reduce_split(r, split, "s"), raster_none(g),
+         rows < sms, split <= sms, threads * elems * split <= red, *_vector_ok(inner, vec, isz),
+         _held_bytes() <= i64(MAX_HELD_BYTES),
+         ).then(legal_row(k, w, t, r, s, g)),
+    # ... and a grid's blocks keep their slices of the first N weights (operands every row reads
+    # alike, the same slice each row) in shared memory, when they fit (geometry.held_bytes a
+    # weight a thread, beside the row's static arrays)
+    rule(kernel(k, "row", rows, cols, red, inner, isz, batch), kernel_flag(k, "held"), kernel_weights(k, count),
+         target(smem, sms, has_async, has_tma), work_threads(w, threads), tile_simt(t, elems, vec),
+         stage_regs(s, n), reduce_split(r, split, "s"), raster_none(g),
+         rows < sms, split <= sms, threads * elems * split <= red, *_vector_ok(inner, vec, isz),
+         _held_bytes() <= i64(MAX_HELD_BYTES), i64(1) <= n, n <= count,
+         n * threads * _held_bytes() + i64(GRID_ROW_STATIC_SMEM) <= smem,
          ).then(legal_row(k, w, t, r, s, g)),
     name="row",
 )

@@ -12,7 +12,8 @@ from math import ceil
 
 from emmy.schedule.space import default_candidates
 from emmy.schedule.knobs import Schedule, parse_value
-from emmy.rules.schedules import ATOM_DTYPE, MAX_ACC_REGS, MAX_FLASH_ACC_REGS, MAX_TILE_SPLIT
+from emmy.rules.schedules import (ATOM_DTYPE, GRID_ROW_STATIC_SMEM, MAX_ACC_REGS, MAX_FLASH_ACC_REGS, MAX_HELD_BYTES,
+                                  MAX_TILE_SPLIT)
 from emmy.schedule.geometry import (FLASH_SIMT_KEYS, MICRO_K, MICRO_THREADS, SIMT_K, contraction_stage_bytes,
                                    flash_bytes, micro_layout, simt_tile)
 
@@ -25,7 +26,8 @@ def _fields(value) -> dict:
                               else {"micro_m": v.micro_m, "micro_n": v.micro_n} if v.is_micro
                               else {"elems": v.elems, "vec": v.vec}),
              "Reduce": lambda: {"split": v.split, "mode": v.mode} if v.split > 1 else {},
-             "Stage": lambda: {"depth": v.depth, "how": v.how} if v.depth else {},
+             "Stage": lambda: ({"depth": v.depth, "how": v.how} if v.depth
+                               else {"held": True, "weights": v.weights} if v.held else {}),
              "Raster": lambda: {"group": v.group} if v.group else {}}
     return forms[type(v).__name__]()
 
@@ -57,6 +59,7 @@ def enumerate_rows(shape, target) -> set[Schedule]:
                 if threads * elems <= shape.rows + 31 and vector_ok(shape.inner, vec):
                     add(w, t)
         return out
+    (held,) = [s for s, f in stages if f.get("held") and not f.get("weights")]
     if shape.kind == "row":
         for w, threads in threads_of:
             for t, elems, vec in simt:
@@ -64,12 +67,25 @@ def enumerate_rows(shape, target) -> set[Schedule]:
                     continue
                 if threads <= shape.rows + 31 and elems <= shape.red:
                     add(w, t)
+                # a thread's share of a held row: its whole steps of the block's slice
+                held_bytes = lambda split: ceil(ceil(shape.red / (threads * elems)) / split) * elems * shape.itemsize  # noqa: E731
                 if threads * elems <= shape.red:
                     add(w, t, "coop")
+                    if shape.held and held_bytes(1) <= MAX_HELD_BYTES:
+                        add(w, t, "coop", held)
                 for r, split, mode in splits:
                     if mode == "s":  # a grid-synced row: at most one block an SM
                         if shape.rows < target.sms and split <= target.sms and threads * elems * split <= shape.red:
                             add(w, t, r)
+                            if shape.held and held_bytes(split) <= MAX_HELD_BYTES:
+                                add(w, t, r, held)
+                                # and the first N weights kept in shared memory, where they fit
+                                for spelling, f in stages:
+                                    weights = f.get("weights", 0)
+                                    if f.get("held") and 1 <= weights <= shape.weights and \
+                                            weights * threads * held_bytes(split) + GRID_ROW_STATIC_SMEM <= \
+                                            target.smem_per_block:
+                                        add(w, t, r, spelling)
                         continue
                     allowed = not shape.sweep and (mode == "k" or (not shape.epilogue and shape.atomic_ok))
                     if allowed and shape.rows < target.sms and threads * elems * split <= shape.red:
@@ -122,7 +138,7 @@ def enumerate_rows(shape, target) -> set[Schedule]:
         staged = [] if block_kind == "micro" else [""]
         is_mma = block_kind == "mma"
         for s, f in stages:
-            if not s:
+            if not f.get("depth"):
                 continue
             feature = {"smem": True, "smem-async": target.has_cp_async, "smem-tma": target.has_tma and is_mma}[f["how"]]
             if feature and f["depth"] * smem_per_depth <= target.smem_per_block:
@@ -158,7 +174,7 @@ def _flash(shape, target, threads_of, warps_of, simt, mma, stages, splits, vecto
     for w, t, bm, bn, is_mma in blocks:
         out.add(Schedule(w, t, "", "", ""))
         for s, f in stages:
-            if not s:
+            if not f.get("depth"):
                 continue
             feature = {"smem": True, "smem-async": target.has_cp_async, "smem-tma": target.has_tma}[f["how"]]
             smem = flash_bytes(bm, bn, shape.inner, shape.cols, shape.itemsize, f["depth"], is_mma)

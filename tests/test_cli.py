@@ -110,7 +110,7 @@ def test_suite_compiles_checks_predicts_and_simulates_a_workload():
     assert header.split()[:6] == ["workload", "kernels", "schedule", "(first", "kernel)", "compile"]
     assert "(sm_120)" in header and "CUDA in sim err" in header
     cells = rms.split()
-    assert cells[:3] == ["rmsnorm", "1", "WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=,RASTER="]
+    assert cells[:3] == ["rmsnorm", "1", "WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=regs,RASTER="]
     assert float(cells[3]) > 0 and float(cells[-2]) < 1e-5 and cells[-1] == "ok"
     assert matmul.split()[:2] == ["matmul_f16", "1"] and "mma_m16n8k16_f16_f32" in matmul and matmul.split()[-1] == "ok"
     assert summary == "2 passed, 0 failed"

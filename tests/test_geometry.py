@@ -126,8 +126,9 @@ def test_the_rules_the_geometry_and_the_lowerings_agree_on_shared_memory(target)
 
 
 def _sampled_rows(program, kernel, shape) -> list:
-    """The cheapest row of each (REDUCE, TILE) pair, cheapest first, three at most; and the
-    cheapest grid-synced row (REDUCE=g<N>s) where one is offered."""
+    """The cheapest row of each (REDUCE, TILE) pair, cheapest first, three at most; the
+    cheapest grid-synced row (REDUCE=g<N>s) where one is offered; and the cheapest row held in
+    registers (STAGE=regs) of a cooperating block and of a grid where offered."""
     ranked = program.ranked_rows(kernel)
     picked, seen = [], set()
     for breakdown in ranked:
@@ -135,7 +136,11 @@ def _sampled_rows(program, kernel, shape) -> list:
             seen.add((breakdown.row.REDUCE, breakdown.row.TILE))
             picked.append(breakdown.row)
     grid = [b.row for b in ranked if b.row.reduce.grid]
-    return picked[:3] + [r for r in grid[:1] if r not in picked[:3]]
+    chosen = picked[:3] + [r for r in grid[:1] if r not in picked[:3]]
+    for grid_synced in (False, True):
+        held = [b.row for b in ranked if b.row.stage.held and b.row.reduce.grid == grid_synced]
+        chosen += [r for r in held[:1] if r not in chosen]
+    return chosen
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))

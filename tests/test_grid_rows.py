@@ -100,6 +100,21 @@ def test_grid_synced_norms_run_right_in_the_simulator(name, knobs):
     assert all(c.ok for c in check_program(program, mode="asan")), (name, knobs)
 
 
+@pytest.mark.parametrize("code,knobs", [
+    ("x=torch.randn(8,4000); torch.softmax(x, dim=-1)", "WORK=t32,TILE=f1,REDUCE=g40s"),
+    ("x=torch.randn(3,4000); w=torch.randn(4000); b=torch.randn(4000); "
+     "torch.nn.functional.layer_norm(x, (4000,), w, b)", "WORK=t32,TILE=f2/v2,REDUCE=g37s,STAGE=regs"),
+])
+def test_more_blocks_than_a_warp_has_lanes_merge_right(code, knobs):
+    """Past 32 blocks each lane of the merging warp folds several blocks' partial states before
+    the shuffles (an online softmax's (m, d) and a Welford state)."""
+    from emmy.runtime import check_program
+
+    program = emmy.optimize(code, target="sm_90", knobs=knobs)
+    assert program.kernel_ir[0].grid[0] > 32
+    assert all(c.ok for c in check_program(program, mode="asan")), knobs
+
+
 def test_a_grid_synced_row_is_one_cooperative_launch_with_a_barrier_a_row():
     program = emmy.optimize(NORMS["layer norm (C,H,W)"], target="sm_90", knobs="WORK=t32,TILE=f4/v4,REDUCE=g4s")
     (kernel,) = program.kernel_ir

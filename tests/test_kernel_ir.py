@@ -46,7 +46,7 @@ def test_rmsnorm_cuda_carries_its_knob_row_and_calls_the_runtime_header(tmp_path
     assert result.returncode == 0, result.stderr
     text = out.read_text()
     assert text.startswith('#include "emmy_rt.cuh"')
-    assert "// knobs WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=,RASTER=" in text
+    assert "// knobs WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=regs,RASTER=" in text
     assert "emmy::load_vec<2>(&g_x[2048 * a0 + base])" in text  # buffers are g_<name> in CUDA text
     assert "__shfl_xor_sync(0xffffffffu, acc0, offset)" in text and "__shared__ __align__(16) float sum_partials[32];" in text
     assert text.count("__syncthreads();") == 3
@@ -182,7 +182,7 @@ def test_every_workload_runs_clean_under_address_sanitizer_at_a_small_shape(name
 def test_emmy_run_check_prints_the_errors_and_refuses_what_it_cannot_lower():
     result = run_emmy("run", "-c", RMSNORM, "--check")
     assert result.returncode == 0, result.stderr
-    assert "k_rms_norm: grid 32 x block 1024  WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=,RASTER=" in result.stdout
+    assert "k_rms_norm: grid 32 x block 1024  WORK=t1024,TILE=f2/v2,REDUCE=coop,STAGE=regs,RASTER=" in result.stdout
     row = next(line.split() for line in result.stdout.splitlines() if line.strip().startswith("out0"))
     assert row[1] == "f32" and float(row[2]) < 1e-5 and row[-1] == "ok"
     attention = run_emmy("run", "-c", get("attention").sim_code, "--check", "--knobs", "STAGE=d2/smem-tma",

@@ -125,7 +125,11 @@ def _render_grid_rows(n: K.GridRows, template, k: K.KernelIR, types) -> str:
 
 
 def _render_grid_merge(n: K.GridMerge, template, k, types) -> str:
-    return template.render(n=n, groups=_merge_groups(n.groups), accs=[acc for _, accs in n.groups for acc in accs])
+    groups = []
+    for (op, accs), (merge, slotted) in zip(n.groups, _merge_groups(n.groups)):
+        identity = _STATE_IDENTITY.get(op) or (_IDENTITY[op],) * len(accs)  # a lane with no slice left
+        groups.append((merge, [(acc, slot, literal(i, DType.F32)) for (acc, slot), i in zip(slotted, identity)]))
+    return template.render(n=n, groups=groups, accs=[acc for _, accs in n.groups for acc in accs])
 
 
 def _render_only_thread(n: K.OnlyThread, template, k, types) -> str:

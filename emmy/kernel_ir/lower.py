@@ -27,6 +27,8 @@ from emmy.loop_ir import nodes as L
 from emmy.loop_ir.bounds import out_of_bounds
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 from emmy.schedule.geometry import workspace_name
+from emmy.schedule.geometry import held_bytes
+from emmy.schedule.held import held_loads, invariant_loads
 from emmy.tile_ir.build import fold_tree, tile_kernel
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
 from emmy.schedule.shape import panel_side
@@ -63,7 +65,9 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
     split_ok = tile.shape.kind in ("row", "column") and row.reduce.atomic and tile.kernel.type.dtype.value == "f32"
     workspace_ok = tile.shape.kind == "row" and (row.reduce.workspace or row.reduce.grid)
     blocking = [f"REDUCE={row.REDUCE}"] if row.reduce.split > 1 and not (split_ok or workspace_ok) else []
-    blocking += [f"{knob}={getattr(row, knob)}" for knob in ("STAGE", "RASTER") if getattr(row, knob)]
+    held = row.stage.held and tile.shape.kind == "row" and (row.reduce.coop or row.reduce.grid)
+    blocking += [f"{knob}={getattr(row, knob)}" for knob in ("STAGE", "RASTER")
+                 if getattr(row, knob) and not (knob == "STAGE" and held)]
     if blocking:
         return f"{', '.join(blocking)} {'is' if len(blocking) == 1 else 'are'} not lowered yet"
     # a map recomputes what is hoisted above its loops per element; a row would lose it
@@ -84,6 +88,16 @@ def supports(tile: TileKernel, types: dict | None = None, memo: dict | None = No
         why = _workspace_split(tile)
         if why:
             return f"REDUCE={row.REDUCE}: {why}"
+    if held and types is not None:
+        key = ("held", row.STAGE, row.reduce.grid, tile.geometry.vec)  # what a row can hold: not its sizes
+        if key not in memo:
+            try:
+                _lower_row_grid(tile, types, ()) if row.reduce.grid else _lower_row(tile, types, ())
+                memo[key] = ""
+            except Unsupported as why:
+                memo[key] = f"STAGE={row.STAGE}: {why}"
+        if memo[key]:
+            return memo[key]
     if row.reduce.coop or split_ok or workspace_ok:  # folds merged across threads: the runtime header's merges
         for fold in (p for p in tile.parts if isinstance(p, Fold) and p.twist):
             state = len([i for i in fold.init if _in_state(i, fold)])
@@ -217,9 +231,10 @@ def _lower_row_grid(tile: TileKernel, types: dict, params) -> KernelIR:
     """A grid-synced row (REDUCE=g<N>s): a cooperative grid of `split` blocks takes every row in
     turn; each block folds a whole-step slice of the row, combines it across its threads and leaves
     its partial state in a workspace ([accumulator][row parity][slice]: a row's states are written
-    while the last row's may still be read); after a grid barrier each block merges all of them
-    in slice order, runs the row's epilogue (the row's results stored by the grid's first thread)
-    and sweeps its slice of the row. One launch, and the row's second read comes from L2."""
+    while the last row's may still be read); after a grid barrier the first warp of each block
+    merges all of them (GridMerge), runs the row's epilogue (the row's results stored by the grid's
+    first thread) and sweeps its slice of the row. One launch; the row's second read comes from L2,
+    or from registers under STAGE=regs."""
     g = tile.geometry
     loops, _ = free_loops(tile.kernel, tile.placement.free)
     rows, split, threads, width = prod(e for _, e in loops), g.split, g.threads, g.vec
@@ -249,12 +264,14 @@ def _lower_row_grid(tile: TileKernel, types: dict, params) -> KernelIR:
         elif isinstance(part, Sweep):
             loop = _element_loop(part.var, part.extent, part.body, types, width, threads, unroll, "thread")
             body.append(dataclasses.replace(loop, split=split))
+    if tile.row.stage.held:
+        body = _held_row(tile, body, types)
     twists = ((fold.twist, tuple(i.acc for i in fold.init if _in_state(i, fold))),) if fold.twist else ()
     extent = max(p.extent for p in tile.parts if isinstance(p, (Fold, Sweep)))
     return KernelIR(name=tile.kernel.name, params=(*plain, Param(workspace, DType.F32, True, size), *faults),
                     tile=Tile(("row", "col"), extent, rows, threads), grid=(split, 1, 1), block=(threads, 1, 1),
                     shared=tuple(shared), body=(GridRows(tuple(loops), tuple(body)),), knobs=str(tile.row),
-                    summary=tile.shape.describe(), twists=twists, cooperative=True)
+                    summary=tile.shape.describe(), twists=twists, cooperative=True, dynamic_smem=g.smem_bytes)
 
 
 def _lower_row_workspace(tile: TileKernel, types: dict, params) -> list[KernelIR]:
@@ -353,6 +370,68 @@ def _element_loop(var, extent, body, types, width, workers, unroll, worker) -> E
                        vectors=loads, body=tuple(body), tail=extent % width != 0, stores=stores)
 
 
+def _slice_steps(n: ElementLoop) -> int:
+    """The steps a thread takes in an element loop: its block's slice of whole steps of the
+    threads' vectors (ElementLoop.j2's `lo`, `hi`)."""
+    chunk = n.workers * n.width * n.unroll
+    return -(-(-(-(n.extent - n.extent % n.width) // chunk)) // n.split)
+
+
+def _held_row(tile: TileKernel, body: list, types: dict) -> list:
+    """STAGE=regs: the row's element loops walk a constant count of steps (their block's slice of
+    the row), each fold keeping in registers the vectors a later loop of the row loads again
+    (emmy.schedule.held says which), and those loops reading them from there. Every such load
+    must move the loop's vectors (a width-1 loop takes one-element vectors), so the cost model's
+    count of what is held is what the kernel holds. Under STAGE=regs/w<N> (grid-synced rows) the
+    first N weights (held.invariant_loads) are loaded on the first row into each thread's own
+    slots of dynamic shared memory (geometry.held_bytes a weight a thread) and read from there on
+    every later row."""
+    pairs = held_loads(tile.kernel.body)
+    weights = invariant_loads(tile.kernel.body)[:tile.row.stage.weights]
+    if weights and not tile.row.reduce.grid:
+        raise Unsupported("weights kept in shared memory need a grid-synced row (REDUCE=g<N>s), whose blocks "
+                          "read the same slice every row")
+    if len(weights) < tile.row.stage.weights:
+        raise Unsupported(f"the row's sweep reads {len(weights)} weight(s) alike every row, "
+                          f"not {tile.row.stage.weights}")
+    g = tile.geometry
+    region = g.threads * held_bytes(tile.shape, g.threads, g.elems, g.split)  # one weight's slots
+    loops = [n for n in body if isinstance(n, ElementLoop)]
+    if not pairs or not loops:
+        raise Unsupported("the row loads nothing twice, so there is nothing to hold")
+    widths = {n.width for n in loops}
+    if len(widths) != 1 or any(n.tail for n in loops):
+        raise Unsupported("the row's loops do not all move whole vectors of one width")
+    (width,) = widths
+    steps = {_slice_steps(n) for n in loops}
+    if len(steps) != 1:
+        raise Unsupported("the row's loops walk different counts of steps")
+    (count,) = steps
+    held_loops, placed = {}, set()
+    for n in loops:
+        vectors = list(n.vectors)
+        if width == 1:  # one-element vectors, so there is a register array to keep them in
+            names = set(pairs) | set(pairs.values()) | set(weights)
+            narrow = sorted({types[s.expr.buffer].dtype.value for s in n.body if isinstance(s, L.Assign)
+                             and s.name in names and types[s.expr.buffer].dtype.itemsize < 4})
+            if narrow:  # the runtime's vectors move 4, 8 or 16 bytes
+                raise Unsupported(f"one {' or '.join(narrow)} element at a time is not a vector the row can hold")
+            vectors += [VecLoad(f"{s.name}_v", s.expr.buffer, types[s.expr.buffer].dtype,
+                                flat_index(s.expr.buffer, s.expr.index, types), 1, n.var)
+                        for s in n.body if isinstance(s, L.Assign) and s.name in names]
+        loaded = {v.dst[:-2] for v in vectors}
+        keep = tuple(f"{name}_v" for name in loaded if name in pairs.values())
+        reuse = tuple((f"{name}_v", f"{pairs[name]}_v") for name in loaded if name in pairs)
+        staged = tuple((f"{name}_v", i * region) for i, name in enumerate(weights) if name in loaded)
+        placed |= {name for name in loaded if name in pairs or name in weights}
+        held_loops[id(n)] = dataclasses.replace(n, vectors=tuple(vectors), steps=count, keep=tuple(sorted(keep)),
+                                                reuse=tuple(sorted(reuse)), staged=staged)
+    if placed != set(pairs) | set(weights):
+        missing = sorted(set(pairs) | set(weights) - placed)
+        raise Unsupported(f"{', '.join(missing)} would be loaded one element at a time, not held")
+    return [held_loops.get(id(n), n) if isinstance(n, ElementLoop) else n for n in body]
+
+
 def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
     g, row = tile.geometry, tile.row
     loops, _ = free_loops(tile.kernel, tile.placement.free)
@@ -385,6 +464,8 @@ def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
         elif isinstance(part, Sweep):
             workers, worker = (threads, "thread") if coop else (1, "alone")
             body.append(_element_loop(part.var, part.extent, part.body, types, width, workers, unroll, worker))
+    if row.stage.held:
+        body = _held_row(tile, body, types)
     extent = max((p.extent for p in tile.parts if isinstance(p, (Fold, Sweep))), default=1)
     blocks = rows * split if coop else -(-rows // threads)
     return KernelIR(name=tile.kernel.name, params=params,

@@ -89,6 +89,15 @@ class ElementLoop:
     tail: bool
     stores: tuple[VecStore, ...] = ()  # stores written a vector at a time
     split: int = 1  # > 1: only this block's slice (the block index modulo `split`) of the extent
+    # A row held in registers (STAGE=regs): `steps` > 0 walks a constant number of steps, so the
+    # vectors a fold keeps (`keep`: their dst names) sit in register arrays `<dst>_held[step][r]`
+    # that later loops of the row read instead of loading (`reuse`: (their dst, the kept dst)).
+    steps: int = 0
+    keep: tuple[str, ...] = ()
+    reuse: tuple[tuple[str, str], ...] = ()
+    # A grid-synced row's weights (STAGE=regs/w<N>): (vector dst, byte offset in dynamic shared
+    # memory) loaded on the first row into the thread's own slots, read from there on later rows.
+    staged: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -434,9 +443,10 @@ class GridRows:
 
 @dataclass(frozen=True)
 class GridMerge:
-    """After a fold of a grid-synced row: the grid barrier, then the first thread of each block
+    """After a fold of a grid-synced row: the grid barrier, then the first warp of each block
     merges the blocks' partial states (workspace [accumulator][row parity][slice], `split` slices)
-    in slice order by each group's monoid or twist, and the block reads the row's state from
+    by each group's monoid or twist, lane l the slices l, l + 32, ... in order, then the lanes by
+    butterfly shuffles (the same steps in every block), and the block reads the row's state from
     shared memory `smem`."""
     groups: tuple[tuple[str, tuple[str, ...]], ...]  # (monoid or twist, accumulators), workspace order
     workspace: str

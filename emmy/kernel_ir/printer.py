@@ -154,10 +154,16 @@ def _list_scalar(n: K.Scalar, k: K.KernelIR, pad: str, out: list[str]) -> None:
 
 def _list_element_loop(n: K.ElementLoop, k: K.KernelIR, pad: str, out: list[str]) -> None:
     who = "tid" if n.workers > 1 else "0"
+    held = f", {n.steps} steps unrolled" if n.steps else ""
     out.append(f"{pad}for a{n.var} in {who}*{n.width}..{n.extent} step {n.workers * n.width}"
-               f" ({n.unroll} per step):")
+               f" ({n.unroll} per step{held}):")
+    reused = dict(n.reuse)
     for v in n.vectors:
-        out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{vector_index_c(v)}]")
+        if v.dst in reused:
+            out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = {reused[v.dst]}_held[step]  (held: no load)")
+            continue
+        kept = f"  (kept in {v.dst}_held)" if v.dst in n.keep else ""
+        out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{vector_index_c(v)}]{kept}")
     if n.width > 1:
         out.append(f"{pad}  for u in 0..{n.width}:")
     inner = pad + ("    " if n.width > 1 else "  ")
@@ -218,7 +224,7 @@ def _list_grid_merge(n: K.GridMerge, k: K.KernelIR, pad: str, out: list[str]) ->
     out.append(f"{pad}GridSync")
     out.append(f"{pad}this row: " + ", ".join(f"({', '.join(accs)}) = {op} over {n.split} partials"
                                               for op, accs in n.groups)
-               + f" in {n.workspace}[row & 1] (first thread), shared through {n.smem}")
+               + f" in {n.workspace}[row & 1] (first warp: 32 lanes, then shuffles), shared through {n.smem}")
 
 
 def _list_fill(n: K.Fill, k: K.KernelIR, pad: str, out: list[str]) -> None:

@@ -10,7 +10,9 @@ time with every term that made it.
   pattern achieves (narrow loads coalesce less well than 16-byte vectors);
   for maps and rows, every re-read the loop nest makes (a sweep reading its
   row again, a weight every row reads) at the bandwidth of the level its
-  footprint fits in (L1, L2, DRAM);
+  footprint fits in (L1, L2, DRAM), none for what a row held in registers
+  (STAGE=regs) keeps; a grid-synced row phase by phase: its fold's DRAM
+  reads, then its sweep, where DRAM and L2 traffic overlap;
 - contractions: every block's A and B panels pass through the L2; DRAM
   serves A and B once when they fit the L2, else what each wave of blocks
   in flight needs (its panels), else every panel read;
@@ -27,8 +29,8 @@ time with every term that made it.
   of memory latency that resident warps or a cp.async/TMA pipeline hide;
   `spread` the share of SMs with work; `tail` the last wave's fill;
 - sync: barrier and shuffle steps of cooperative reductions (and, for a
-  grid-synced row, per row a grid barrier and the first thread's merge of
-  the blocks' partial states); extra: the
+  grid-synced row, per row a grid barrier and the first warp's merge of
+  the blocks' partial states: N/32 reads a lane, then 5 shuffles); extra: the
   kernel a split reduction adds (the finishing kernel of a workspace split,
   the fill that sets the output before atomic adds).
 
@@ -42,14 +44,17 @@ from dataclasses import dataclass, fields
 from math import ceil, log2
 
 from emmy.schedule.knobs import STAGE_ASYNC, STAGE_TMA, Schedule
-from emmy.schedule.geometry import geometry, lane_access, workspace_name
+from emmy.schedule.geometry import geometry, held_bytes, lane_access, workspace_name
 from emmy.schedule.shape import KernelShape
 
 SYNC_STEP = 2.0e-8  # s per barrier or shuffle step of a block
 # A grid-wide barrier of a cooperative launch, one block an SM (an estimate of the order reported for
 # cooperative_groups grid.sync on recent GPUs, about a microsecond or two; not yet measured here)
 GRID_SYNC_SECONDS = 2.0e-6
-GRID_MERGE_STEP = 1.0e-8  # s per block partial state one thread reads (from L2, pipelined) and merges (estimate)
+# The first warp's merge of a grid-synced row's partial states: one L2 round trip after the barrier (the
+# lanes' reads are independent), then a step per slice a lane folds and per shuffle (estimates)
+GRID_MERGE_LATENCY = 5.0e-7
+GRID_MERGE_STEP = 1.0e-8
 BASE_REGS = 32  # registers a thread needs besides its accumulators and tiles
 SECTOR_BYTES = 32  # the unit of a global-memory transaction
 
@@ -94,8 +99,9 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     isz = shape.itemsize
     moved = _bytes(shape, g, loop_cost)
     coalescing = 0.85 + 0.15 * min(1.0, g.vec * isz / 16)
-    registers = _registers(shape, row, g)
-    spills = registers > target.regs_per_thread
+    registers = _registers(shape, row, g, loop_cost)
+    # a block of T threads gets at most the SM's registers over T each (64 at 1024 threads)
+    spills = registers > min(target.regs_per_thread, target.regs_per_sm // g.threads)
     memory_s = moved / (target.dram_bandwidth * coalescing)
     if lane_access(shape, row) == "strided":  # a 32-byte sector per lane: the extra sectors come through L2
         memory_s += loop_cost.bytes_read * (max(1, SECTOR_BYTES // isz) - 1) / target.l2_bandwidth
@@ -137,8 +143,16 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     if shape.kind in ("map", "row", "column"):  # contractions and attention price their re-reads by their tiles
         rows_per_block = 1 if shape.kind == "row" and not row.reduce.serial else g.threads
         in_flight = 1 if row.reduce.grid else min(shape.rows, slots * rows_per_block)  # a grid-synced row: one
-        seconds, again = reread_seconds(loop_cost.rereads, target, in_flight)
-        memory_s, moved = memory_s + seconds, moved + again
+        rereads = loop_cost.rereads
+        if row.stage.held:  # the sweep takes the fold's elements from registers, kept weights from shared memory
+            dropped = set(loop_cost.held_rereads) | {i for _, _, i in loop_cost.weights[:row.stage.weights]}
+            rereads = tuple(r for i, r in enumerate(rereads) if i not in dropped)
+        l1, l2, again = reread_levels(rereads, target, in_flight)
+        if shape.kind == "row" and row.reduce.grid:
+            memory_s = grid_row_memory(loop_cost, target, coalescing, l2, again) + l1 / target.l1_bandwidth
+        else:
+            memory_s += l1 / target.l1_bandwidth + l2 / target.l2_bandwidth + again / target.dram_bandwidth
+        moved += again
     memory_s *= 2.0 if spills else 1.0
     compute_s = max(arith_s, tensor_s, special_s, issue_s)
     body_s = max(memory_s / (hiding * spread), compute_s / (spread * issue)) / tail
@@ -148,7 +162,8 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
         steps = 5 + max(0, int(log2(max(g.threads, 32) // 32)))  # warp shuffles, then the block tree
         sync_s = SYNC_STEP * steps * waves
         if row.reduce.grid:  # every row in turn: its block trees, a grid barrier, the merge
-            sync_s = shape.rows * (SYNC_STEP * steps + GRID_SYNC_SECONDS + GRID_MERGE_STEP * g.split)
+            merge = ceil(g.split / 32) + 5  # a lane's slices, then the butterfly
+            sync_s = shape.rows * (SYNC_STEP * steps + GRID_SYNC_SECONDS + GRID_MERGE_LATENCY + GRID_MERGE_STEP * merge)
     extra_s = 0.0
     if row.reduce.workspace:  # workspace out and back, and a finishing launch
         workspace = shape.rows * shape.cols * shape.batch * g.split * 4 * 2
@@ -183,9 +198,12 @@ def requested_bytes(shape: KernelShape, row: Schedule, g, loop_cost) -> Requeste
     if shape.kind not in ("map", "row", "column"):
         return RequestedBytes(0.0, 0.0, ())
     written = loop_cost.bytes_written
+    kept = row.stage.held  # a row held in registers: its sweep does not load what its fold loaded
     if shape.kind == "row" and row.reduce.grid:  # each block's partial states out, every block reads them all
         states = loop_cost.accumulators * shape.rows * g.split * 4
-        by_buffer = {b.buffer: b.loop + b.row * (g.threads * g.split - 1) for b in loop_cost.buffers}
+        by_buffer = {b.buffer: b.loop - kept * b.held + b.row * (g.threads * g.split - 1) for b in loop_cost.buffers}
+        for buffer, loaded, _ in loop_cost.weights[:row.stage.weights]:  # kept weights: the first row's reads
+            by_buffer[buffer] -= loaded * (1 - 1 / shape.rows)
         by_buffer[workspace_name(shape.kernel)] = states * g.split
         return RequestedBytes(sum(by_buffer.values()), written + states, tuple(sorted(by_buffer.items())))
     if shape.kind == "row" and g.split > 1 and row.reduce.workspace:
@@ -201,7 +219,7 @@ def requested_bytes(shape: KernelShape, row: Schedule, g, loop_cost) -> Requeste
         padded = ceil(shape.rows / 32) * 32 / shape.rows
         by_buffer = {b.buffer: (b.loop - b.row + b.row * g.threads // 32 * g.split) * padded for b in loop_cost.buffers}
     elif shape.kind == "row" and not row.reduce.serial:
-        by_buffer = {b.buffer: b.loop + b.row * (g.threads * g.split - 1) for b in loop_cost.buffers}
+        by_buffer = {b.buffer: b.loop - kept * b.held + b.row * (g.threads * g.split - 1) for b in loop_cost.buffers}
     read = sum(by_buffer.values())
     if g.split > 1:  # atomics (g<N>a): each block reads and writes its rows' results
         read, written = read + written * g.split, written * g.split
@@ -220,25 +238,35 @@ def _fragment_prologue_ops(shape: KernelShape, row: Schedule, g) -> float:
     return a + b - in_loop_ir
 
 
-def reread_seconds(rereads, target, rows_in_flight: int = 1) -> tuple[float, float]:
+def reread_levels(rereads, target, rows_in_flight: int = 1) -> tuple[float, float, float]:
     """Reads beyond an element's first touch, each served by the smallest level its working set
     fits: an SM's L1, the L2, else DRAM again (emmy/schedule/loop_cost.py counts them). A row's own
     re-reads (a sweep after its fold) need every row in flight to keep its row: a softmax row of
     1.5 MB fits the L2 alone, not beside the hundreds of rows the other SMs are reading.
-    Returns (seconds, the bytes read from DRAM again)."""
-    total, from_dram = 0.0, 0.0
+    Returns the bytes each level serves: (L1, L2, DRAM)."""
+    l1 = l2 = dram = 0.0
     for moved, footprint, own_row in rereads:
         # an SM's L1 holds the rows that SM runs; the L2 holds every SM's
         per_sm = footprint * ceil(rows_in_flight / target.sms) if own_row else footprint
         everywhere = footprint * rows_in_flight if own_row else footprint
         if per_sm <= target.l1_reuse_bytes:
-            total += moved / target.l1_bandwidth
+            l1 += moved
         elif everywhere <= target.l2_bytes:
-            total += moved / target.l2_bandwidth
+            l2 += moved
         else:
-            total += moved / target.dram_bandwidth
-            from_dram += moved
-    return total, from_dram
+            dram += moved
+    return l1, l2, dram
+
+
+def grid_row_memory(loop_cost, target, coalescing: float, l2_again: float, dram_again: float) -> float:
+    """A grid-synced row's memory time, row phase by row phase (the grid barrier after each fold
+    keeps the blocks in step): the fold reads its first touches from DRAM; the sweep's DRAM traffic
+    (its first touches, its writes, what it reads again from DRAM) and its reads served by the L2
+    overlap, bounded by the DRAM's rate and by the L2's rate for everything that passes it."""
+    dram_rate = target.dram_bandwidth * coalescing
+    fold = loop_cost.fold_read / dram_rate
+    sweep_dram = loop_cost.bytes_read - loop_cost.fold_read + loop_cost.bytes_written + dram_again
+    return fold + max(sweep_dram / dram_rate, (sweep_dram + l2_again) / target.l2_bandwidth)
 
 
 def _tensor_flops(shape: KernelShape) -> float:
@@ -316,7 +344,7 @@ def micro_step_instructions(g, per_product: float = 1.0) -> dict[str, float]:
             "other": 1 + (fill * 4 + 4) / g.tile_k}
 
 
-def _registers(shape: KernelShape, row: Schedule, g) -> int:
+def _registers(shape: KernelShape, row: Schedule, g, loop_cost=None) -> int:
     tile = row.tile
     if tile.is_micro:  # accumulators, this K step's operands, the fill's vectors
         return BASE_REGS + g.micro_m * g.micro_n + 2 * (g.micro_m + g.micro_n)
@@ -327,4 +355,10 @@ def _registers(shape: KernelShape, row: Schedule, g) -> int:
         return BASE_REGS + fm * fn * 4 + (fm + fn) * 4  # accumulators and A/B fragments
     if shape.kind == "attention":  # each lane holds its share of a row's z, and m and d
         return BASE_REGS + tile.elems * (max(1, shape.cols // 32) + 2)
+    if row.stage.held and loop_cost is not None:
+        # the fold's loads land in the held arrays: they are its loads in flight (ptxas fits a
+        # t1024 LayerNorm row holding 32 floats a thread in 64 registers without spilling:
+        # tests/test_held_rows.py)
+        held = ceil(loop_cost.held_sources * held_bytes(shape, g.threads, g.elems, g.split) / 4)
+        return BASE_REGS + max(2 * tile.elems + tile.vec, held)
     return BASE_REGS + 2 * tile.elems + tile.vec

@@ -70,6 +70,14 @@ def flash_fits(bm: int, bn: int, inner: int, cols: int, itemsize: int, depth: in
     return fits(flash_bytes(bm, bn, inner, cols, itemsize, depth, bool(mma)), limit)
 
 
+def held_bytes(shape: KernelShape, threads: int, elems: int, split: int) -> int:
+    """Bytes of one held operand a thread keeps under STAGE=regs: its `elems` elements in every
+    step of its block's slice of the row (the ElementLoop's `steps`), at the kernel's widest
+    element (the rules' guard spells the same sum)."""
+    steps = ceil(shape.red / (threads * elems))
+    return ceil(steps / split) * elems * shape.itemsize
+
+
 @dataclass(frozen=True)
 class Geometry:
     threads: int  # per block
@@ -131,7 +139,8 @@ def geometry(shape: KernelShape, row: Schedule) -> Geometry:
         if row.reduce.serial:  # a thread a row
             return Geometry(threads, ceil(shape.rows / threads), elems, vec, 0)
         if row.reduce.grid:  # `split` blocks in all, taking every row in turn
-            return Geometry(threads, split, elems, vec, 0, split)
+            return Geometry(threads, split, elems, vec, stage.weights * threads * held_bytes(shape, threads, elems, split),
+                            split)
         return Geometry(threads, shape.rows * split, elems, vec, 0, split)
     bm, bn = simt_tile(threads * elems)  # the Kernel IR lowering's tiles
     blocks = ceil(shape.rows / bm) * ceil(shape.cols / bn) * shape.batch * split

@@ -5,7 +5,9 @@ canonical spelling, read and written here only.
     TILE    f<N>[/v<V>] | r<RM>x<RN> | <atom>/f<FM>x<FN>/k<K>
                                              r: an RM x RN register micro-tile a thread (SIMT contractions)
     REDUCE  (empty) | coop | g<N>a | g<N>k
-    STAGE   (empty) | d<D>/smem | d<D>/smem-async | d<D>/smem-tma
+    STAGE   (empty) | regs[/w<N>] | d<D>/smem | d<D>/smem-async | d<D>/smem-tma
+                                             regs: a row's fold keeps what its sweep reads again;
+                                             /w<N>: a grid's blocks keep N weights in shared memory
     RASTER  (empty) | gm<G>
 
 A `Schedule` holds the five spellings (what pins, measurements and the schedule
@@ -33,6 +35,7 @@ MMA_ATOMS = ("mma_m16n8k16_f16_f32", "mma_m16n8k16_bf16_f32")
 VECTOR_WIDTHS = (2, 4, 8)
 MICRO_SIDES = (4, 8)  # a micro-tile's sides: whole 4-wide shared-memory vectors, at most 64 accumulators
 STAGE_PLAIN, STAGE_ASYNC, STAGE_TMA = "smem", "smem-async", "smem-tma"  # how STAGE fills shared memory
+STAGE_REGS = "regs"  # a row held in registers from its fold to its sweep (emmy.schedule.held)
 _NUMBER = r"[1-9][0-9]*"  # no leading zeros: one spelling per value
 
 _FORMS = {
@@ -45,8 +48,9 @@ _FORMS = {
         f"{' | '.join(MMA_ATOMS)}",
     ),
     "REDUCE": (rf"|coop|g(?P<split>{_NUMBER})(?P<mode>[aks])", "(empty), coop, g<N>a, g<N>k or g<N>s"),
-    "STAGE": (rf"|d(?P<depth>{_NUMBER})/(?P<how>{STAGE_PLAIN}|{STAGE_ASYNC}|{STAGE_TMA})",
-              "(empty), d<D>/smem, d<D>/smem-async or d<D>/smem-tma"),
+    "STAGE": (rf"|(?P<regs>{STAGE_REGS})(/w(?P<weights>{_NUMBER}))?"
+              rf"|d(?P<depth>{_NUMBER})/(?P<how>{STAGE_PLAIN}|{STAGE_ASYNC}|{STAGE_TMA})",
+              f"(empty), {STAGE_REGS}[/w<N>], d<D>/smem, d<D>/smem-async or d<D>/smem-tma"),
     "RASTER": (rf"|gm(?P<group>{_NUMBER})", "(empty) or gm<G>"),
 }
 KNOB_NAMES = tuple(_FORMS)
@@ -144,13 +148,23 @@ class Reduce:
 @dataclass(frozen=True)
 class Stage:
     """STAGE: operand tiles staged through shared memory `depth` deep, filled by plain loads, cp.async
-    or TMA (`how`: STAGE_PLAIN, STAGE_ASYNC, STAGE_TMA); depth 0 reads global memory directly."""
+    or TMA (`how`: STAGE_PLAIN, STAGE_ASYNC, STAGE_TMA); depth 0 reads global memory directly. For
+    rows, `how` STAGE_REGS (depth 0): the fold keeps the elements its sweep reads again, and a
+    grid-synced row's blocks keep their slices of the first `weights` operands every row reads
+    alike in shared memory (emmy.schedule.held.invariant_loads)."""
 
     depth: int = 0
     how: str = ""
+    weights: int = 0
+
+    @property
+    def held(self) -> bool:
+        return self.how == STAGE_REGS
 
     def __str__(self) -> str:
-        return f"d{self.depth}/{self.how}" if self.depth else ""
+        if self.depth:
+            return f"d{self.depth}/{self.how}"
+        return self.how + (f"/w{self.weights}" if self.weights else "")
 
 
 @dataclass(frozen=True)
@@ -249,7 +263,7 @@ def parse_value(knob: str, value: str):
             raise _value_error(knob, value, "a split reduction needs at least 2 blocks")
         return Reduce(value == "coop", g.get("split", 1), g.get("mode", ""))
     if knob == "STAGE":
-        return Stage(g.get("depth", 0), g.get("how", ""))
+        return Stage(0, STAGE_REGS, g.get("weights", 0)) if "regs" in g else Stage(g.get("depth", 0), g.get("how", ""))
     return Raster(g.get("group", 0))
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from emmy.affine import FloorDiv, Gathered, Mod, gathered_reads
 from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Load, Loop, Masked, Op, Store, Update,
                                 parallel_loops)
+from emmy.schedule.held import held_loads, invariant_loads
 
 BANDWIDTH = 2.0e12  # bytes/s: an HBM-class GPU (order of magnitude; replaced per target later)
 OP_RATE = 2.0e13  # scalar ops/s
@@ -51,6 +52,15 @@ class KernelCost:
     buffers: tuple["BufferLoads", ...] = ()
     accumulators: int = 0  # the folds' accumulators (what a split row leaves in its workspace per slice)
     index_ops: float = 0.0  # integer instructions of the loads' and stores' floor divisions and modulos
+    # The entries of `rereads` a row held in registers (STAGE=regs) does not make: its sweep's loads
+    # of what its fold loaded (emmy.schedule.held), by position in `rereads`.
+    held_rereads: tuple[int, ...] = ()
+    held_sources: int = 0  # the fold loads whose elements a held row keeps (a register array each)
+    fold_read: float = 0.0  # the part of bytes_read first read inside a fold (a grid-synced row's first phase)
+    # The operands a row's sweep reads alike every row (emmy.schedule.held.invariant_loads), in that
+    # order: (buffer, bytes as often as the Loop IR loads them, the position in `rereads` of the
+    # other rows' reads of them, or -1). STAGE=regs/w<N> keeps the first N in shared memory.
+    weights: tuple[tuple[str, float, int], ...] = ()
 
     @property
     def reread_bytes(self) -> float:
@@ -77,6 +87,7 @@ class BufferLoads:
     element: float
     index: bool = False
     row_after: float = 0.0  # the part of `row` after the row's fold (its epilogue's loads)
+    held: float = 0.0  # the part of `loop` a row held in registers (STAGE=regs) does not load again
 
 
 def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> KernelCost:
@@ -86,8 +97,9 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
     deps = _dependencies(kernel.body)
     ops = arith = special = 0.0
     rows_vars = {var for var, _ in parallel_loops(kernel.body)}
-    loads: dict[str, list[tuple[float, float, float, float]]] = {}  # buffer -> (reads, distinct, per row, rows)
-    per_buffer: dict[str, list[float]] = {}  # buffer -> [loop, row, load statements, index, row after a fold]
+    loads: dict[str, list[tuple]] = {}  # buffer -> (reads, distinct, per row, rows, held, inside a fold, name)
+    per_buffer: dict[str, list[float]] = {}  # buffer -> [loop, row, load statements, index, row after a fold, held]
+    held = held_loads(kernel.body)
     vector_state = _keeps_vector_state(kernel)
     rows_total = _product(extent for _, extent in parallel_loops(kernel.body))
 
@@ -102,15 +114,16 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                 total *= loop.extent
         return total
 
-    def note_load(buffer: str, n: float, loops: list[Loop], index: bool, after_fold: bool) -> None:
+    def note_load(buffer: str, n: float, loops: list[Loop], index: bool, after_fold: bool, kept: bool) -> None:
         size = buffer_sizes[buffer][1]
-        entry = per_buffer.setdefault(buffer, [0.0, 0.0, 0.0, 0.0, 0.0])
+        entry = per_buffer.setdefault(buffer, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
         if all(l.var in rows_vars for l in loops):  # every row loads it, even where the Loop IR hoisted it
             entry[0] += rows_total * size
             entry[1] += rows_total * size
             entry[4] += rows_total * size if after_fold else 0.0
         else:
             entry[0] += n * size
+            entry[5] += n * size if kept else 0.0
         entry[2] += 1
         entry[3] = max(entry[3], float(index))
 
@@ -147,11 +160,13 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                     per_row = _product(l.extent for l in loops if l.var in index and l.var not in rows_vars)
                     distinct = min(numel, _product(l.extent for l in loops if l.var in index))
                     n *= _guard_share(stmt.expr.guards, loops)
-                    loads.setdefault(stmt.expr.buffer, []).append((n, min(distinct, n), min(per_row, numel), rows))
-                    note_load(stmt.expr.buffer, n, loops, False, after_fold)
+                    kept = stmt.name in held
+                    loads.setdefault(stmt.expr.buffer, []).append((n, min(distinct, n), min(per_row, numel), rows,
+                                                                   kept, any(l.reduction for l in loops), stmt.name))
+                    note_load(stmt.expr.buffer, n, loops, False, after_fold, kept)
                     note_index(stmt.expr.index)
                     for gathered in gathered_reads(stmt.expr.index):  # each read of an index value
-                        note_load(gathered, n, loops, True, after_fold)
+                        note_load(gathered, n, loops, True, after_fold, False)
                 elif isinstance(stmt.expr, Op):
                     ops += n * EXPENSIVE.get(stmt.expr.op, 1)
                     if stmt.expr.op in SPECIAL_FUNCTIONS:
@@ -171,26 +186,33 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
     products = {s.name for s in _statements(kernel.body)
                 if isinstance(s, Assign) and isinstance(s.expr, Op) and s.expr.op == "multiply"}
     walk(kernel.body, [])
-    read, rereads = 0.0, []
+    read, fold_read, rereads, held_rereads = 0.0, 0.0, [], []
+    across_of: dict[str, tuple[str, float, int]] = {}  # load name -> (buffer, its bytes, its across re-read)
     for buffer, reads in loads.items():
         size = buffer_sizes[buffer][1]
         first = max(range(len(reads)), key=lambda i: reads[i][1])
         read += reads[first][1] * size
-        for i, (n, distinct, per_row, rows) in enumerate(reads):
+        fold_read += reads[first][1] * size if reads[first][5] else 0.0
+        for i, (n, distinct, per_row, rows, kept, _, name) in enumerate(reads):
             # a row's own reads beyond its distinct elements; then other rows' reads of the same
             # elements; a load other than the buffer's first reads what the first one brought
             inner = max(0.0, n - rows * per_row)
             across = max(0.0, rows * per_row - distinct)
             again = distinct if i != first else 0.0
             if inner + again > 0:
+                if kept and i != first:  # the sweep's second read of the fold's elements
+                    held_rereads.append(len(rereads))
                 rereads.append(((inner + again) * size, per_row * size, True))
+            across_of[name] = (buffer, n * size, len(rereads) if across > 0 else -1)
             if across > 0:
                 rereads.append((across * size, distinct * size, False))
     written = sum(t.numel * t.dtype.itemsize for _, t in kernel.outputs)
-    buffers = tuple(BufferLoads(b, loop, row, rows_total * count * buffer_sizes[b][1], bool(index), after)
-                    for b, (loop, row, count, index, after) in per_buffer.items())
+    buffers = tuple(BufferLoads(b, loop, row, rows_total * count * buffer_sizes[b][1], bool(index), after, kept)
+                    for b, (loop, row, count, index, after, kept) in per_buffer.items())
     accumulators = sum(1 for s in _statements(kernel.body) if isinstance(s, Init))
-    return KernelCost(read, written, ops, arith, special, tuple(rereads), buffers, accumulators, index_ops)
+    return KernelCost(read, written, ops, arith, special, tuple(rereads), buffers, accumulators, index_ops,
+                      tuple(held_rereads), len(set(held.values())), fold_read,
+                      tuple(across_of[name] for name in invariant_loads(kernel.body) if name in across_of))
 
 
 def _divisions(index) -> list:

@@ -26,6 +26,7 @@ from math import prod
 from emmy.affine import Dim, FloorDiv, Mod
 from emmy.dtypes import DType
 from emmy.loop_ir.nodes import Accumulate, Assign, Kernel, Load, Loop, Op, Update, parallel_loops, statements
+from emmy.schedule.held import held_loads, invariant_loads
 
 _MMA_DTYPES = {DType.F16: "f16", DType.BF16: "bf16"}
 
@@ -41,6 +42,8 @@ class KernelShape:
     itemsize: int  # bytes per element of the widest input
     batch: int = 1
     sweep: bool = False  # the row is read again after its fold
+    held: bool = False  # a sweep or later fold loads what a fold loaded (STAGE=regs keeps it: emmy.schedule.held)
+    weights: int = 0  # operands the sweep reads alike every row (STAGE=regs/w<N> keeps N: held.invariant_loads)
     epilogue: bool = False  # the output is not the raw accumulator
     atomic_ok: bool = False  # every fold is a sum/max/min monoid (blocks may combine with atomics)
     mma: str = ""  # "f16" | "bf16" when tensor-core atoms apply
@@ -121,7 +124,9 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
               if isinstance(s, Assign) and isinstance(s.expr, Load) and fold.var in _vars(s.expr.index)]
     along_fold = _walk(folded, *{fold.var for fold in reductions}) if folded else "absent"
     along_outputs = _walk(folded, outer[-1][0]) if outer and folded else "absent"
-    flags = dict(sweep=sweep, epilogue=not output_is_acc, atomic_ok=atomic_ok, free_vars=tuple(l[0] for l in outer),
+    flags = dict(sweep=sweep, held=bool(held_loads(kernel.body)), weights=len(invariant_loads(kernel.body)),
+                 epilogue=not output_is_acc, atomic_ok=atomic_ok,
+                 free_vars=tuple(l[0] for l in outer),
                  fold_contiguous=along_fold != "strided", outputs_contiguous=along_outputs != "strided")
     if along_fold == "strided" and along_outputs == "contiguous" and not sweep:
         return KernelShape(kernel.name, "column", rows, outer[-1][1], red, 1, itemsize, **flags)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from egglog import EGraph
 
 import emmy.rules.schedules as R
-from emmy.schedule.knobs import (KNOB_NAMES, STAGE_ASYNC, STAGE_PLAIN, STAGE_TMA, Raster, Reduce, Schedule, Stage,
-                                 Tile, Work, parse_pins, parse_value)
+from emmy.schedule.knobs import (KNOB_NAMES, STAGE_ASYNC, STAGE_PLAIN, STAGE_REGS, STAGE_TMA, Raster, Reduce,
+                                 Schedule, Stage, Tile, Work, parse_pins, parse_value)
 from emmy.schedule.shape import KernelShape
 
 
@@ -43,7 +43,7 @@ def default_candidates() -> dict[str, list[str]]:
            for fn in c["TILE_MMA_FRAGMENTS"] for kc in c["TILE_MMA_K"]],
         "REDUCE": [Reduce(), Reduce(coop=True)] + [Reduce(split=n, mode=m) for n in c["REDUCE_SPLITS"] for m in "ak"]
         + [Reduce(split=n, mode="s") for n in c["REDUCE_GRID_BLOCKS"]],
-        "STAGE": [Stage()] + [Stage(d, STAGE_PLAIN) for d in c["STAGE_PLAIN_DEPTHS"]]
+        "STAGE": [Stage()] + [Stage(0, STAGE_REGS, n) for n in c["STAGE_WEIGHTS"]] + [Stage(d, STAGE_PLAIN) for d in c["STAGE_PLAIN_DEPTHS"]]
         + [Stage(d, how) for how in (STAGE_ASYNC, STAGE_TMA) for d in c["STAGE_PIPELINE_DEPTHS"]],
         "RASTER": [Raster()] + [Raster(g) for g in c["RASTER_GROUPS"]],
     }
@@ -82,7 +82,9 @@ def _candidate_facts(values: dict[str, list[str]]) -> list:
                      else R.reduce_none(value))
     for value in values["STAGE"]:
         s = parse_value("STAGE", value)
-        if not s.depth:
+        if s.held:
+            facts.append(R.stage_regs(value, s.weights))
+        elif not s.depth:
             facts.append(R.stage_none(value))
         else:
             relation = {STAGE_PLAIN: R.stage_plain, STAGE_ASYNC: R.stage_async, STAGE_TMA: R.stage_tma}[s.how]
@@ -96,8 +98,10 @@ def _candidate_facts(values: dict[str, list[str]]) -> list:
 def _kernel_facts(shape: KernelShape) -> list:
     name = shape.kernel
     facts = [R.kernel(name, shape.kind, shape.rows, shape.cols, shape.red, shape.inner, shape.itemsize, shape.batch)]
-    flags = {"foldonly": not shape.sweep, "raw": not shape.epilogue, "atomic": shape.atomic_ok}
+    flags = {"foldonly": not shape.sweep, "raw": not shape.epilogue, "atomic": shape.atomic_ok, "held": shape.held}
     facts += [R.kernel_flag(name, flag) for flag, on in flags.items() if on]
+    if shape.weights:
+        facts.append(R.kernel_weights(name, shape.weights))
     if shape.mma:
         facts.append(R.kernel_mma(name, shape.mma))
     if shape.kind == "contraction":
