@@ -77,6 +77,12 @@ class Target:
         return 4 * 32 * self.sms * self.clock_hz
 
     @property
+    def smem_bandwidth(self) -> float:
+        """Bytes a second the SMs' shared memory delivers: 32 banks, each 4 bytes a clock, an SM
+        (CUDA C++ Programming Guide, shared memory of compute capability 5.x and later)."""
+        return 32 * 4 * self.sms * self.clock_hz
+
+    @property
     def has_cp_async(self) -> bool:  # cp.async arrived with Ampere (PTX ISA 7.0)
         return self.compute_capability >= (8, 0)
 

@@ -223,3 +223,40 @@ def test_index_math_is_counted_where_it_runs_and_shares_the_issue_with_the_fma_w
                          target="h100")
     (kernel,) = rows.loop_ir.kernels  # w[a0 // 100] loads once per row a0
     assert kernel_cost(kernel, buffer_sizes(rows.loop_ir)).index_ops == 600 * INDEX_DIVIDE_OPS
+
+
+@pytest.mark.parametrize("target, fed_slower", [("h100", True), ("a100", False)])
+def test_an_mma_tile_is_priced_at_the_slower_of_the_tensor_cores_and_their_fragment_feed(target, fed_slower):
+    """f16 4096^3 with 4x4 atoms a warp and 4x4 warps: each warp's K step of 16 reads 3072 fragment
+    bytes (4 A of 16x16, 4 B of 16x8) for 16 atoms. An A100's shared memory (32 banks x 4 bytes a
+    clock an SM) feeds that faster than its tensor cores multiply; an H100's, at 2.3x the A100's
+    peak and 1.7x its shared-memory rate, does not."""
+    code = "a=torch.randn(4096,4096,dtype=torch.float16); b=torch.randn(4096,4096,dtype=torch.float16); a @ b"
+    pins = "WORK=w4x4,TILE=mma_m16n8k16_f16_f32/f4x4/k1,REDUCE=,STAGE=d2/smem-async,RASTER="
+    program = emmy.optimize(code, target=target, knobs=pins)
+    (tile,) = [k for k in program.tile_ir.kernels if k.row.tile.mma]
+    chosen = get_target(target)
+    peak = 2 * 4096 ** 3 / chosen.tensor_flops
+    blocks = (4096 // 256) * (4096 // 128)  # 16*4*4 rows, 8*4*4 columns a block
+    fed = blocks * (4096 // 16) * 16 * (4 * 512 + 4 * 256) / (128 * chosen.sms * chosen.clock_hz)
+    assert tile.breakdown.tensor_s == pytest.approx(max(peak, fed))
+    assert (fed > peak) == fed_slower
+
+
+@pytest.mark.parametrize("frags", ["f2x2/k2", "f4x2/k1", "f1x4/k2"])
+def test_the_fragment_bytes_the_model_prices_are_the_ldmatrix_bytes_in_the_sass(frags):
+    """Per HMMA the SASS loads (LDSM .4: 512 bytes a warp, .2: 256) what the model's fragment
+    bytes say per atom."""
+    from emmy.nvcc import build_cubin, sass_mix
+    from emmy.schedule.cost_model import mma_fragment_bytes
+    from emmy.workloads import get
+
+    program = emmy.optimize(get("matmul_f16").code, target="sm_90",
+                            knobs=f"WORK=w2x2,TILE=mma_m16n8k16_f16_f32/{frags},REDUCE=,STAGE=d2/smem-async,RASTER=")
+    (tile,) = [k for k in program.tile_ir.kernels if k.row.tile.mma]
+    mix = sass_mix(build_cubin(program.cuda_source, "sm_90").path)[tile.kernel.name]
+    wide, narrow = (sum(n for op, n in mix.items() if op.startswith("LDSM") and op.endswith(s)) for s in (".4", ".2"))
+    per_hmma = (wide * 512 + narrow * 256) / mix["HMMA.16816.F32"]
+    shape = tile.shape
+    atoms = shape.rows * shape.cols * shape.red * shape.batch / (16 * 8 * 16)
+    assert per_hmma == pytest.approx(mma_fragment_bytes(shape, tile.row, tile.geometry) / atoms)

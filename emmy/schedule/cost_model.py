@@ -18,7 +18,9 @@ time with every term that made it.
   in flight needs (its panels), else every panel read;
 - compute: the slowest of the FMA pipes (operations of the Loop IR kernel,
   counted per loop they depend on; an FMA is one), the tensor cores (the
-  products an mma tile takes over), the special-function units (exp,
+  products an mma tile takes over, at the GPU's rate or at the rate shared
+  memory feeds the atoms' fragments, whichever is slower: a warp of few
+  atoms reads more fragment bytes a product), the special-function units (exp,
   rsqrt, ...) and instruction issue (the schedulers' one warp instruction
   a clock): for maps and reductions the FMA-pipe work plus the index
   math of their loads and stores (a floor division or modulo by a constant
@@ -109,6 +111,8 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     tensor_flops = _tensor_flops(shape) if g.mma else 0.0
     rate = target.bf16_tensor_flops if shape.mma == "bf16" else target.tensor_flops
     tensor_s = tensor_flops / rate
+    if shape.kind == "contraction" and g.mma and g.stage_depth:  # or the shared memory feeding its atoms
+        tensor_s = max(tensor_s, mma_fragment_bytes(shape, row, g) / target.smem_bandwidth)
     # the products the tensor cores take over leave the FMA pipes (one FMA each: 2 FLOP)
     arith = loop_cost.arith_ops - tensor_flops / 2
     if shape.kind == "attention":
@@ -236,6 +240,18 @@ def _fragment_prologue_ops(shape: KernelShape, row: Schedule, g) -> float:
     a = per_a * shape.rows * shape.red * shape.batch * ceil(shape.cols / g.tile_n) * warps.warps_n
     b = per_b * shape.cols * shape.red * shape.batch * ceil(shape.rows / g.tile_m) * warps.warps_m
     return a + b - in_loop_ir
+
+
+def mma_fragment_bytes(shape: KernelShape, row: Schedule, g) -> float:
+    """Bytes a staged mma tile's warps read from shared memory into fragments (ldmatrix): each
+    warp, each K step of 16, its FM A fragments of 16 x 16 and FN B fragments of 16 x 8 (an
+    m16n8k16 atom's operands). Few atoms a warp read more bytes a product: with one atom (FM = FN
+    = 1) a warp's step moves 768 bytes for 4096 multiply-adds, more than an A100 or H100 SM's
+    shared memory delivers in the time its tensor cores take."""
+    tile = row.tile
+    warps = row.work.warps_m * row.work.warps_n
+    steps = ceil(shape.red / g.split / 16)  # a block's K steps of 16
+    return g.blocks * steps * warps * (tile.frag_m * 16 * 16 + tile.frag_n * 16 * 8) * shape.itemsize
 
 
 def reread_levels(rereads, target, rows_in_flight: int = 1) -> tuple[float, float, float]:
