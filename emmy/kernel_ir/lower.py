@@ -10,7 +10,7 @@ contiguously, from an aligned start, are taken a vector at a time.
 from __future__ import annotations
 
 import dataclasses
-from math import prod
+from math import ceil, prod
 
 from emmy.dtypes import DType
 from emmy.kernel_ir.nodes import (Broadcast, ColumnCombine, ContractionTile, ElementLoop, Fill, GridMerge, GridRows,
@@ -26,8 +26,7 @@ from emmy.schedule.knobs import STAGE_ASYNC
 from emmy.loop_ir import nodes as L
 from emmy.loop_ir.bounds import out_of_bounds
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
-from emmy.schedule.geometry import workspace_name
-from emmy.schedule.geometry import held_bytes
+from emmy.schedule.geometry import held_bytes, workspace_name
 from emmy.schedule.held import held_loads, invariant_loads
 from emmy.tile_ir.build import fold_tree, tile_kernel
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
@@ -374,7 +373,7 @@ def _slice_steps(n: ElementLoop) -> int:
     """The steps a thread takes in an element loop: its block's slice of whole steps of the
     threads' vectors (ElementLoop.j2's `lo`, `hi`)."""
     chunk = n.workers * n.width * n.unroll
-    return -(-(-(-(n.extent - n.extent % n.width) // chunk)) // n.split)
+    return ceil(ceil((n.extent - n.extent % n.width) / chunk) / n.split)
 
 
 def _held_row(tile: TileKernel, body: list, types: dict) -> list:

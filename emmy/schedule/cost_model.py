@@ -105,8 +105,10 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     # a block of T threads gets at most the SM's registers over T each (64 at 1024 threads)
     spills = registers > min(target.regs_per_thread, target.regs_per_sm // g.threads)
     memory_s = moved / (target.dram_bandwidth * coalescing)
+    sectors_s = 0.0
     if lane_access(shape, row) == "strided":  # a 32-byte sector per lane: the extra sectors come through L2
-        memory_s += loop_cost.bytes_read * (max(1, SECTOR_BYTES // isz) - 1) / target.l2_bandwidth
+        sectors_s = loop_cost.bytes_read * (max(1, SECTOR_BYTES // isz) - 1) / target.l2_bandwidth
+    memory_s += sectors_s
 
     tensor_flops = _tensor_flops(shape) if g.mma else 0.0
     rate = target.bf16_tensor_flops if shape.mma == "bf16" else target.tensor_flops
@@ -153,7 +155,7 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
             rereads = tuple(r for i, r in enumerate(rereads) if i not in dropped)
         l1, l2, again = reread_levels(rereads, target, in_flight)
         if shape.kind == "row" and row.reduce.grid:
-            memory_s = grid_row_memory(loop_cost, target, coalescing, l2, again) + l1 / target.l1_bandwidth
+            memory_s = grid_row_memory(loop_cost, target, coalescing, l2, again) + l1 / target.l1_bandwidth + sectors_s
         else:
             memory_s += l1 / target.l1_bandwidth + l2 / target.l2_bandwidth + again / target.dram_bandwidth
         moved += again
