@@ -101,6 +101,11 @@ def test_the_long_layer_norm_row_is_held_without_spilling_as_the_model_says():
                                                                                           rel=1e-6)
     resources = program.cubin().resources[tile.kernel.name]
     assert not resources.spills and resources.registers <= 64
+    # the room the rules keep beside the weights holds the row's static arrays
+    from emmy.rules.schedules import GRID_ROW_STATIC_SMEM
+
+    assert 0 < resources.shared_bytes <= GRID_ROW_STATIC_SMEM
+    assert resources.shared_bytes + tile.geometry.smem_bytes <= program.target.smem_per_block
 
 
 def _pins(row) -> str:
