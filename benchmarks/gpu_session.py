@@ -45,6 +45,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -630,7 +631,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", dest="dry", action="store_true", help="build everything, run nothing")
     parser.add_argument("--seconds", type=float, default=360.0, help="time limit for the whole session")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--out", help="where the dated results folder goes (default benchmarks/results; a dry run's, "
+                                      "which measures nothing, a temporary folder)")
     parser.add_argument("--only", action="append", default=[], help="jobs whose name contains this (repeatable)")
     parser.add_argument("--no-smoke", dest="smoke", action="store_false",
                         help="start every job at once (no first job alone to stop early on a broken machine)")
@@ -662,7 +664,10 @@ def main() -> int:
     env = environment()
     gpu = "dry-run" if args.dry else (env["gpu"].split(",")[0].strip().lower().replace("nvidia ", "").replace(" ", "-")
                                       or "unknown-gpu")
-    out = Path(args.out) / f"{datetime.date.today().isoformat()}-{gpu}"
+    # benchmarks/results holds evidence from GPUs only: a dry run's build logs stay out of the repository
+    base = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="emmy-dry-run-")) if args.dry
+                                             else ROOT / "benchmarks" / "results")
+    out = base / f"{datetime.date.today().isoformat()}-{gpu}"
     for sub in ("rows", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     args.out = str(out)
