@@ -92,9 +92,13 @@ def _render_merging(n, template, k, types) -> str:
 
 
 def _render_tree(n: K.TreeHalve, template, k, types) -> str:
-    identity = _STATE_IDENTITY.get(n.op) or (_IDENTITY[n.op],) * len(n.accs)
-    accs = [(a, literal(i, n.dtype)) for a, i in zip(n.accs, identity)]
+    accs = [(a, literal(i, n.dtype)) for a, i in zip(n.accs, _identities(n.op, n.accs))]
     return template.render(n=n, accs=accs, merge=merge_c(n.op, n.accs, "_w"), register=REGISTER[n.dtype])
+
+
+def _identities(op: str, accs) -> tuple:
+    """The starting values of a monoid's accumulators, or of a twisted state's (m, d), (n, mean, m2)."""
+    return _STATE_IDENTITY.get(op) or (_IDENTITY[op],) * len(accs)
 
 
 def _render_split_finish(n: K.SplitFinish, template, k, types) -> str:
@@ -127,8 +131,8 @@ def _render_grid_rows(n: K.GridRows, template, k: K.KernelIR, types) -> str:
 def _render_grid_merge(n: K.GridMerge, template, k, types) -> str:
     groups = []
     for (op, accs), (merge, slotted) in zip(n.groups, _merge_groups(n.groups)):
-        identity = _STATE_IDENTITY.get(op) or (_IDENTITY[op],) * len(accs)  # a lane with no slice left
-        groups.append((merge, [(acc, slot, literal(i, DType.F32)) for (acc, slot), i in zip(slotted, identity)]))
+        identities = _identities(op, accs)  # a lane with no slice left
+        groups.append((merge, [(acc, slot, literal(i, DType.F32)) for (acc, slot), i in zip(slotted, identities)]))
     return template.render(n=n, groups=groups, accs=[acc for _, accs in n.groups for acc in accs])
 
 

@@ -26,7 +26,7 @@ from emmy.schedule.knobs import STAGE_ASYNC
 from emmy.loop_ir import nodes as L
 from emmy.loop_ir.bounds import out_of_bounds
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
-from emmy.schedule.geometry import held_bytes, workspace_name
+from emmy.schedule.geometry import held_bytes, held_steps, workspace_name
 from emmy.schedule.held import held_loads, invariant_loads
 from emmy.tile_ir.build import fold_tree, tile_kernel
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
@@ -402,10 +402,9 @@ def _held_row(tile: TileKernel, body: list, types: dict) -> list:
     if len(widths) != 1 or any(n.tail for n in loops):
         raise Unsupported("the row's loops do not all move whole vectors of one width")
     (width,) = widths
-    steps = {_slice_steps(n) for n in loops}
-    if len(steps) != 1:
-        raise Unsupported("the row's loops walk different counts of steps")
-    (count,) = steps
+    count = held_steps(tile.shape, g.threads, g.elems, g.split)  # the geometry's, which sized the slots
+    if any(_slice_steps(n) != count for n in loops):
+        raise Unsupported(f"the row's loops do not all walk the {count} steps the geometry holds")
     held_loops, placed = {}, set()
     for n in loops:
         vectors = list(n.vectors)

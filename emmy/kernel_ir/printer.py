@@ -157,12 +157,13 @@ def _list_element_loop(n: K.ElementLoop, k: K.KernelIR, pad: str, out: list[str]
     held = f", {n.steps} steps unrolled" if n.steps else ""
     out.append(f"{pad}for a{n.var} in {who}*{n.width}..{n.extent} step {n.workers * n.width}"
                f" ({n.unroll} per step{held}):")
-    reused = dict(n.reuse)
+    reused, staged = dict(n.reuse), dict(n.staged)
     for v in n.vectors:
         if v.dst in reused:
             out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = {reused[v.dst]}_held[step]  (held: no load)")
             continue
-        kept = f"  (kept in {v.dst}_held)" if v.dst in n.keep else ""
+        kept = f"  (kept in {v.dst}_held)" if v.dst in n.keep else \
+            f"  (first row only: kept in shared memory at byte {staged[v.dst]})" if v.dst in staged else ""
         out.append(f"{pad}  {v.dtype} {v.dst}[{v.width}] = load.v{v.width} {v.buffer}[{vector_index_c(v)}]{kept}")
     if n.width > 1:
         out.append(f"{pad}  for u in 0..{n.width}:")

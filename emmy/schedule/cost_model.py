@@ -362,7 +362,7 @@ def micro_step_instructions(g, per_product: float = 1.0) -> dict[str, float]:
             "other": 1 + (fill * 4 + 4) / g.tile_k}
 
 
-def _registers(shape: KernelShape, row: Schedule, g, loop_cost=None) -> int:
+def _registers(shape: KernelShape, row: Schedule, g, loop_cost) -> int:
     tile = row.tile
     if tile.is_micro:  # accumulators, this K step's operands, the fill's vectors
         return BASE_REGS + g.micro_m * g.micro_n + 2 * (g.micro_m + g.micro_n)
@@ -373,7 +373,7 @@ def _registers(shape: KernelShape, row: Schedule, g, loop_cost=None) -> int:
         return BASE_REGS + fm * fn * 4 + (fm + fn) * 4  # accumulators and A/B fragments
     if shape.kind == "attention":  # each lane holds its share of a row's z, and m and d
         return BASE_REGS + tile.elems * (max(1, shape.cols // 32) + 2)
-    if row.stage.held and loop_cost is not None:
+    if row.stage.held:
         # the fold's loads land in the held arrays: they are its loads in flight (ptxas fits a
         # t1024 LayerNorm row holding 32 floats a thread in 64 registers without spilling:
         # tests/test_held_rows.py)

@@ -70,12 +70,16 @@ def flash_fits(bm: int, bn: int, inner: int, cols: int, itemsize: int, depth: in
     return fits(flash_bytes(bm, bn, inner, cols, itemsize, depth, bool(mma)), limit)
 
 
+def held_steps(shape: KernelShape, threads: int, elems: int, split: int) -> int:
+    """The steps of `threads` x `elems` elements a thread takes in its block's slice of a row: the
+    constant count a held row's element loops walk (STAGE=regs; the lowering's ElementLoop `steps`)."""
+    return ceil(ceil(shape.red / (threads * elems)) / split)
+
+
 def held_bytes(shape: KernelShape, threads: int, elems: int, split: int) -> int:
     """Bytes of one held operand a thread keeps under STAGE=regs: its `elems` elements in every
-    step of its block's slice of the row (the ElementLoop's `steps`), at the kernel's widest
-    element (the rules' guard spells the same sum)."""
-    steps = ceil(shape.red / (threads * elems))
-    return ceil(steps / split) * elems * shape.itemsize
+    held step, at the kernel's widest element (the rules' guard spells the same sum)."""
+    return held_steps(shape, threads, elems, split) * elems * shape.itemsize
 
 
 @dataclass(frozen=True)
