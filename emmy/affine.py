@@ -212,6 +212,11 @@ class Affine:
         if reduced is not None:  # (g*e + r) // q == e // (q/g) when 0 <= r < g and g | q
             g, inner, _ = reduced
             return inner.floordiv(q // g, extents)
+        nested = self._lone_atom()
+        if isinstance(nested, Mod) and nested.divisor % q == 0:  # (e % (q*m)) // q == (e // q) % m
+            return nested.expr.floordiv(q, extents).mod(nested.divisor // q, extents)
+        if isinstance(nested, FloorDiv):  # (e // p) // q == e // (p*q)
+            return nested.expr.floordiv(nested.divisor * q, extents)
         return Affine(((FloorDiv(self, q), 1),), 0)
 
     def mod(self, q: int, extents: Sequence[int]) -> "Affine":
@@ -229,7 +234,17 @@ class Affine:
         if reduced is not None:  # (g*e + r) % q == g*(e % (q/g)) + r when 0 <= r < g and g | q
             g, inner, remainder = reduced
             return inner.mod(q // g, extents) * g + remainder
+        nested = self._lone_atom()
+        if isinstance(nested, Mod) and nested.divisor % q == 0:  # (e % (q*m)) % q == e % q
+            return nested.expr.mod(q, extents)
         return Affine(((Mod(self, q), 1),), 0)
+
+    def _lone_atom(self):
+        """The atom this expression is, alone with coefficient 1 and no constant; else None. (Floor
+        division and remainder by positive divisors nest as Python's do, for any integer.)"""
+        if self.const == 0 and len(self.terms) == 1 and self.terms[0][1] == 1:
+            return self.terms[0][0]
+        return None
 
     def digit(self, stride: int, size: int, extents: Sequence[int]) -> "Affine":
         """The coordinate of a row-major axis of `size` positions, `stride` elements apart, in the

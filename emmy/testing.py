@@ -51,6 +51,9 @@ DEFAULT_CORPUS = (
     # half-precision attention written out: the probabilities round to f16 between the two products
     "q=torch.randn(1,2,6,8,dtype=torch.float16); k=torch.randn(1,2,6,8,dtype=torch.float16); "
     "v=torch.randn(1,2,6,8,dtype=torch.float16); torch.softmax(q @ k.transpose(-1, -2) / 8, -1) @ v",
+    # folds chained over adjacent axes (keepdim=False drops an axis between them; a transpose before)
+    "x=torch.randn(2,3,4,5); x.sum(-1).sum(-1).sum(-1) + x.amax(1).amax(1).amin(-1) "
+    "+ x.transpose(1, 3).prod(1).prod(1).sum(-1) + x.amin(-1).amin(-1).amax(-1)",
     # variance far from zero: where a one-pass E[x^2] - E[x]^2 would cancel catastrophically
     "x=torch.randn(3,16); y=x * 100 + 1000; F.layer_norm(y, (16,)) + y.var(-1, keepdim=True)",
 )

@@ -18,7 +18,7 @@ from egglog import Ruleset, ruleset
 from emmy.errors import EmmyError
 
 PHASES = ("algebra", "fusion", "twist")
-BUILTIN_MODULES = ("emmy.rules.algebra", "emmy.rules.fusion", "emmy.rules.twist")
+BUILTIN_MODULES = ("emmy.rules.algebra", "emmy.rules.reductions", "emmy.rules.fusion", "emmy.rules.twist")
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,32 @@ def test_floordiv_and_mod_simplify_without_changing_values(data, extents, q):
     assert lo <= raw.min() and raw.max() <= hi
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), extents=st.lists(st.integers(1, 7), min_size=1, max_size=3), p=st.integers(2, 6),
+       q=st.integers(1, 6), outer=st.sampled_from(["floordiv", "mod"]), inner=st.sampled_from(["floordiv", "mod"]))
+def test_nested_floordiv_and_mod_keep_their_values(data, extents, p, q, outer, inner):
+    # (e % (q*m)) // q, (e % (q*m)) % q and (e // p) // q: what composing two reshapes gives
+    expr = data.draw(affine_over(extents))
+    coords = _coords(extents)
+    raw = np.broadcast_to(expr.evaluate(coords), extents)
+    divisor = p * q if inner == "mod" else p
+    nested = expr.floordiv(divisor, extents) if inner == "floordiv" else expr.mod(divisor, extents)
+    first = raw // divisor if inner == "floordiv" else raw % divisor
+    result = nested.floordiv(q, extents) if outer == "floordiv" else nested.mod(q, extents)
+    expected = first // q if outer == "floordiv" else first % q
+    assert (np.broadcast_to(result.evaluate(coords), extents) == expected).all()
+
+
+def test_composed_reshapes_read_as_one_reshape():
+    # merging the last two axes of a merge of the last two: (8, 64*128*32) read as plain digits
+    d1 = Affine.dim(1)
+    extents = (8, 262144)
+    inner = d1.mod(4096, extents)  # the axis the first merge made, split back
+    assert inner.floordiv(32, extents) == d1.floordiv(32, extents).mod(128, extents)
+    assert inner.mod(32, extents) == d1.mod(32, extents)
+    assert d1.floordiv(32, extents).floordiv(128, extents) == d1.floordiv(4096, extents)
+
+
 @st.composite
 def _factorisations(draw, n):
     """A random shape with n elements: n's prime factors, shuffled and grouped, with some 1s."""

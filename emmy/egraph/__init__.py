@@ -58,6 +58,7 @@ def saturate(graph, groups, budget: Budget, egraph=None):
     from emmy.egraph.encode import encode
 
     from emmy.egraph.driver import enode_count
+    from emmy.egraph.shapes import units as shape_units
 
     egraph = egraph or EGraph()
     terms = encode(egraph, graph)
@@ -68,6 +69,8 @@ def saturate(graph, groups, budget: Budget, egraph=None):
         units = [unit for g in members for unit in g.units]
         if units:
             phases.append((phase, units))
+    if phases:  # the shape analysis runs with the first phase, so every later one finds shapes set
+        phases[0] = (phases[0][0], shape_units() + phases[0][1])
     # Later phases expose work for earlier ones (fusion removes the kernel
     # boundaries that kept two layouts from composing), so the sequence runs
     # again until a whole round changes nothing, at most ROUNDS times.

@@ -2,7 +2,7 @@
 a kernel of its own.
 
 Each value's term is unioned with `value(name)`, a node that names the
-e-class after the Tensor IR value: operands refer to each other through
+e-class after the Tensor IR value (and its shape is set: terms.shape_of): operands refer to each other through
 these names, the extractor finds the outputs' e-classes by them and names
 temporary buffers after them, and `value` nodes are never extracted. Nothing
 is bound to a global let: egglog-python invents `$__expr_N` lets for shared
@@ -24,7 +24,7 @@ from egglog import EGraph
 from egglog import bindings as egg
 
 from emmy.egraph.layout import Layout, encode_layout
-from emmy.egraph.terms import Term
+from emmy.egraph.terms import Term, shape_of
 from emmy.tensor_ir.nodes import Constant, Elementwise, IndexMap, Input, Reduce, TensorGraph, Weight
 
 BATCH = 1024  # union commands per egglog call
@@ -73,6 +73,8 @@ def encode(egraph: EGraph, graph: TensorGraph) -> ValueTerms:
     def ref(name: str):
         return call("value", text(name))
 
+    shape_fn = egraph._callable_to_egg(shape_of)[1]
+
     commands = []
     for node in graph.nodes:
         dtype = text(str(node.type.dtype))
@@ -96,6 +98,8 @@ def encode(egraph: EGraph, graph: TensorGraph) -> ValueTerms:
         if not isinstance(node, (Input, Weight, Constant)):
             term = call("mat", term)
         commands.append(egg.ActionCommand(egg.Union(_SPAN, ref(node.name), term)))
+        commands.append(egg.ActionCommand(egg.Set(_SPAN, shape_fn, [ref(node.name)],
+                                                  text(shape_text(node.type.shape)))))
     for start in range(0, len(commands), BATCH):
         egraph._egraph.run_program(*commands[start:start + BATCH])
     return ValueTerms(node.name for node in graph.nodes)

@@ -139,12 +139,21 @@ def _same(a, b) -> bool:
                                              and not isinstance(a, bool) and float(a) == float(b))
 
 
+def _unbound(decl, env: dict) -> bool:
+    if isinstance(decl, TypedExprDecl):
+        decl = decl.expr
+    return isinstance(decl, UnboundVarDecl) and decl.name not in env
+
+
 def holds(conditions, env: dict) -> bool:
-    """Whether every condition of a rewrite holds under `env` (its variables' values)."""
+    """Whether every condition of a rewrite holds under `env` (its variables' values). A condition
+    eq(v).to(expr) with v not yet bound binds it in `env`, as egglog's query does."""
     for fact in conditions:
         if isinstance(fact, ExprFactDecl):
             if not evaluate(fact.typed_expr.expr, env):
                 return False
+        elif isinstance(fact, EqDecl) and _unbound(fact.left, env):
+            env[fact.left.name] = evaluate(fact.right, env)  # a condition that binds: eq(var).to(f(...))
         elif isinstance(fact, EqDecl):
             if not _same(evaluate(fact.left, env), evaluate(fact.right, env)):
                 return False
@@ -186,14 +195,21 @@ def evaluate(decl, env: dict, exact: bool = False):
     raise Unfit(f"cannot evaluate a call of {ref}")
 
 
-_FUNCTIONS = {"!=": lambda a, b: not _same(a, b), "==": lambda a, b: _same(a, b)}
+def _shape_of(value) -> str:
+    """terms.shape_of: the shape of a Term value, as encoding writes it."""
+    if not isinstance(value, Value):
+        raise Unfit("shape_of of a primitive")
+    return ",".join(str(n) for n in value.array.shape)
+
+
+_FUNCTIONS = {"!=": lambda a, b: not _same(a, b), "==": lambda a, b: _same(a, b), "shape_of": _shape_of}
 _METHODS = {
     "__add__": lambda a, b: a + b, "__sub__": lambda a, b: a - b, "__mul__": lambda a, b: a * b,
     "__truediv__": lambda a, b: a / b if b else float("nan"), "__neg__": lambda a: -a, "__abs__": abs,
     "__lt__": lambda a, b: a < b, "__le__": lambda a, b: a <= b, "__gt__": lambda a, b: a > b,
     "__ge__": lambda a, b: a >= b, "min": min, "max": max,
     "to_string": lambda v: v if isinstance(v, str) else repr(float(v)) if isinstance(v, float) else str(v),
-    "from_string": lambda s: s, "from_int": lambda i: i, "to_bool": bool, "to_f64": float,
+    "from_string": lambda s: s, "from_int": lambda i: i, "to_bool": bool, "to_f64": float, "to_i64": int,
 }
 
 

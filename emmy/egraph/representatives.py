@@ -3,7 +3,9 @@
 A class's cost is its cheapest node's weight plus its children's costs
 (shared children counted once per use: a tree cost, context-free), as a
 tuple compared in order: mat nodes used, then (for the multi-pass forms)
-twisted folds used, then the work, in exact integers. The
+twisted folds used, then folds (each a pass over its operand: one fold over
+two merged axes beats a fold of a fold, whatever layouts the merge reads
+through), then the work, in exact integers. The
 representatives are settled cheapest first, as in Dijkstra's algorithm
 generalised to and-or graphs (Knuth, "A generalization of Dijkstra's
 algorithm", 1977): a node is priced once every class it reads is settled,
@@ -35,21 +37,22 @@ HEAVY = ("reduce", *TWISTED)  # nodes that carry a loop of their own
 
 
 def node_weight(node: ENode) -> tuple:
-    """(mat nodes, twisted folds avoided, work): compared in that order. A mat node stands for its
-    class only where nothing else can."""
+    """(mat nodes, twisted folds avoided, folds, work): compared in that order. A mat node stands
+    for its class only where nothing else can."""
+    folds = 1 if node.kind in HEAVY else 0
     if node.kind == "mat":
-        return (1, 0, 2)
+        return (1, 0, 0, 2)
     if node.kind == "literal":
-        return (0, 0, 0)
+        return (0, 0, 0, 0)
     if node.kind in ("unary", "binary"):
-        return (0, 0, _WEIGHTS.get(node.args[0], 2))
-    return (0, 0, 2)
+        return (0, 0, 0, _WEIGHTS.get(node.args[0], 2))
+    return (0, 0, folds, 2)
 
 
 def without_twists(node: ENode) -> tuple:
     """Weights under which the multi-pass (untwisted) forms win: the other form of each fold."""
-    mats, _, work = node_weight(node)
-    return (mats, 1 if node.kind in TWISTED else 0, work)
+    mats, _, folds, work = node_weight(node)
+    return (mats, 1 if node.kind in TWISTED else 0, folds, work)
 
 
 def random_weights(seed: int):
@@ -59,7 +62,7 @@ def random_weights(seed: int):
 
     def weight(node: ENode) -> tuple:
         if node.id not in table:
-            table[node.id] = (1 if node.kind == "mat" else 0, 0,
+            table[node.id] = (1 if node.kind == "mat" else 0, 0, 0,
                               0.0 if node.kind == "literal" else rng.uniform(0.5, 3.0))
         return table[node.id]
 
@@ -77,11 +80,10 @@ def choose_representatives(view: EGraphView, weight=node_weight) -> dict[str, EN
     choice: dict[str, ENode] = {}
 
     def push(cid: str, node: ENode) -> None:
-        mats, twists, work = weight(node)
+        total = weight(node)
         for child in node.children:
-            m, t, w = cost[child]
-            mats, twists, work = mats + m, twists + t, work + w
-        heapq.heappush(heap, ((mats, twists, work), _order_key(node, rank), cid, node.id, node))
+            total = tuple(t + c for t, c in zip(total, cost[child]))
+        heapq.heappush(heap, (total, _order_key(node, rank), cid, node.id, node))
 
     for cid, nodes in view.classes.items():
         for node in nodes:

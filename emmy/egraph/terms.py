@@ -25,11 +25,16 @@ ops, axes, layouts) is a literal on its node.
 - softmax_wsum(axis, s, w)     sum over axis of softmax(s) * w, in one pass
                                with state (m, d, z): attention's weighted
                                sum, output z / d.
+
+Beside the terms, one analysis: shape_of(x), the shape of a term's e-class
+as text ("64,128,256"; "" for rank 0). Encoding sets it for every Tensor IR
+value and emmy.egraph.shapes carries it to the terms rules create, so a rule
+that needs an operand's extents (merging two reduced axes) can ask.
 """
 
 from __future__ import annotations
 
-from egglog import Expr, StringLike, f64Like, i64Like
+from egglog import Expr, String, StringLike, f64Like, function, i64Like
 
 
 class Term(Expr):
@@ -74,6 +79,12 @@ class Term(Expr):
     @classmethod
     def softmax_wsum(cls, axis: i64Like, s: Term, w: Term) -> Term:
         """sum(softmax(s) * w) over `axis` (s and w of one shape), as one pass with state (m, d, z)."""
+
+
+@function(merge=lambda old, new: old)
+def shape_of(x: Term) -> String:
+    """The shape of `x` as comma-separated extents (every term of an e-class has the same shape,
+    so the first value set stays)."""
 
 
 CONSTRUCTORS = ("buffer", "literal", "unary", "binary", "select", "reduce", "reindex", "mat", "online_sum",
