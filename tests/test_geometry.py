@@ -46,6 +46,9 @@ HELD_OUT = {
     "sum_few_columns": "x=torch.randn(3000,40); x.sum(dim=0)",
     # few long rows with a sweep: a grid-synced row offered (its sweep's bytes too)
     "softmax_few_long_rows": "x=torch.randn(3,4096); torch.softmax(x, dim=-1)",
+    # chained folds merged in the e-graph: one row read through two composed reshapes, and a column
+    "chained_max_rows": "x=torch.randn(3,5,6,40); x.amax(-1).amax(-1).amax(-1)",
+    "chained_sum_columns": "x=torch.randn(4,30,20,8); x.sum(1).sum(1)",
     # a padded convolution: its input staged through the padding's guards (SIMT, micro-tile and mma rows)
     "conv_padded_f16": "x=torch.randn(1,32,10,10,dtype=torch.float16); c=nn.Conv2d(32,64,3,padding=1).half(); c(x)",
 }
