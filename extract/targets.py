@@ -58,6 +58,8 @@ class Target:
     launch_seconds: float = 3.0e-6  # host-side launch overhead a kernel
     sfu_fraction: float = 1 / 8  # exp/rsqrt/... rate as a fraction of the fp32 FMA rate
     clock_hz: float = 0.0  # boost clock: the instruction issue rate below
+    memory_latency_cycles: float = 450.0  # a staged copy's round trip from issue to landing (estimate)
+    l1_latency_cycles: float = 33.0  # a load that hits the SM's L1 (estimate)
     sources: dict = field(default_factory=dict, compare=False)  # figure name -> its source
     gpu: str = ""  # the GPU's key (`--target` name): h200, h100, a100, ...; keys prices and measurements
 
@@ -75,6 +77,16 @@ class Target:
         """Thread-instructions a second: each SM's four schedulers issue one warp instruction a clock.
         An FMA pipe as wide as the issue (128 lanes an SM) leaves no slot for loads or index math."""
         return 4 * 32 * self.sms * self.clock_hz
+
+    @property
+    def memory_latency_s(self) -> float:
+        """Seconds from issuing a global-to-shared copy to its landing, unloaded: what a staged loop's
+        stages in flight must cover."""
+        return self.memory_latency_cycles / self.clock_hz
+
+    @property
+    def l1_latency_s(self) -> float:
+        return self.l1_latency_cycles / self.clock_hz
 
     @property
     def smem_bandwidth(self) -> float:
@@ -107,6 +119,12 @@ _ESTIMATES = {
     "l1_reuse_bytes": "estimate: the share of an SM's L1 (128-256 KB, CUDA guide) a block's re-reads can count on",
     "clock_hz": "the GPU's boost clock (its datasheet or whitepaper); four warp schedulers an SM each issue one "
                 "warp instruction a clock (CUDA C++ Programming Guide, compute capability 7.x and later)",
+    "memory_latency_cycles": "estimate: an L2 hit takes about 220-340 clocks by SM on an Ada L40 (arXiv "
+                             "2606.22588, 'Non-Uniform L2 Cache Latency Across the Streaming Multiprocessors of "
+                             "an NVIDIA L40'); with a DRAM share and the copy's issue, about 450, until measured",
+    "l1_latency_cycles": "estimate: an L1 hit of about 28-33 clocks, as microbenchmarks report for Volta and "
+                         "Turing (Jia et al., 'Dissecting the NVIDIA Volta GPU Architecture via "
+                         "Microbenchmarking', 2018, and its Turing sequel, 2019), until measured",
     "sfu_fraction": CUDA_GUIDE + " (arithmetic instruction throughput: 16 special-function results per "
                     "SM per clock against 128 fp32 FMAs)",
 }

@@ -260,3 +260,39 @@ def test_the_fragment_bytes_the_model_prices_are_the_ldmatrix_bytes_in_the_sass(
     shape = tile.shape
     atoms = shape.rows * shape.cols * shape.red * shape.batch / (16 * 8 * 16)
     assert per_hmma == pytest.approx(mma_fragment_bytes(shape, tile.row, tile.geometry) / atoms)
+
+
+MM_F16_4096 = "a=torch.randn(4096,4096,dtype=torch.float16); b=torch.randn(4096,4096,dtype=torch.float16); a @ b"
+
+
+def _mma_breakdown(target: str, k: str, stage: str):
+    pins = f"WORK=w4x4,TILE=mma_m16n8k16_f16_f32/f4x4/{k},REDUCE=,STAGE={stage},RASTER="
+    (tile,) = [t for t in emmy.optimize(MM_F16_4096, target=target, knobs=pins).tile_ir.kernels if t.row.tile.mma]
+    return tile.breakdown
+
+
+def test_a_staged_k_loop_with_one_chunk_in_flight_pays_the_copy_latency_every_chunk():
+    """f16 4096^3, 256x128 tiles on an H200: 512 blocks, 4 waves of one block an SM. With two stages
+    (one chunk in flight) and chunks of 16, each chunk waits for a copy's latency plus its own
+    transfer, which one chunk's compute does not cover (the H200 measured this row far slower than
+    its throughput price); three stages spread it over two chunks and cover it."""
+    from emmy.schedule.cost_model import SYNC_STEP
+
+    h200 = get_target("h200")
+    shallow, staged = _mma_breakdown("h200", "k1", "d2/smem-async"), _mma_breakdown("h200", "k1", "d3/smem-async")
+    blocks, chunks, waves = 512, 4096 // 16, 4
+    transfer = staged.memory_s * h200.sms / (blocks * chunks)
+    assert shallow.body_s == pytest.approx(waves * chunks * (h200.memory_latency_s + transfer))
+    assert staged.body_s < shallow.body_s / 1.5
+    assert staged.sync_s == pytest.approx(waves * chunks * SYNC_STEP)  # a barrier a chunk
+
+
+def test_deeper_k_chunks_and_more_stages_never_cost_more(target="h200"):
+    prices = {(k, d): _mma_breakdown(target, k, f"d{d}/smem-async").total_s for k in ("k1", "k2", "k4")
+              for d in (2, 3, 4)}
+    for (k, d), seconds in prices.items():
+        deeper = [prices[(k2, d)] for k2 in ("k1", "k2", "k4") if int(k2[1]) > int(k[1])]
+        more = [prices[(k, d2)] for d2 in (2, 3, 4) if d2 > d]
+        assert all(s <= seconds * (1 + 1e-9) for s in deeper + more), (k, d)
+    chosen = emmy.optimize(MM_F16_4096, target=target).tile_ir.kernels[0].row
+    assert chosen.tile.k_chunks > 1 and chosen.stage.depth > 2  # never the shallow loop

@@ -126,9 +126,10 @@ def test_the_chosen_tensor_core_row_runs_right_in_the_simulator_at_a_small_shape
 
 @pytest.mark.parametrize("code,knobs", [
     ("x=torch.randn(2,8,14,18); c=nn.Conv2d(8,32,3,stride=2,padding=2,dilation=2); c(x)",
-     "WORK=t128,TILE=f4,STAGE=d2/smem-async"),
-    ("x=torch.randn(2,8,14,18); c=nn.Conv2d(8,32,3,stride=2,padding=2,dilation=2); c(x)", "WORK=t128,TILE=f2,STAGE=d1/smem"),
-    ("x=torch.randn(2,16,20,20); c=nn.Conv2d(16,64,3,padding=1); c(x)", "WORK=t128,TILE=r4x4,STAGE=d2/smem-async"),
+     "WORK=t128,TILE=f4,REDUCE=,STAGE=d2/smem-async"),
+    ("x=torch.randn(2,8,14,18); c=nn.Conv2d(8,32,3,stride=2,padding=2,dilation=2); c(x)",
+     "WORK=t128,TILE=f2,REDUCE=,STAGE=d1/smem"),
+    ("x=torch.randn(2,16,20,20); c=nn.Conv2d(16,64,3,padding=1); c(x)", "WORK=t128,TILE=r4x4,REDUCE=,STAGE=d2/smem-async"),
 ], ids=["simt-async", "simt-plain", "micro"])
 def test_padded_operands_are_staged_through_their_guards_on_simt_rows(code, knobs):
     """SIMT and micro-tiled rows stage the padded input too: each panel element read where the

@@ -30,7 +30,12 @@ time with every term that made it.
   registers (an estimate from the tile's accumulators); `hiding` is the share
   of memory latency that resident warps or a cp.async/TMA pipeline hide;
   `spread` the share of SMs with work; `tail` the last wave's fill;
-- sync: barrier and shuffle steps of cooperative reductions (and, for a
+- latency: a contraction's K loop takes at least its chain of waits: a
+  staged loop's copies spread over the stages in flight, chunk by chunk
+  (staged_loop_seconds), an unstaged loop's loads a few K steps at a time
+  (unstaged_loop_seconds);
+- sync: a staged contraction's barrier a K chunk; barrier and shuffle
+  steps of cooperative reductions (and, for a
   grid-synced row, per row a grid barrier and the first warp's merge of
   the blocks' partial states: N/32 reads a lane, then 5 shuffles); extra: the
   kernel a split reduction adds (the finishing kernel of a workspace split,
@@ -162,8 +167,14 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     memory_s *= 2.0 if spills else 1.0
     compute_s = max(arith_s, tensor_s, special_s, issue_s)
     body_s = max(memory_s / (hiding * spread), compute_s / (spread * issue)) / tail
+    staged_sync_s = 0.0
+    if shape.kind == "contraction" and g.stage_depth:
+        loop_s, staged_sync_s = staged_loop_seconds(shape, g, target, compute_s, memory_s, resident)
+        body_s = max(body_s, loop_s)
+    elif shape.kind == "contraction":
+        body_s = max(body_s, unstaged_loop_seconds(shape, g, target, resident))
 
-    sync_s = 0.0
+    sync_s = staged_sync_s
     if row.reduce.coop or shape.kind == "attention" or (g.split > 1 and shape.kind in ("row", "column")):
         steps = 5 + max(0, int(log2(max(g.threads, 32) // 32)))  # warp shuffles, then the block tree
         sync_s = SYNC_STEP * steps * waves
@@ -179,6 +190,47 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     total = target.launch_seconds + body_s + sync_s + extra_s
     return Breakdown(shape.kernel, row, moved, memory_s, arith_s, tensor_s, special_s, issue_s, occupancy, waves, tail,
                      spread, hiding, registers, spills, body_s, sync_s, target.launch_seconds, extra_s, total)
+
+
+def staged_loop_seconds(shape: KernelShape, g, target, compute_s: float, memory_s: float,
+                        resident: int) -> tuple[float, float]:
+    """(the time a staged contraction's K loop takes at least, its barriers' time). Every K chunk
+    of BK ends in a barrier, and its copy must have landed first. With S stages a block has S - 1
+    chunks in flight, so a copy's latency and transfer are spread over S - 1 chunks of compute;
+    with one stage a block copies, waits and computes in turn. An SM's blocks share its tensor
+    cores and its share of the L2 bandwidth, and one block's wait is covered by the others' work:
+    a round of one chunk a block takes max(R x compute, R x transfer, one block's own path). The
+    barriers (one a chunk) idle a lone block's SM and are shared among R: a shallow chunk (k1, 16
+    of K) pays them, and the latency, every 16 products, which the throughput terms alone miss."""
+    chunks = ceil(shape.red / g.split / g.tile_k)
+    per_block_chunk = target.sms / (g.blocks * chunks)  # a whole SM's time for one block's chunk
+    compute = compute_s * per_block_chunk
+    transfer = memory_s * per_block_chunk
+    latency = target.memory_latency_s
+    if g.stage_depth > 1:
+        own = max(compute, (latency + transfer) / (g.stage_depth - 1))
+    else:  # copy, wait, compute; the stage is refilled only when every warp is done with it
+        own = latency + transfer + compute
+    blocks_per_sm = max(1, min(resident, ceil(g.blocks / target.sms)))
+    waves = ceil(g.blocks / (target.sms * blocks_per_sm))
+    rounds = waves * chunks
+    return (rounds * max(blocks_per_sm * compute, blocks_per_sm * transfer, own),
+            rounds * SYNC_STEP * (2 if g.stage_depth == 1 else 1) / blocks_per_sm)
+
+
+UNSTAGED_LOADS_IN_FLIGHT = 4  # K steps whose loads a thread issues together (nvcc unrolls a counted loop by 4)
+
+
+def unstaged_loop_seconds(shape: KernelShape, g, target, resident: int) -> float:
+    """The least time an unstaged contraction's K loop takes: each warp reads its operands from
+    global memory as it goes (the block's re-reads hit the L1), a few K steps' loads in flight at
+    once, so one warp's chain is a first L2 round trip and then an L1 hit every few steps; other
+    warps run beside it, so a wave takes one chain. The staged loop's counterpart
+    (staged_loop_seconds), so neither form is priced as if latency were free."""
+    steps = ceil(shape.red / g.split / (16 if g.mma else 1))
+    chain = target.memory_latency_s + ceil(steps / UNSTAGED_LOADS_IN_FLIGHT) * target.l1_latency_s
+    blocks_per_sm = max(1, min(resident, ceil(g.blocks / target.sms)))
+    return ceil(g.blocks / (target.sms * blocks_per_sm)) * chain
 
 
 @dataclass(frozen=True)
