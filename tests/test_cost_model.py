@@ -296,3 +296,25 @@ def test_deeper_k_chunks_and_more_stages_never_cost_more(target="h200"):
         assert all(s <= seconds * (1 + 1e-9) for s in deeper + more), (k, d)
     chosen = emmy.optimize(MM_F16_4096, target=target).tile_ir.kernels[0].row
     assert chosen.tile.k_chunks > 1 and chosen.stage.depth > 2  # never the shallow loop
+
+
+def test_an_unstaged_k_loop_takes_at_least_its_chain_of_l1_hits():
+    """fp32 128x264x4096 unstaged, a thread an output: each warp walks K=4096 with four steps'
+    loads in flight, so a wave takes at least a first L2 round trip and 1024 L1 hits; with an L1
+    ten times slower the chain is what the kernel takes, however little it computes."""
+    from dataclasses import replace
+    from math import ceil
+
+    from emmy.schedule.cost_model import UNSTAGED_LOADS_IN_FLIGHT, predict
+    from emmy.schedule.choose import loop_cost
+
+    program = emmy.optimize("a=torch.randn(128,4096); b=torch.randn(4096,264); a @ b", target="h200",
+                            knobs="WORK=t256,TILE=f1,REDUCE=,STAGE=,RASTER=")
+    (tile,) = program.tile_ir.kernels
+    cost = loop_cost(tile.kernel, program.buffer_types)
+    for l1_cycles in (33.0, 330.0):
+        gpu = replace(get_target("h200"), l1_latency_cycles=l1_cycles)
+        chain = gpu.memory_latency_s + ceil(4096 / UNSTAGED_LOADS_IN_FLIGHT) * gpu.l1_latency_s
+        body = predict(tile.shape, tile.row, gpu, cost).body_s
+        assert body >= tile.breakdown.waves * chain * (1 - 1e-9)
+    assert body == pytest.approx(tile.breakdown.waves * chain)
