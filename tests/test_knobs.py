@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import emmy
 from emmy.errors import EmmyError
 from emmy.extract.targets import get_target
 from emmy.schedule.knobs import KNOB_NAMES, MMA_ATOMS, Schedule, check_target, parse_pins, parse_value
@@ -83,3 +84,25 @@ def test_cli_checks_pins_before_compiling():
     misspelt = run_emmy("compile", "-c", MATMUL, "--knobs", "TILE=mma_m16n8k16/f1x1/k8")
     assert misspelt.returncode == 2
     assert "TILE='mma_m16n8k16/f1x1/k8' is not a legal TILE value" in misspelt.stderr
+
+
+SOFTMAX_FEW_LONG_ROWS = "x = torch.randn(3, 20000); torch.softmax(x, -1)"
+
+
+@pytest.mark.parametrize("knobs,reason", [
+    # each value legal, together a thread would hold 4 steps x 16 bytes x 4 = 256 bytes of the row
+    ("REDUCE=g5s,WORK=t64,TILE=f4/v4,STAGE=regs",
+     "STAGE=regs keeps a thread's share of the row in registers, at most 128 bytes; WORK=t64, TILE=f4/v4 and "
+     "REDUCE=g5s give each thread 256 bytes of the 20000-element row"),
+    # 40 blocks x 128 threads x 4 elements reach past the row
+    ("REDUCE=g40s,WORK=t128,TILE=f4/v4",
+     "REDUCE=g40s splits each row among 40 blocks, each taking at least a pass of its 128 threads x 4 elements: "
+     "20480 elements, more than the row's 20000"),
+])
+def test_pins_legal_alone_but_not_together_say_which_limit_they_pass(knobs, reason):
+    with pytest.raises(EmmyError) as caught:
+        emmy.optimize(SOFTMAX_FEW_LONG_ROWS, knobs=knobs).tile_ir
+    message = str(caught.value)
+    assert reason in message
+    assert "is not legal for this kernel" not in message  # g5s and g40s are legal, pinned alone
+    emmy.optimize(SOFTMAX_FEW_LONG_ROWS, knobs=knobs.split(",")[0]).tile_ir  # it is: a row is found

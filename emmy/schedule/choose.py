@@ -7,8 +7,9 @@ import dataclasses
 
 from emmy.loop_ir.nodes import Kernel
 from emmy.loop_ir.signature import signature
-from emmy.rules.schedules import ATOM_DTYPE
+from emmy.rules.schedules import ATOM_DTYPE, MAX_HELD_BYTES
 from emmy.schedule.cost_model import predict
+from emmy.schedule.geometry import held_bytes
 from emmy.schedule.knobs import Schedule, parse_value
 from emmy.schedule.loop_cost import kernel_cost
 from emmy.schedule.measured import current
@@ -45,9 +46,45 @@ def ranked_rows(kernel: Kernel, shape: KernelShape, rows, target, types: dict) -
     return [predicted[i] for i in order]
 
 
-def no_row_message(shape: KernelShape, pins: Schedule, unpinned: tuple[Schedule, ...], target) -> str:
+def _held_share_reason(shape: KernelShape, pinned: dict) -> str:
+    """Why a pinned STAGE=regs row is refused for the registers it would hold, or ""."""
+    if shape.kind != "row" or not all(k in pinned for k in ("WORK", "TILE", "REDUCE", "STAGE")):
+        return ""
+    stage = parse_value("STAGE", pinned["STAGE"])
+    work, tile, reduce = (parse_value(k, pinned[k]) for k in ("WORK", "TILE", "REDUCE"))
+    if not stage.held or tile.mma or getattr(work, "warps", False):
+        return ""
+    share = held_bytes(shape, work.threads, tile.elems, reduce.split)
+    if share <= MAX_HELD_BYTES:
+        return ""
+    return (f"STAGE={pinned['STAGE']} keeps a thread's share of the row in registers, at most {MAX_HELD_BYTES} "
+            f"bytes; WORK={pinned['WORK']}, TILE={pinned['TILE']} and REDUCE={pinned['REDUCE']} give each "
+            f"thread {share} bytes of the {shape.red}-element row: more threads, or more blocks (a larger "
+            f"g<N>s), or STAGE= without regs")
+
+
+def _split_slice_reason(shape: KernelShape, pinned: dict) -> str:
+    """Why a pinned split row is refused for slices narrower than a block's pass, or ""."""
+    if shape.kind != "row" or not all(k in pinned for k in ("WORK", "TILE", "REDUCE")):
+        return ""
+    work, tile, reduce = (parse_value(k, pinned[k]) for k in ("WORK", "TILE", "REDUCE"))
+    if tile.mma or getattr(work, "warps", False) or reduce.split <= 1:
+        return ""
+    covered = work.threads * tile.elems * reduce.split
+    if covered <= shape.red:
+        return ""
+    return (f"REDUCE={pinned['REDUCE']} splits each row among {reduce.split} blocks, each taking at least a "
+            f"pass of its {work.threads} threads x {tile.elems} elements: {covered} elements, more than the "
+            f"row's {shape.red}; fewer blocks, threads or elements a thread")
+
+
+def no_row_message(shape: KernelShape, pins: Schedule, unpinned: tuple[Schedule, ...], target,
+                   legal_alone=None) -> str:
     """Why pins leave a kernel no legal row: each pinned value the kernel cannot take at all, with
-    the values it can; or, when each could be legal alone, that they are not legal together."""
+    the values it can; or, when each could be legal alone, that they are not legal together (and
+    why, where a rule's limit says: a held row's registers, a split row's slices). `legal_alone(knob,
+    value)` says whether a value outside the kernel's default candidates is legal with only itself
+    pinned (pins widen a knob's candidates)."""
     pinned = pins.pinned()
     head = f"no legal schedule for kernel {shape.kernel} ({shape.describe()}) on {target.name} with {pins}"
     reasons = []
@@ -59,8 +96,14 @@ def no_row_message(shape: KernelShape, pins: Schedule, unpinned: tuple[Schedule,
         elif ATOM_DTYPE[tile.atom] != shape.mma:
             reasons.append(f"TILE={pinned['TILE']} multiplies {ATOM_DTYPE[tile.atom]} operands; this kernel's are "
                            f"{shape.mma}")
+    limits = [r for r in (_held_share_reason(shape, pinned), _split_slice_reason(shape, pinned)) if r]
+    reasons += limits
     for knob, value in pinned.items():
         legal = sorted({getattr(r, knob) for r in unpinned})
+        if limits and knob in ("WORK", "TILE", "REDUCE", "STAGE"):
+            continue  # values legal each, which together pass a rule's limit (said above)
+        if value not in legal and legal_alone is not None and legal_alone(knob, value):
+            continue  # outside the default candidates, but legal when pinned alone
         if value not in legal and not (knob == "TILE" and reasons):
             shown = ", ".join(v if v else "(empty)" for v in legal[:12]) + (" ..." if len(legal) > 12 else "")
             reasons.append(f"{knob}={value} is not legal for this kernel; legal {knob} values here: {shown}")

@@ -28,7 +28,11 @@ def build_tile_program(loops: LoopProgram, pricer: KernelPricer, chosen: dict | 
                 raise RuntimeError(f"no legal schedule for kernel {kernel.name} ({shape.describe()}) "
                                    f"on {target.name}, with nothing pinned")
             (unpinned,) = legal_rows([shape], target, Schedule(), pricer.schedule_rules)
-            raise EmmyError(no_row_message(shape, pins, unpinned, target))
+
+            def legal_alone(knob: str, value: str, shape=shape) -> bool:
+                return bool(legal_rows([shape], target, Schedule(**{knob: value}), pricer.schedule_rules)[0])
+
+            raise EmmyError(no_row_message(shape, pins, unpinned, target, legal_alone))
         best = ranked[0]
         if chosen and kernel.name in chosen:
             best = next((b for b in ranked if b.row == chosen[kernel.name]), None)
