@@ -354,3 +354,16 @@ def test_flash_attention_on_tensor_cores_reads_swizzled_q_k_v_panels_right(name)
         (flash,) = [n for k in pinned.kernel_ir for n in k.body if type(n).__name__ == "FlashMma"]
         assert all(o.swizzle_mask for o in (flash.q, flash.k, flash.v)), str(row)
         assert all(c.ok for c in check_program(pinned, mode="racecheck" if index == 0 else "asan")), str(row)
+
+
+def test_a_half_precision_load_is_not_rounded_again():
+    """A value loaded from a bf16 buffer is a bf16 value: converting it to float is exact, and
+    rounding it to bf16 again would cost a conversion an element (the SASS's F2F.BF16.F32)."""
+    from emmy.nvcc import build_cubin, sass_mix
+
+    program = emmy.optimize("x = torch.randn(64, 4096, dtype=torch.bfloat16); x.float().sum(-1)", target="sm_90")
+    assert "round_bf16" not in program.cuda_source
+    mix = sass_mix(build_cubin(program.cuda_source, "sm_90").path)
+    assert not any(op.startswith("F2F") for kernel in mix.values() for op in kernel)
+    # a result computed in bf16 is still rounded to it
+    assert "round_bf16" in emmy.optimize("x = torch.randn(8, 64, dtype=torch.bfloat16); x * 3", target="sm_90").cuda_source

@@ -115,7 +115,10 @@ def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = Non
         text = f"(({condition}) ? {operand(expr.value)} : {literal(expr.fill, stmt.dtype)})"
     else:
         text = _op(expr.op, tuple(operand(a) for a in expr.args), stmt.dtype)
-    if stmt.dtype in _ROUND:
+    # a half-precision result is rounded to its dtype; a load of a buffer of that dtype already is
+    # (a fill of zero too), so rounding it again would cost a conversion an element for nothing
+    exact = isinstance(expr, L.Load) and types[expr.buffer].dtype == stmt.dtype
+    if stmt.dtype in _ROUND and not exact:
         text = f"{_ROUND[stmt.dtype]}({text})"
     return f"const {REGISTER[stmt.dtype]} {stmt.name} = {text};"
 
