@@ -1,7 +1,8 @@
 """Fitting the cost model's free parameters for one GPU to measured rows.
 
 The free parameters are factors on the target's figures (FREE: DRAM and L2 bandwidth, the FP32 and
-tensor-core rates, the launch overhead): what a datasheet states and a kernel rarely reaches. A fit
+tensor-core rates, the launch overhead, the latency a staged copy waits): what a datasheet states
+and a kernel rarely reaches, or what no datasheet states. A fit
 minimises the mean squared log error of the predictions (emmy.schedule.cost_model.predict, the very
 model extraction prices with) over the measured rows, with a weak pull of each log factor toward 0
 (PRIOR), so a figure the rows do not exercise stays at the datasheet's. Fidelity is reported on rows

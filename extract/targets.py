@@ -249,7 +249,8 @@ def get_target(name: str, calibrated: bool = True) -> Target:
 # Calibration: factors on a GPU's figures fitted to its measured rows (emmy.calibrate), in
 # <gpu>.json files: shipped beside this table (calibration/), or written by `emmy calibrate` to
 # EMMY_CALIBRATION_DIR (which wins). One factor moves both tensor-core rates.
-CALIBRATED_FIELDS = ("dram_bandwidth", "l2_bandwidth", "fp32_flops", "tensor_flops", "launch_seconds")
+CALIBRATED_FIELDS = ("dram_bandwidth", "l2_bandwidth", "fp32_flops", "tensor_flops", "launch_seconds",
+                     "memory_latency_cycles")
 _LINKED = {"tensor_flops": ("bf16_tensor_flops",)}
 SHIPPED_CALIBRATION = Path(__file__).resolve().parent / "calibration"
 
