@@ -28,7 +28,6 @@ from emmy.tensor_ir.builder import reshape_index
 
 (x,) = vars_("x", Term)
 layout, shape = vars_("layout shape", String)
-(op,) = vars_("op", String)
 a, b = vars_("a b", i64)
 
 reductions = RuleGroup("reductions", "algebra", "folds of one monoid over adjacent axes merged into one")
@@ -66,8 +65,10 @@ def layout_of_fold(layout_text: str, axis: int, source_shape: str) -> str:
     return encode_layout(Layout(tuple(shape), tuple(index)))
 
 
-def _merged_extents(shape_text_: str, a: int, b: int) -> tuple[tuple[int, ...], int] | None:
-    shape = parse_shape(shape_text_)
+def _merged_extents(source_shape: str, a: int, b: int) -> tuple[tuple[int, ...], int] | None:
+    """The operand's extents with axes a and b (adjacent) merged, and the merged axis; None if not
+    adjacent axes of it."""
+    shape = parse_shape(source_shape)
     lo = min(a, b)
     if abs(a - b) != 1 or lo < 0 or max(a, b) >= len(shape):
         return None

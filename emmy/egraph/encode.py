@@ -2,9 +2,10 @@
 a kernel of its own.
 
 Each value's term is unioned with `value(name)`, a node that names the
-e-class after the Tensor IR value (and its shape is set: terms.shape_of): operands refer to each other through
-these names, the extractor finds the outputs' e-classes by them and names
-temporary buffers after them, and `value` nodes are never extracted. Nothing
+e-class after the Tensor IR value, and its shape is set (terms.shape_of):
+operands refer to each other through these names, the extractor finds the
+outputs' e-classes by them and names temporary buffers after them, and
+`value` nodes are never extracted. Nothing
 is bound to a global let: egglog-python invents `$__expr_N` lets for shared
 subterms, and egglog 13.2 confuses globals whose names differ by trailing
 digits (`$__expr_31` read back as the value of `$__expr_3`; found as a reduce

@@ -211,8 +211,7 @@ def staged_loop_seconds(shape: KernelShape, g, target, compute_s: float, memory_
         own = max(compute, (latency + transfer) / (g.stage_depth - 1))
     else:  # copy, wait, compute; the stage is refilled only when every warp is done with it
         own = latency + transfer + compute
-    blocks_per_sm = max(1, min(resident, ceil(g.blocks / target.sms)))
-    waves = ceil(g.blocks / (target.sms * blocks_per_sm))
+    blocks_per_sm, waves = _blocks_an_sm(g, target, resident)
     rounds = waves * chunks
     return (rounds * max(blocks_per_sm * compute, blocks_per_sm * transfer, own),
             rounds * SYNC_STEP * (2 if g.stage_depth == 1 else 1) / blocks_per_sm)
@@ -229,8 +228,13 @@ def unstaged_loop_seconds(shape: KernelShape, g, target, resident: int) -> float
     (staged_loop_seconds), so neither form is priced as if latency were free."""
     steps = ceil(shape.red / g.split / (16 if g.mma else 1))
     chain = target.memory_latency_s + ceil(steps / UNSTAGED_LOADS_IN_FLIGHT) * target.l1_latency_s
+    return _blocks_an_sm(g, target, resident)[1] * chain
+
+
+def _blocks_an_sm(g, target, resident: int) -> tuple[int, int]:
+    """(blocks an SM runs at once: what fits, and no more than the grid gives it; waves of them)."""
     blocks_per_sm = max(1, min(resident, ceil(g.blocks / target.sms)))
-    return ceil(g.blocks / (target.sms * blocks_per_sm)) * chain
+    return blocks_per_sm, ceil(g.blocks / (target.sms * blocks_per_sm))
 
 
 @dataclass(frozen=True)
