@@ -21,7 +21,7 @@ from egglog import BigInt, BigRat, PyObject, String, eq, i64, ne, rewrite, vars_
 
 from emmy.affine import Affine
 from emmy.egraph.layout import Layout, compose, decode_layout, encode_layout
-from emmy.egraph.shapes import parse_shape, reduced_shape, shape_text
+from emmy.egraph.shapes import parse_shape, reduced_shape
 from emmy.egraph.terms import Term, shape_of
 from emmy.rules import RuleGroup
 from emmy.tensor_ir.builder import reshape_index
@@ -94,10 +94,9 @@ def splitting_layout(source_shape: str, a: int, b: int) -> str:
     if merged is None:
         return ""
     shape, lo = merged
-    folded = shape_text(shape[:lo] + (1,) + shape[lo + 1:])
     out = list(parse_shape(source_shape))
     out[a] = out[b] = 1
-    return encode_layout(Layout(tuple(out), tuple(reshape_index(parse_shape(folded), out))))
+    return encode_layout(Layout(tuple(out), tuple(reshape_index((*shape[:lo], 1, *shape[lo + 1:]), out))))
 
 
 @lru_cache(maxsize=4096)

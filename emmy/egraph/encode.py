@@ -25,15 +25,12 @@ from egglog import EGraph
 from egglog import bindings as egg
 
 from emmy.egraph.layout import Layout, encode_layout
+from emmy.egraph.shapes import shape_text
 from emmy.egraph.terms import Term, shape_of
 from emmy.tensor_ir.nodes import Constant, Elementwise, IndexMap, Input, Reduce, TensorGraph, Weight
 
 BATCH = 1024  # union commands per egglog call
 _SPAN = egg.RustSpan("", 0, 0)
-
-
-def shape_text(shape: tuple[int, ...]) -> str:
-    return ",".join(str(s) for s in shape)
 
 
 def literal_value(value) -> float:

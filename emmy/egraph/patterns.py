@@ -24,6 +24,7 @@ from egglog.declarations import (CallDecl, ClassMethodRef, EqDecl, ExprFactDecl,
 
 from emmy.dtypes import DType, to_storage
 from emmy.egraph.layout import decode_layout
+from emmy.egraph.shapes import shape_text
 from emmy.tensor_ir.interpreter import apply_scalar, index_map, reduce_axis
 from emmy.tensor_ir.nodes import IndexMap, TensorType
 from emmy.tensor_ir.scalar_ops import SCALAR_OPS
@@ -199,7 +200,7 @@ def _shape_of(value) -> str:
     """terms.shape_of: the shape of a Term value, as encoding writes it."""
     if not isinstance(value, Value):
         raise Unfit("shape_of of a primitive")
-    return ",".join(str(n) for n in value.array.shape)
+    return shape_text(value.array.shape)
 
 
 _FUNCTIONS = {"!=": lambda a, b: not _same(a, b), "==": lambda a, b: _same(a, b), "shape_of": _shape_of}

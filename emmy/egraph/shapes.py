@@ -35,8 +35,7 @@ def layout_shape(layout_text: str) -> str:
 
 @lru_cache(maxsize=4096)
 def reduced_shape(shape: str, axis: int) -> str:
-    """The shape of a reduction over `axis` ("" stays rank 0 only when the axis is out of range:
-    such a term is never built, as encoding and the rules reduce only axes that exist)."""
+    """The shape of a reduction over `axis`: the operand's, with that axis at extent 1."""
     extents = list(parse_shape(shape))
     if 0 <= axis < len(extents):
         extents[axis] = 1

@@ -46,36 +46,27 @@ def ranked_rows(kernel: Kernel, shape: KernelShape, rows, target, types: dict) -
     return [predicted[i] for i in order]
 
 
-def _held_share_reason(shape: KernelShape, pinned: dict) -> str:
-    """Why a pinned STAGE=regs row is refused for the registers it would hold, or ""."""
-    if shape.kind != "row" or not all(k in pinned for k in ("WORK", "TILE", "REDUCE", "STAGE")):
-        return ""
-    stage = parse_value("STAGE", pinned["STAGE"])
-    work, tile, reduce = (parse_value(k, pinned[k]) for k in ("WORK", "TILE", "REDUCE"))
-    if not stage.held or tile.mma or getattr(work, "warps", False):
-        return ""
-    share = held_bytes(shape, work.threads, tile.elems, reduce.split)
-    if share <= MAX_HELD_BYTES:
-        return ""
-    return (f"STAGE={pinned['STAGE']} keeps a thread's share of the row in registers, at most {MAX_HELD_BYTES} "
-            f"bytes; WORK={pinned['WORK']}, TILE={pinned['TILE']} and REDUCE={pinned['REDUCE']} give each "
-            f"thread {share} bytes of the {shape.red}-element row: more threads, or more blocks (a larger "
-            f"g<N>s), or STAGE= without regs")
-
-
-def _split_slice_reason(shape: KernelShape, pinned: dict) -> str:
-    """Why a pinned split row is refused for slices narrower than a block's pass, or ""."""
+def _row_limit_reasons(shape: KernelShape, pinned: dict) -> list[str]:
+    """Why pinned WORK, TILE and REDUCE values, each legal, pass a limit of a SIMT row together: a
+    held row's registers (STAGE=regs) or a split row's slices narrower than a block's pass."""
     if shape.kind != "row" or not all(k in pinned for k in ("WORK", "TILE", "REDUCE")):
-        return ""
+        return []
     work, tile, reduce = (parse_value(k, pinned[k]) for k in ("WORK", "TILE", "REDUCE"))
-    if tile.mma or getattr(work, "warps", False) or reduce.split <= 1:
-        return ""
+    if tile.mma or work.warps:
+        return []
+    reasons = []
+    share = held_bytes(shape, work.threads, tile.elems, reduce.split)
+    if "STAGE" in pinned and parse_value("STAGE", pinned["STAGE"]).held and share > MAX_HELD_BYTES:
+        reasons.append(f"STAGE={pinned['STAGE']} keeps a thread's share of the row in registers, at most "
+                       f"{MAX_HELD_BYTES} bytes; WORK={pinned['WORK']}, TILE={pinned['TILE']} and "
+                       f"REDUCE={pinned['REDUCE']} give each thread {share} bytes of the {shape.red}-element row: "
+                       f"more threads, or more blocks (a larger g<N>s), or STAGE= without regs")
     covered = work.threads * tile.elems * reduce.split
-    if covered <= shape.red:
-        return ""
-    return (f"REDUCE={pinned['REDUCE']} splits each row among {reduce.split} blocks, each taking at least a "
-            f"pass of its {work.threads} threads x {tile.elems} elements: {covered} elements, more than the "
-            f"row's {shape.red}; fewer blocks, threads or elements a thread")
+    if reduce.split > 1 and covered > shape.red:
+        reasons.append(f"REDUCE={pinned['REDUCE']} splits each row among {reduce.split} blocks, each taking at "
+                       f"least a pass of its {work.threads} threads x {tile.elems} elements: {covered} elements, "
+                       f"more than the row's {shape.red}; fewer blocks, threads or elements a thread")
+    return reasons
 
 
 def no_row_message(shape: KernelShape, pins: Schedule, unpinned: tuple[Schedule, ...], target,
@@ -96,7 +87,7 @@ def no_row_message(shape: KernelShape, pins: Schedule, unpinned: tuple[Schedule,
         elif ATOM_DTYPE[tile.atom] != shape.mma:
             reasons.append(f"TILE={pinned['TILE']} multiplies {ATOM_DTYPE[tile.atom]} operands; this kernel's are "
                            f"{shape.mma}")
-    limits = [r for r in (_held_share_reason(shape, pinned), _split_slice_reason(shape, pinned)) if r]
+    limits = _row_limit_reasons(shape, pinned)
     reasons += limits
     for knob, value in pinned.items():
         legal = sorted({getattr(r, knob) for r in unpinned})

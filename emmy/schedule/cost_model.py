@@ -134,8 +134,7 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     resident = max(1, min(target.blocks_per_sm, target.threads_per_sm // g.threads,
                           target.smem_per_sm // g.smem_bytes if g.smem_bytes else target.blocks_per_sm,
                           target.regs_per_sm // (min(registers, target.regs_per_thread) * g.threads)))
-    # blocks an SM actually holds: at most what fits, and no more than the grid gives it
-    occupancy = min(resident, ceil(g.blocks / target.sms)) * g.threads / target.threads_per_sm
+    occupancy = _blocks_an_sm(g, target, resident)[0] * g.threads / target.threads_per_sm
     slots = target.sms * resident
     issue_s = 0.0
     if shape.kind == "contraction":  # panels re-read through L2; DRAM serves what a wave's panels miss
