@@ -81,9 +81,15 @@ def _gpu_suite() -> list[Job]:
     return [Job(f"suite/{name}", code, *CANDIDATES.get(name, (4, 4)), True) for name, code in SUITES["small"]]
 
 
+# Programs checked beside the workloads, for what a GPU alone can show: rows too long to hold keep
+# the one-pass softmax, whose sum the 2026-12-04 run found leaning with the GPU's exp (its rescales
+# are now emmy::rescale_exp, and its max term joins the sum by one exp, as its numerator does).
+EXTRA_CHECKS = {"softmax_one_pass": "x = torch.randn(16, 65536); torch.softmax(x, -1)"}
+
+
 def plan() -> list[Job]:
     """The smoke job first (a failure there ends the session early), then every workload at its own
-    shape (and its benchmark shape), then the GPU-sized suite."""
+    shape (and its benchmark shape) and the extra checks, then the GPU-sized suite."""
     from emmy.workloads import WORKLOADS
 
     jobs = [Job("check/add3", next(w.code for w in WORKLOADS if w.name == "add3"))]
@@ -92,6 +98,7 @@ def plan() -> list[Job]:
             jobs.append(Job(f"check/{w.name}", w.code, versus_torch=False))
         if w.bench_code:
             jobs.append(Job(f"check/{w.name}@bench", w.bench_code))
+    jobs += [Job(f"check/{name}", code) for name, code in EXTRA_CHECKS.items()]
     return jobs + _gpu_suite()
 
 

@@ -64,10 +64,11 @@ class Explanation:
         shown = self.decisions if decisions == 0 else self.decisions[:decisions]
         if shown:
             lines.append("decisions: what the program would cost with the other choice (closest first)")
-            lines += table(["kind", "value", "chosen", "alternative", "program us", "delta us"],
+            lines += table(["kind", "value", "chosen", "alternative", "program us", "delta us", ""],
                            [[d.kind, d.subject, d.chosen, d.alternative,
                              "-" if d.seconds is None else f"{d.seconds * 1e6:.2f}",
-                             "-" if d.delta_seconds is None else f"{d.delta_seconds * 1e6:+.2f}"] for d in shown],
+                             "-" if d.delta_seconds is None else f"{d.delta_seconds * 1e6:+.2f}",
+                             d.tie_text()] for d in shown],
                            right=(4, 5))
             if len(shown) < len(self.decisions):
                 lines.append(f"  ({len(self.decisions) - len(shown)} more; --decisions 0 shows all)")

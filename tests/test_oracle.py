@@ -99,3 +99,38 @@ def test_errors_count_matching_nans_and_infinities_as_none_and_any_other_mismatc
     a = np.array([1.0, np.nan, np.inf, np.inf, np.nan, 2.0, -np.inf])
     e = np.array([1.5, np.nan, np.inf, -np.inf, 1.0, np.inf, -np.inf])
     np.testing.assert_array_equal(_errors(a, e), [0.5, 0.0, 0.0, np.inf, np.inf, np.inf, 0.0])
+
+
+def _softmax_with_a_sequential_sum(seed: int):
+    """64 rows of 1000: exp(x - max) over a sum of them added one by one in f32 (as one thread folds a
+    row), the float64 reference and the result with an exact sum (a stand-in for torch's)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((64, 1000)).astype(np.float32)
+    e = np.exp(x - x.max(1, keepdims=True)).astype(np.float32)
+    d = np.zeros((64, 1), np.float32)
+    for j in range(e.shape[1]):
+        d = d + e[:, j:j + 1]
+    exact = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    want = exact / exact.sum(1, keepdims=True)
+    theirs = (e / e.astype(np.float64).sum(1, keepdims=True).astype(np.float32)).astype(np.float64)
+    return (e / d).astype(np.float64), want, theirs
+
+
+def test_rows_sharing_one_rounded_sum_are_not_a_lean():
+    """A row's outputs all divide by its one sum, so its rounding moves the row one way; over 64 rows
+    those roundings alone make a mean error of a few tenths of an ulp, of either sign. Measured
+    against the spread of the rows' means, none is a lean (against single outputs' spread, four of
+    these six were)."""
+    results = []
+    for seed in range(6):
+        actual, want, theirs = _softmax_with_a_sequential_sum(seed)
+        results.append(compare(actual, want, DType.F32, 1000, None, theirs))
+    assert all(r.ok for r in results), results
+    assert max(abs(r.bias_ulps) for r in results) > 0.25  # the shared roundings do move the mean that far
+
+
+def test_a_lean_beneath_rows_sharing_one_rounded_sum_is_still_caught():
+    actual, want, theirs = _softmax_with_a_sequential_sum(0)
+    leaning = (want * (1 + 2.0 ** -24)).astype(np.float32).astype(np.float64)  # every output a little high
+    result = compare(leaning, want, DType.F32, 1000, None, theirs)
+    assert not result.ok and result.why == "bias" and result.bias_ulps > 0.5

@@ -278,10 +278,11 @@ class Kernels:
         return types
 
     def total(self) -> tuple:
-        """The program's price: (unpriceable kernels, seconds, bytes, launches)."""
+        """The program's price: (unpriceable kernels, seconds, bytes, launches, arithmetic seconds)."""
         unpriced = sum(1 for p in self.prices.values() if p.seconds is None)
         return (unpriced, sum(p.seconds or 0.0 for p in self.prices.values()),
-                sum(p.bytes for p in self.prices.values()), sum(p.launches for p in self.prices.values()))
+                sum(p.bytes for p in self.prices.values()), sum(p.launches for p in self.prices.values()),
+                sum(p.compute_seconds for p in self.prices.values()))
 
     # -- changes ----------------------------------------------------------------
     def affected(self, touched) -> set[str]:

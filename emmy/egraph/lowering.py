@@ -301,18 +301,35 @@ class KernelLowering:
         return m2, result_deps
 
     def _online_sum(self, cid: str, axis: int, s_cid: str, coords: tuple) -> tuple:
-        """sum(exp(s - max s)) in one pass: m' = max(m, x); d = d*exp(m - m') + exp(x - m').
+        """sum(exp(s - max s)) in one pass, with state (m, d): m the running max and d the sum of
+        exp(x - m) over every element but one maximum, whose term (1) is added after the fold.
+        A step m' = max(m, x); lo = min(m, x); d' = d * rescale_exp(m - m') + exp(lo - m'): the
+        element that is not the new max joins d by one exp, whether it is x or the old max.
 
-        Where m == m' (both -inf early in a masked row) the factor is 1, not
-        exp(nan); a fully masked row then ends as d = count and m = -inf, and
-        the consumer's exp(x - m) gives NaN, as PyTorch's softmax does.
+        So every element reaches the sum as the consumer's numerator exp(x - max) does: by one
+        exp (the maximum by none), times rescale factors that lean neither way (`rescale_exp`):
+        where the GPU's exp leans a fraction of an ulp, numerators and sum lean alike and the
+        quotient does not. (Kept in d, the max's term would be an exact 1 in the sum while its
+        numerator leans; computed by exp, the rescales would pile their lean up in the sum alone.
+        softmax_wsum's z and d share every factor, so there a lean cancels as it is.)
+
+        Where m == m' the factor is 1, not exp(nan) (-inf - -inf), and where lo == m' (a tie, or
+        a masked element in a masked row) the term is 1; a fully masked row ends with m = -inf
+        and the consumer's exp(x - m) gives NaN, as PyTorch's softmax does.
         """
         var, (m, d), inits, x_, dtype, here, deps, op = yield from self._fold_loop(cid, axis, s_cid, coords,
                                                                                    ("max", "sum"))
-        m_new, scale, term = _max_step(op, dtype, (m, here), x_)
+        m_old = (m, here)
+        m_new = op("maximum", dtype, m_old, x_)
+        one = (Lit(1.0, dtype), frozenset())
+        scale = op("where", dtype, op("equal", DType.BOOL, m_old, m_new), one,
+                   op("rescale_exp", dtype, op("subtract", dtype, m_old, m_new)))
+        lower = op("minimum", dtype, m_old, x_)
+        term = op("where", dtype, op("equal", DType.BOOL, lower, m_new), one,
+                  op("exp", dtype, op("subtract", dtype, lower, m_new)))
         d_new = op("add", dtype, op("multiply", dtype, (d, here), scale), term)
         result_deps = self._close_fold(var, inits, deps, [(d, d_new[0], here), (m, m_new[0], here)])
-        return d, result_deps
+        return self._op("add", dtype, [(d, result_deps), one])  # the maximum's own term
 
     def _softmax_wsum(self, cid: str, axis: int, s_cid: str, w_cid: str, coords: tuple) -> tuple:
         """sum(softmax(s) * w) in one pass with state (m, d, z):
@@ -422,8 +439,9 @@ class KernelLowering:
 
 
 def _max_step(op, dtype: DType, m, x) -> tuple:
-    """One element of a running-max fold: m' = max(m, x), the factor exp(m - m') that rescales
-    what was summed so far, and exp(x - m'). Equal maxima give 1, not exp(nan) (-inf - -inf)."""
+    """One element of softmax_wsum's running-max fold: m' = max(m, x), the factor exp(m - m')
+    that rescales what was summed so far, and exp(x - m'). Equal maxima give 1, not exp(nan)
+    (-inf - -inf)."""
     m_new = op("maximum", dtype, m, x)
     one = (Lit(1.0, dtype), frozenset())
     scale = op("where", dtype, op("equal", DType.BOOL, m, m_new), one,

@@ -68,15 +68,23 @@ class Decision:
     delta_bytes: float
     delta_launches: int
     move: Move | None = field(default=None, compare=False, repr=False)  # what `BoundarySearch.alternative` makes
+    delta_compute_seconds: float = 0.0  # the alternative's arithmetic (slowest pipe) minus the chosen's
+
+    def tie_text(self) -> str:
+        """How a tie in time was decided ("" when the times differ): bytes, launches, then arithmetic."""
+        if self.seconds is None or self.delta_seconds is None or \
+                abs(self.delta_seconds) > TIME_TOLERANCE * max(self.seconds, 1e-12):
+            return ""
+        if abs(self.delta_bytes) > 0.5 or self.delta_launches:
+            return f"a tie: {self.delta_bytes / 1e6:+.3f} MB, {self.delta_launches:+d} launches"
+        return f"a tie: {self.delta_compute_seconds * 1e6:+.2f} us of arithmetic"
 
     def render(self) -> str:
         if self.seconds is None or self.delta_seconds is None:
             cost = "no row fits within the pins"
         else:
             cost = f"{self.seconds * 1e6:.2f} us ({self.delta_seconds * 1e6:+.2f} us"
-            if abs(self.delta_seconds) <= TIME_TOLERANCE * max(self.seconds, 1e-12):
-                cost += f", a tie: {self.delta_bytes / 1e6:+.3f} MB, {self.delta_launches:+d} launches"
-            cost += ")"
+            cost += f", {self.tie_text()})" if self.tie_text() else ")"
         return f"{self.subject}: {self.chosen}; {self.alternative} would cost {cost}"
 
 
@@ -420,7 +428,7 @@ class BoundarySearch:
             unpriced = final[0] + delta[0] > 0
             out.append(Decision(move.kind, move.what or self.name(move.subject), chosen_text, alternative,
                                 None if unpriced else final[1] + delta[1], None if unpriced else delta[1],
-                                delta[2], int(delta[3]), move))
+                                delta[2], int(delta[3]), move, delta[4]))
         return tuple(out)
 
     def _describe(self, move: Move) -> tuple[str, str]:
@@ -442,24 +450,31 @@ class BoundarySearch:
 def _sum_keys(plus: list[KernelPrice], minus: list[KernelPrice]) -> tuple:
     keys_plus = [p.key() for p in plus]
     keys_minus = [p.key() for p in minus]
-    return tuple(sum(k[i] for k in keys_plus) - sum(k[i] for k in keys_minus) for i in range(4))
+    return tuple(sum(k[i] for k in keys_plus) - sum(k[i] for k in keys_minus) for i in range(5))
 
 
 def _order(delta: tuple, total: tuple) -> tuple:
     """A sort key among price changes, with times within the tolerance counted as equal."""
-    unpriced, seconds, moved, launches = delta
+    unpriced, seconds, moved, launches, computed = delta
     tie = abs(seconds) <= TIME_TOLERANCE * max(total[1], 1e-12)
-    return (unpriced, 0.0 if tie else seconds, moved, launches)
+    return (unpriced, 0.0 if tie else seconds, moved, launches, 0.0 if _computes_alike(computed, total) else computed)
 
 
 def _better(delta: tuple, total: tuple) -> bool:
     """Whether a price change is an improvement: fewer unpriceable kernels; then less time (beyond
-    a relative tolerance); then fewer bytes; then fewer launches."""
-    unpriced, seconds, moved, launches = delta
+    a relative tolerance); then fewer bytes; then fewer launches; then less arithmetic (beyond the
+    same tolerance)."""
+    unpriced, seconds, moved, launches, computed = delta
     if unpriced:
         return unpriced < 0
     if abs(seconds) > TIME_TOLERANCE * max(total[1], 1e-12):
         return seconds < 0
     if abs(moved) > 0.5:
         return moved < 0
-    return launches < 0
+    if launches:
+        return launches < 0
+    return not _computes_alike(computed, total) and computed < 0
+
+
+def _computes_alike(computed: float, total: tuple) -> bool:
+    return abs(computed) <= TIME_TOLERANCE * max(total[4], total[1], 1e-12)

@@ -256,7 +256,7 @@ def _lower_row_grid(tile: TileKernel, types: dict, params) -> KernelIR:
             body.append(dataclasses.replace(loop, split=split))
             combine, smem = _block_combine(part, threads)
             body += combine
-            shared += [m for m in smem if m not in shared]
+            _add_shared(shared, smem)
             body.append(OnlyThread(tuple(Store(workspace, DType.F32, PartialSlot(slot, 2, split, alternate=True), acc)
                                          for slot, acc in enumerate(accs))))
             body.append(GridMerge(tuple((op, group) for op, _, group in groups), workspace, split, "grid_partials"))
@@ -456,7 +456,7 @@ def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
             if coop:
                 combine, smem = _block_combine(part, threads)
                 body += combine
-                shared += [s for s in smem if s not in shared]
+                _add_shared(shared, smem)
             if part.twist:
                 twists.append((part.twist, tuple(i.acc for i in part.init if _in_state(i, part))))
         elif isinstance(part, Sweep):
@@ -500,7 +500,7 @@ def _lower_column(tile: TileKernel, types: dict, params) -> KernelIR:
             for op, dtype, accs in _fold_groups(part):
                 name = f"{op}_columns" if dtype is DType.F32 else f"{op}_{dtype.value}_columns"
                 memory = Smem(dtype, name, warps * 32 * len(accs))
-                shared += [memory] if memory not in shared else []
+                _add_shared(shared, [memory])
                 body.append(ColumnCombine(op, accs, name, warps, dtype))
             if part.twist:
                 twists.append((part.twist, tuple(i.acc for i in part.init if _in_state(i, part))))
@@ -514,6 +514,17 @@ def _lower_column(tile: TileKernel, types: dict, params) -> KernelIR:
 
 def _in_state(init: L.Init, fold: Fold) -> bool:
     return any(isinstance(s, L.Update) and s.acc == init.acc for s in fold.combine)
+
+
+def _add_shared(shared: list[Smem], more: list[Smem]) -> None:
+    """Add shared arrays to a kernel's: the folds of a row reuse one array of a name (their combines
+    run one after another), sized for the fold that combines the most accumulators in it."""
+    for memory in more:
+        at = next((i for i, m in enumerate(shared) if m.name == memory.name), None)
+        if at is None:
+            shared.append(memory)
+        elif memory.size > shared[at].size:
+            shared[at] = memory
 
 
 def _block_combine(fold: Fold, threads: int):

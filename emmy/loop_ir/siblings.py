@@ -2,8 +2,9 @@
 load an element in common (a variance and a mean of one tensor, a sum and a sum of squares) run
 as one kernel with both outputs, so the rows are read once and one launch does both.
 
-Two kernels merge when each is one nest of free loops around one fold (the same loop variables
-and extents), neither reads what the other writes, no kernel between them reads the first's
+Two kernels merge when each is one nest of free loops around folds (the same loop variables and
+extents; the first folds merge, later ones follow: a two-pass variance and a mean share the
+variance's first pass), neither reads what the other writes, no kernel between them reads the first's
 output (the merged kernel runs where the second did), and at most one of them keeps a twisted
 state (the lowering merges one twisted state beside any plain accumulators). The second's local
 names are renamed apart; its loads that repeat one of the first's at the same level are dropped
@@ -62,13 +63,14 @@ def merge_sibling_folds(program: LoopProgram) -> LoopProgram:
 
 
 def _fold_of(kernel: Kernel) -> _Fold | None:
-    """The kernel as free loops around one fold, or None."""
+    """The kernel as free loops around folds (the first one, and what follows it: more folds that
+    may read it, as a two-pass variance's sum of squares reads its mean), or None."""
     free, body = [], kernel.body
     while len(body) == 1 and isinstance(body[0], Loop) and not body[0].reduction:
         free.append((body[0].var, body[0].extent))
         body = body[0].body
     folds = [s for s in body if isinstance(s, Loop)]
-    if not free or len(folds) != 1 or not folds[0].reduction or any(isinstance(s, Loop) for s in folds[0].body):
+    if not free or not folds or not all(f.reduction and not any(isinstance(s, Loop) for s in f.body) for f in folds):
         return None
     at = body.index(folds[0])
     return _Fold(tuple(free), tuple(body[:at]), folds[0], tuple(body[at + 1:]))

@@ -38,10 +38,15 @@ class KernelPrice:
     launches: int = 1
     signature: str = ""
     detail: str = ""  # the row, or the model that priced it
+    compute_seconds: float = 0.0  # the row's predicted arithmetic (the slowest pipe): what breaks a tie
 
     def key(self) -> tuple:
-        """Lower is better: unpriceable kernels first, then time, bytes, launches."""
-        return (0 if self.seconds is not None else 1, self.seconds or 0.0, self.bytes, self.launches)
+        """Lower is better: unpriceable kernels first, then time, bytes, launches, and arithmetic (of
+        two memory-bound forms of equal time, the one that computes less: a row softmax's
+        multi-pass form over a row held in registers, whose numerators and normaliser share
+        every exp, over the one-pass form's rescaled sums)."""
+        return (0 if self.seconds is not None else 1, self.seconds or 0.0, self.bytes, self.launches,
+                self.compute_seconds)
 
 
 class _Rows:
@@ -121,7 +126,7 @@ class KernelPricer:
         if best is None:
             return KernelPrice(None, 0.0, 1, signature, "no legal row is lowered to Kernel IR")
         launches = 2 if best.row.reduce.split > 1 else 1  # a split adds its fill or finishing kernel
-        return KernelPrice(best.total_s, best.bytes, launches, signature, str(best.row))
+        return KernelPrice(best.total_s, best.bytes, launches, signature, str(best.row), best.compute_s)
 
     def _ranking(self, shape, rows, cost) -> list:
         key = (unnamed(shape), cost)

@@ -92,6 +92,9 @@ _TABLE = [
     ScalarOp("negative", 1, "arith", np.negative),
     ScalarOp("abs", 1, "arith", np.abs),
     ScalarOp("exp", 1, "arith", _quiet(np.exp)),
+    # exp for an online fold's rescale factor: the same function, computed without leaning (emmy_rt.cuh's
+    # emmy::rescale_exp says why); made by the lowering, never by a program
+    ScalarOp("rescale_exp", 1, "arith", _quiet(np.exp)),
     ScalarOp("log", 1, "arith", _quiet(np.log)),
     ScalarOp("sqrt", 1, "arith", _quiet(np.sqrt)),
     ScalarOp("rsqrt", 1, "arith", _rsqrt),
