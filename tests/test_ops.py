@@ -88,6 +88,10 @@ CASES = [
     ("aten.native_layer_norm.default", B + "F.layer_norm(x, (6,))"),
     ("aten.rms_norm.default", X + "F.rms_norm(x, (6,))"),
     ("aten.rms_norm.default", H + "w=torch.randn(6,dtype=torch.float16); F.rms_norm(x, (6,), w, eps=1e-5)"),
+    # the default eps is float32's for every input dtype (ATen's opmath epsilon, not finfo(bf16).eps):
+    # at small magnitudes 2^-7 would swamp the mean square
+    ("aten.rms_norm.default", B + "F.rms_norm(x * 0.01, (6,))"),
+    ("aten.rms_norm.default", H + "m=nn.RMSNorm(6).half(); m(x * 0.01)"),
     ("aten.scaled_dot_product_attention.default",
      "q=torch.randn(2,3,5,8); k=torch.randn(2,3,7,8); v=torch.randn(2,3,7,4); F.scaled_dot_product_attention(q,k,v)"),
     ("aten.scaled_dot_product_attention.default",
