@@ -136,3 +136,24 @@ def test_only_a_held_row_leaves_its_sweep_without_global_loads_in_the_sass(stage
     assert any(op.startswith("LDG") for op in ops[:last_barrier])  # the fold's loads
     assert any(op.startswith("LDG") for op in ops[last_barrier:]) == sweep_loads, ops[last_barrier:]
     assert any(op.startswith("STG.E.128") for op in ops[last_barrier:])
+
+
+def test_a_half_precision_held_row_is_priced_a_register_an_element_and_what_is_chosen_does_not_spill():
+    """A bf16 row held at 64 elements a thread (128 bytes: 32 registers packed) spilled when ptxas
+    built it at t1024 (34 spill stores), where the model counted its packed registers and found it
+    fit; priced a register an element, that row spills in the model too and is not chosen."""
+    from emmy.nvcc import build_cubin
+    from emmy.schedule.choose import loop_cost
+    from emmy.schedule.cost_model import predict
+    from emmy.schedule.knobs import parse_pins
+
+    code = "x=torch.randn(16,65536,dtype=torch.bfloat16); torch.softmax(x,-1)"
+    program = emmy.optimize(code, target="h200")
+    (tile,) = program.tile_ir.kernels
+    held_row = parse_pins("WORK=t1024,TILE=f8/v8,REDUCE=coop,STAGE=regs,RASTER=")
+    assert held_row in {b.row for b in program.ranked_rows(tile.kernel)}  # offered, and priced as spilling
+    breakdown = predict(tile.shape, held_row, program.target, loop_cost(tile.kernel, program.buffer_types))
+    assert breakdown.spills and breakdown.registers > 64
+    assert tile.row != held_row
+    resources = build_cubin(program.cuda_source, "sm_90").resources[tile.kernel.name]
+    assert resources.spill_stores == 0 and resources.spill_loads == 0

@@ -431,7 +431,9 @@ def _registers(shape: KernelShape, row: Schedule, g, loop_cost) -> int:
     if row.stage.held:
         # the fold's loads land in the held arrays: they are its loads in flight (ptxas fits a
         # t1024 LayerNorm row holding 32 floats a thread in 64 registers without spilling:
-        # tests/test_held_rows.py)
-        held = ceil(loop_cost.held_sources * held_bytes(shape, g.threads, g.elems, g.split) / 4)
+        # tests/test_held_rows.py). A register a held element, whatever its storage type: a bf16
+        # softmax holding 64 elements a thread (32 registers packed) spilled at t1024 (34 spill
+        # stores), the floats it converts them to being what stays live across its passes
+        held = loop_cost.held_sources * held_bytes(shape, g.threads, g.elems, g.split) // shape.itemsize
         return BASE_REGS + max(2 * tile.elems + tile.vec, held)
     return BASE_REGS + 2 * tile.elems + tile.vec
