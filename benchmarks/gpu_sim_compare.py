@@ -50,6 +50,9 @@ def cases(rng):
            [np.arange(256, dtype=np.uint16), np.zeros((7, 32, 4), np.uint32)], [1], True)
     yield ("cp_async_pipeline.cu", "pipelined_row_sum", 8, 64, 3 * 64 * 16,
            [f32(8, 1000), np.zeros(8, np.float32), 1000], [1], True)
+    x = -rng.random(1 << 16).astype(np.float32) * 20  # rescale factors' arguments: m_old - m_new <= 0
+    yield ("exp_forms.cu", "exp_forms", 256, 256, 0,
+           [x, np.zeros_like(x), np.zeros_like(x), x.size], [1], True)  # fused multiply-adds: bit for bit
     a = np.arange(40 * 72, dtype=np.float32).reshape(40, 72)  # rows of a multiple of 16 bytes, as the driver needs
     yield ("tma_tile.cu", "tma_tile_double", (3, 3), 128, 0,
            [sim.TensorMap(a, box=(16, 32)), np.zeros_like(a), 40, 72], [1], True)
@@ -90,6 +93,16 @@ class Gpu(emmy.gpu.Gpu):
         return outputs
 
 
+def _exp_lean_row(x: np.ndarray, got: np.ndarray) -> str:
+    """A report row: the GPU's expf over x, its mean signed and largest error in ulps of the exact
+    exp rounded to float32 (a mean that is not ~0 is a lean the one-pass softmax must not pile up)."""
+    exact = np.exp(x.astype(np.float64))
+    ulp = np.spacing(exact.astype(np.float32)).astype(np.float64)
+    error = (got.astype(np.float64) - exact) / ulp
+    return (f"| expf (special-function unit) | exp_forms.cu | lean against exp in float64 | mean {error.mean():+.3f} ulp, "
+            f"largest {np.abs(error).max():.2f} ulp | measured |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", default="90")
@@ -114,6 +127,8 @@ def main() -> int:
                 failures += 1
                 lines.append(f"| {kernel} | {source} | - | - | FAILED: {type(err).__name__}: {str(err)[:200]} |")
                 continue
+            if kernel == "exp_forms":  # the GPU's expf against exp in float64: its lean, in ulps
+                lines.append(_exp_lean_row(kernel_args[0], on_gpu[2]))
             for position in outputs:
                 g, s = on_gpu[position], simulated[position]
                 same = np.array_equal(g.view(np.uint8), s.view(np.uint8)) if exact else np.allclose(g, s, 1e-3, 1e-3)

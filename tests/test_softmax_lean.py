@@ -126,3 +126,17 @@ def test_rescale_exp_runs_on_the_fma_pipes_not_the_special_function_unit(tmp_pat
     mix = sass_mix(build_cubin(source, "sm_90", Path(tmp_path)).path)
     assert not any(op.startswith("MUFU") for op in mix["k_rescale"]), mix["k_rescale"]
     assert mix["k_expf"]["MUFU.EX2"] == 1  # the control: expf is the special-function unit's ex2
+
+
+def test_the_gpu_comparison_s_exp_kernel_runs_in_the_simulator_and_builds_with_nvcc(tmp_path):
+    """benchmarks/gpu_sim_compare.py runs tests/sim_kernels/exp_forms.cu on a GPU beside the
+    simulator: rescale_exp bit for bit, and expf's lean measured there."""
+    source = (Path(__file__).resolve().parent / "sim_kernels" / "exp_forms.cu").read_text()
+    x = -np.random.default_rng(0).random(4096).astype(np.float32) * 20
+    _, rescaled, special = sim.load(source, "exp_forms.cu").launch(
+        "exp_forms", 16, 256, [x, np.zeros_like(x), np.zeros_like(x), x.size])
+    exact = np.exp(x.astype(np.float64))
+    ulp = np.spacing(exact.astype(np.float32)).astype(np.float64)
+    assert np.abs((rescaled - exact) / ulp).max() < 0.9 and np.abs((special - exact) / ulp).max() < 0.51  # glibc
+    mix = sass_mix(build_cubin(source, "sm_90", Path(tmp_path)).path)["exp_forms"]
+    assert mix["MUFU.EX2"] == 1  # expf's; rescale_exp has none
