@@ -1,13 +1,14 @@
 """A softmax must not lean when the GPU's exp does.
 
 An H200 run refused emmy's row softmax: within tolerance, but 0.45 ulp low on average, where the
-simulator (glibc's expf, within 0.51 ulp) showed no lean. A GPU's expf (the special-function
-unit's ex2) leans a fraction of an ulp. Torch's softmax divides exp(x - max) by a sum of the same
-exps, so a lean cancels; the one-pass normaliser multiplies each of its terms by a chain of rescale
-factors exp(m_old - m_new), where a lean adds up in the sum alone. These tests plant an expf that
-leans (each result rounded toward zero: half an ulp low on average) in the simulated kernels and
-check that the rescales no longer carry it (`emmy::rescale_exp`), and that a row held in registers,
-where a second pass costs nothing, takes the multi-pass form, in which a lean cancels.
+simulator (glibc's expf, within 0.51 ulp) showed no lean. A GPU's expf (the special-function unit's
+ex2) may lean a fraction of an ulp (benchmarks/gpu_sim_compare.py measures it on a GPU). Torch's
+softmax divides exp(x - max) by a sum of the same exps, so a lean cancels; the one-pass normaliser
+multiplied each of its terms by a chain of rescale factors exp(m_old - m_new), where a lean adds up
+in the sum alone. These tests plant an expf that leans (each result rounded toward zero: half an
+ulp low on average) in the simulated kernels and check that the rescales no longer carry it
+(`emmy::rescale_exp`), and that a row held in registers, where a second pass costs nothing, takes
+the multi-pass form, in which a lean cancels.
 """
 
 import subprocess
