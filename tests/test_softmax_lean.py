@@ -141,3 +141,18 @@ def test_the_gpu_comparison_s_exp_kernel_runs_in_the_simulator_and_builds_with_n
     assert np.abs((rescaled - exact) / ulp).max() < 0.9 and np.abs((special - exact) / ulp).max() < 0.51  # glibc
     mix = sass_mix(build_cubin(source, "sm_90", Path(tmp_path)).path)["exp_forms"]
     assert mix["MUFU.EX2"] == 1  # expf's; rescale_exp has none
+
+
+@pytest.mark.parametrize("knobs", ["REDUCE=,STAGE=", "REDUCE=coop,WORK=t32,STAGE="])
+def test_a_thread_folding_a_long_row_merges_its_sums_chunk_by_chunk(knobs):
+    """A thread that folded 20000 exps in one chain lost their small terms against the large running
+    sum: the pinned thread-a-row softmax leaned +126 ulp (MISMATCH). Its sums now restart every
+    chunk of 256 elements and merge into the row's state (maxima fold on)."""
+    from emmy.runtime import check_program
+
+    code = ("x = torch.randn(6, 20000); m = torch.arange(20000) > 19990; "
+            "torch.softmax(x.masked_fill(m, float('-inf')) * 3, -1)")
+    program = emmy.optimize(code, target="sm_90", knobs=knobs)
+    assert "the sums restart each chunk" in program.cuda_source
+    (check,) = check_program(program, mode="asan")
+    assert check.ok and abs(check.bias_ulps) < 1.0 and check.max_abs <= 2 * check.torch_abs, check

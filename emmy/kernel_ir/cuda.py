@@ -11,7 +11,7 @@ from pathlib import Path
 from emmy.kernel_ir import nodes as K
 from emmy.kernel_ir.lower_common import MONOID, flat_index
 from emmy.kernel_ir.scalar_c import (ONLY_THREAD_C, REGISTER, STORAGE, WORKER_C, affine_c, buffer_c, literal, merge_c,
-                                     guards_c, micro_register_c, panel_element_c, statement, store_index_c, stored_value_c,
+                                     merge_chunk_c, guards_c, micro_register_c, panel_element_c, statement, store_index_c, stored_value_c,
                                      vector_index_c)
 from emmy.dtypes import DType
 from emmy.schedule.knobs import STAGE_ASYNC
@@ -83,8 +83,11 @@ def _render_elements(n, template, k, types) -> str:
         return template.render(n=n, decomposition=_decomposition(n.vars[:-1] if n.width > 1 else n.vars),
                                inner=n.vars[-1] if n.vars else None, storage=storage, lines=lines)
     main = n.extent - n.extent % n.width
+    restarts = [(acc, literal(value, DType.F32)) for op, accs in n.restarted
+                for acc, value in zip(accs, _identities(op, accs))]
+    merges = [merge_chunk_c(op, accs) for op, accs in n.restarted]
     return template.render(n=n, main=main, storage=storage, lines=lines, tail_lines=_lines(n.body, types),
-                           worker=WORKER_C[n.worker])
+                           worker=WORKER_C[n.worker], restarts=restarts, merges=merges)
 
 
 def _render_merging(n, template, k, types) -> str:

@@ -369,6 +369,23 @@ def _element_loop(var, extent, body, types, width, workers, unroll, worker) -> E
                        vectors=loads, body=tuple(body), tail=extent % width != 0, stores=stores)
 
 
+CHUNK_ELEMENTS = 256  # a thread's elements a fold chains before its state is merged into the row's
+
+
+def _chunked(loop: ElementLoop, fold: Fold) -> ElementLoop:
+    """A fold whose thread folds more than CHUNK_ELEMENTS elements: its float sums, products and
+    twisted states restart every chunk and merge into the row's, so rounding chains over a chunk
+    and then over the chunks (about sqrt(n) additions deep instead of n; a sum's small terms are not
+    lost against a large running total). Maxima and minima are exact and integers exact enough:
+    they fold on."""
+    groups = tuple((op, accs) for op, dtype, accs in _fold_groups(fold)
+                   if dtype is DType.F32 and op not in ("max", "min"))
+    per_step = loop.width * loop.unroll
+    if not groups or _slice_steps(loop) * per_step <= CHUNK_ELEMENTS:
+        return loop
+    return dataclasses.replace(loop, chunk_steps=max(1, CHUNK_ELEMENTS // per_step), restarted=groups)
+
+
 def _slice_steps(n: ElementLoop) -> int:
     """The steps a thread takes in an element loop: its block's slice of whole steps of the
     threads' vectors (ElementLoop.j2's `lo`, `hi`)."""
@@ -452,6 +469,8 @@ def _lower_row(tile: TileKernel, types: dict, params) -> KernelIR:
                                  worker)
             if split > 1:  # this block's slice of the fold: whole steps of the threads' vectors
                 loop = dataclasses.replace(loop, split=split)
+            if not row.stage.held:
+                loop = _chunked(loop, part)
             body.append(loop)
             if coop:
                 combine, smem = _block_combine(part, threads)

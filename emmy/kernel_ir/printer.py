@@ -154,7 +154,8 @@ def _list_scalar(n: K.Scalar, k: K.KernelIR, pad: str, out: list[str]) -> None:
 
 def _list_element_loop(n: K.ElementLoop, k: K.KernelIR, pad: str, out: list[str]) -> None:
     who = "tid" if n.workers > 1 else "0"
-    held = f", {n.steps} steps unrolled" if n.steps else ""
+    held = f", {n.steps} steps unrolled" if n.steps else \
+        f", sums merged every {n.chunk_steps} steps" if n.chunk_steps else ""
     out.append(f"{pad}for a{n.var} in {who}*{n.width}..{n.extent} step {n.workers * n.width}"
                f" ({n.unroll} per step{held}):")
     reused, staged = dict(n.reuse), dict(n.staged)

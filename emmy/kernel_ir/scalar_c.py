@@ -187,6 +187,17 @@ def merge_c(op: str, accs: tuple[str, ...], suffix: str) -> str:
     return " ".join(_MERGE[op].format(m, t) for m, t in zip(mine, theirs))
 
 
+def merge_chunk_c(op: str, accs: tuple[str, ...]) -> str:
+    """The C statements that fold a chunk's state (`accs`) into the row's (`<acc>_row`) and leave
+    the total in `accs`."""
+    rows = [f"{a}_row" for a in accs]
+    if op in ("softmax", "welford"):
+        merged = f"emmy::merge_{op}({', '.join(rows)}, {', '.join(accs)});"
+    else:
+        merged = " ".join(_MERGE[op].format(r, a) for r, a in zip(rows, accs))
+    return merged + " " + " ".join(f"{a} = {r};" for a, r in zip(accs, rows))
+
+
 def store_index_c(index) -> str:
     """A Kernel IR Store's index: a flat Affine, or a slot of a split row's workspace
     ([accumulator][row][slice], `row` and `slice` as RowIndex names them)."""
