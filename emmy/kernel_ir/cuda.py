@@ -10,9 +10,9 @@ from pathlib import Path
 
 from emmy.kernel_ir import nodes as K
 from emmy.kernel_ir.lower_common import MONOID, flat_index
-from emmy.kernel_ir.scalar_c import (ONLY_THREAD_C, REGISTER, STORAGE, WORKER_C, affine_c, buffer_c, literal, merge_c,
-                                     merge_chunk_c, guards_c, micro_register_c, panel_element_c, statement, store_index_c, stored_value_c,
-                                     vector_index_c)
+from emmy.kernel_ir.scalar_c import (ONLY_THREAD_C, REGISTER, STORAGE, WORKER_C, affine_c, buffer_c, guards_c, literal,
+                                     merge_c, merge_chunk_c, micro_register_c, panel_element_c, statement,
+                                     store_index_c, stored_value_c, vector_index_c)
 from emmy.dtypes import DType
 from emmy.schedule.knobs import STAGE_ASYNC
 from emmy.loop_ir import nodes as L

@@ -374,10 +374,9 @@ CHUNK_ELEMENTS = 256  # a thread's elements a fold chains before its state is me
 
 def _chunked(loop: ElementLoop, fold: Fold) -> ElementLoop:
     """A fold whose thread folds more than CHUNK_ELEMENTS elements: its float sums, products and
-    twisted states restart every chunk and merge into the row's, so rounding chains over a chunk
-    and then over the chunks (about sqrt(n) additions deep instead of n; a sum's small terms are not
-    lost against a large running total). Maxima and minima are exact and integers exact enough:
-    they fold on."""
+    twisted states restart every chunk and merge into the row's, so rounding chains over at most a
+    chunk and then once a chunk (a sum's small terms are not lost against a large running total).
+    Maxima and minima are exact, integer sums too: they fold on."""
     groups = tuple((op, accs) for op, dtype, accs in _fold_groups(fold)
                    if dtype is DType.F32 and op not in ("max", "min"))
     per_step = loop.width * loop.unroll
