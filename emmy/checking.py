@@ -124,15 +124,13 @@ def _lean(a: np.ndarray, e: np.ndarray, dtype: DType, t: np.ndarray | None) -> t
 def _structured_sample(a: np.ndarray, e: np.ndarray, t: np.ndarray) -> tuple:
     """At most about LEAN_SAMPLE outputs, taken by an even stride along the longest axes (so the
     sample keeps its axes, which `_noise` groups by)."""
-    index = [slice(None)] * e.ndim
-    shape = list(e.shape)
+    shape, steps = list(e.shape), [1] * e.ndim
     while int(np.prod(shape)) > LEAN_SAMPLE:
         axis = int(np.argmax(shape))
-        step = max(2, -(-int(np.prod(shape)) // LEAN_SAMPLE))
-        step = min(step, shape[axis])
-        index[axis] = slice(index[axis].start, index[axis].stop, (index[axis].step or 1) * step)
+        step = min(shape[axis], max(2, -(-int(np.prod(shape)) // LEAN_SAMPLE)))
+        steps[axis] *= step
         shape[axis] = -(-shape[axis] // step)
-    index = tuple(index)
+    index = tuple(slice(None, None, s) for s in steps)
     return a[index], e[index], t[index]
 
 

@@ -321,15 +321,11 @@ class KernelLowering:
                                                                                    ("max", "sum"))
         m_old = (m, here)
         m_new = op("maximum", dtype, m_old, x_)
-        one = (Lit(1.0, dtype), frozenset())
-        scale = op("where", dtype, op("equal", DType.BOOL, m_old, m_new), one,
-                   op("rescale_exp", dtype, op("subtract", dtype, m_old, m_new)))
-        lower = op("minimum", dtype, m_old, x_)
-        term = op("where", dtype, op("equal", DType.BOOL, lower, m_new), one,
-                  op("exp", dtype, op("subtract", dtype, lower, m_new)))
+        scale = _exp_or_one(op, dtype, m_old, m_new, "rescale_exp")
+        term = _exp_or_one(op, dtype, op("minimum", dtype, m_old, x_), m_new)
         d_new = op("add", dtype, op("multiply", dtype, (d, here), scale), term)
         result_deps = self._close_fold(var, inits, deps, [(d, d_new[0], here), (m, m_new[0], here)])
-        return self._op("add", dtype, [(d, result_deps), one])  # the maximum's own term
+        return self._op("add", dtype, [(d, result_deps), (Lit(1.0, dtype), frozenset())])  # the maximum's own term
 
     def _softmax_wsum(self, cid: str, axis: int, s_cid: str, w_cid: str, coords: tuple) -> tuple:
         """sum(softmax(s) * w) in one pass with state (m, d, z):
@@ -440,15 +436,15 @@ class KernelLowering:
 
 def _max_step(op, dtype: DType, m, x) -> tuple:
     """One element of softmax_wsum's running-max fold: m' = max(m, x), the factor exp(m - m')
-    that rescales what was summed so far, and exp(x - m'). Equal maxima give 1, not exp(nan)
-    (-inf - -inf)."""
+    that rescales what was summed so far, and exp(x - m')."""
     m_new = op("maximum", dtype, m, x)
-    one = (Lit(1.0, dtype), frozenset())
-    scale = op("where", dtype, op("equal", DType.BOOL, m, m_new), one,
-               op("exp", dtype, op("subtract", dtype, m, m_new)))
-    term = op("where", dtype, op("equal", DType.BOOL, x, m_new), one,
-              op("exp", dtype, op("subtract", dtype, x, m_new)))
-    return m_new, scale, term
+    return m_new, _exp_or_one(op, dtype, m, m_new), _exp_or_one(op, dtype, x, m_new)
+
+
+def _exp_or_one(op, dtype: DType, value, top, exp: str = "exp"):
+    """exp(value - top) by `exp`, and 1 where they are equal: not exp(nan) where both are -inf."""
+    return op("where", dtype, op("equal", DType.BOOL, value, top), (Lit(1.0, dtype), frozenset()),
+              op(exp, dtype, op("subtract", dtype, value, top)))
 
 
 def _coalesce_sweeps(body: tuple, extents: list[int]) -> tuple:

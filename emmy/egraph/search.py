@@ -43,7 +43,12 @@ from emmy.egraph.view import ENode
 
 log = logging.getLogger("emmy.egraph")
 MAX_ROUNDS = 6
-TIME_TOLERANCE = 1e-6  # relative: prices closer than this are a tie (then bytes, then launches decide)
+TIME_TOLERANCE = 1e-6  # relative: prices closer than this are a tie (then bytes, launches, arithmetic decide)
+
+
+def _alike(delta: float, scale: float) -> bool:
+    """Whether a change of `delta` seconds against a price of `scale` seconds is within the tolerance."""
+    return abs(delta) <= TIME_TOLERANCE * max(scale, 1e-12)
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,7 @@ class Decision:
 
     def tie_text(self) -> str:
         """How a tie in time was decided ("" when the times differ): bytes, launches, then arithmetic."""
-        if self.seconds is None or self.delta_seconds is None or \
-                abs(self.delta_seconds) > TIME_TOLERANCE * max(self.seconds, 1e-12):
+        if self.seconds is None or self.delta_seconds is None or not _alike(self.delta_seconds, self.seconds):
             return ""
         if abs(self.delta_bytes) > 0.5 or self.delta_launches:
             return f"a tie: {self.delta_bytes / 1e6:+.3f} MB, {self.delta_launches:+d} launches"
@@ -83,8 +87,8 @@ class Decision:
         if self.seconds is None or self.delta_seconds is None:
             cost = "no row fits within the pins"
         else:
-            cost = f"{self.seconds * 1e6:.2f} us ({self.delta_seconds * 1e6:+.2f} us"
-            cost += f", {self.tie_text()})" if self.tie_text() else ")"
+            tie = self.tie_text()
+            cost = f"{self.seconds * 1e6:.2f} us ({self.delta_seconds * 1e6:+.2f} us" + (f", {tie})" if tie else ")")
         return f"{self.subject}: {self.chosen}; {self.alternative} would cost {cost}"
 
 
@@ -456,8 +460,8 @@ def _sum_keys(plus: list[KernelPrice], minus: list[KernelPrice]) -> tuple:
 def _order(delta: tuple, total: tuple) -> tuple:
     """A sort key among price changes, with times within the tolerance counted as equal."""
     unpriced, seconds, moved, launches, computed = delta
-    tie = abs(seconds) <= TIME_TOLERANCE * max(total[1], 1e-12)
-    return (unpriced, 0.0 if tie else seconds, moved, launches, 0.0 if _computes_alike(computed, total) else computed)
+    return (unpriced, 0.0 if _alike(seconds, total[1]) else seconds, moved, launches,
+            0.0 if _alike(computed, max(total[4], total[1])) else computed)
 
 
 def _better(delta: tuple, total: tuple) -> bool:
@@ -467,14 +471,10 @@ def _better(delta: tuple, total: tuple) -> bool:
     unpriced, seconds, moved, launches, computed = delta
     if unpriced:
         return unpriced < 0
-    if abs(seconds) > TIME_TOLERANCE * max(total[1], 1e-12):
+    if not _alike(seconds, total[1]):
         return seconds < 0
     if abs(moved) > 0.5:
         return moved < 0
     if launches:
         return launches < 0
-    return not _computes_alike(computed, total) and computed < 0
-
-
-def _computes_alike(computed: float, total: tuple) -> bool:
-    return abs(computed) <= TIME_TOLERANCE * max(total[4], total[1], 1e-12)
+    return not _alike(computed, max(total[4], total[1])) and computed < 0

@@ -180,22 +180,20 @@ _MERGE = {"sum": "{0} = {0} + {1};", "prod": "{0} = {0} * {1};", "max": "{0} = e
 def merge_c(op: str, accs: tuple[str, ...], suffix: str) -> str:
     """The C statement that folds `<acc><suffix>_other` into `<acc><suffix>` (a monoid, or a twisted
     state merged by the runtime header's emmy::merge_softmax / merge_welford)."""
-    mine = [f"{a}{suffix}" for a in accs]
-    theirs = [f"{a}{suffix}_other" for a in accs]
-    if op in ("softmax", "welford"):
-        return f"emmy::merge_{op}({', '.join(mine)}, {', '.join(theirs)});"
-    return " ".join(_MERGE[op].format(m, t) for m, t in zip(mine, theirs))
+    return _merge(op, [f"{a}{suffix}" for a in accs], [f"{a}{suffix}_other" for a in accs])
 
 
 def merge_chunk_c(op: str, accs: tuple[str, ...]) -> str:
     """The C statements that fold a chunk's state (`accs`) into the row's (`<acc>_row`) and leave
     the total in `accs`."""
     rows = [f"{a}_row" for a in accs]
+    return _merge(op, rows, accs) + " " + " ".join(f"{a} = {r};" for a, r in zip(accs, rows))
+
+
+def _merge(op: str, mine: list[str], theirs) -> str:
     if op in ("softmax", "welford"):
-        merged = f"emmy::merge_{op}({', '.join(rows)}, {', '.join(accs)});"
-    else:
-        merged = " ".join(_MERGE[op].format(r, a) for r, a in zip(rows, accs))
-    return merged + " " + " ".join(f"{a} = {r};" for a, r in zip(accs, rows))
+        return f"emmy::merge_{op}({', '.join(mine)}, {', '.join(theirs)});"
+    return " ".join(_MERGE[op].format(m, t) for m, t in zip(mine, theirs))
 
 
 def store_index_c(index) -> str:
