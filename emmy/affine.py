@@ -452,6 +452,10 @@ class Guard:
         lo, hi = self.expr.bounds(extents)
         return (self.lo is None or lo >= self.lo) and (self.hi is None or hi < self.hi)
 
+    def never(self, extents: Sequence[int]) -> bool:
+        lo, hi = self.expr.bounds(extents)
+        return (self.lo is not None and hi < self.lo) or (self.hi is not None and lo >= self.hi)
+
     def __str__(self) -> str:
         text = str(self.expr)
         if self.lo is not None and self.hi is not None:

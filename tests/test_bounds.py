@@ -44,6 +44,28 @@ def test_a_concatenation_loads_each_half_only_where_it_is_read():
     assert all(c.ok for c in check_program(program, mode="asan"))
 
 
+CLASS_TOKEN = "t=torch.randn(2,16,8); c=torch.randn(1,1,8); x=torch.cat([c.expand(2,-1,-1), t], 1); "
+
+
+@pytest.mark.parametrize("tail", ["x[:, 0] * 2", "F.layer_norm(x, (8,))[:, 0]",
+                                  "w=torch.randn(8,8); (x @ w)[:, 0].softmax(-1)"])
+def test_a_concatenation_part_read_nowhere_is_not_loaded(tail):
+    # The class token's row of [cls, patches]: its patches part sits under a guard `1 <= 0` that
+    # holds nowhere. The cost model met a guard naming no loop (ValueError: max() of an empty
+    # sequence, a crash in every such program); now the element is the fill, and t is not read.
+    program = emmy.optimize(CLASS_TOKEN + tail, target="sm_90")
+    assert "load t[" not in program.ir("loop")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+def test_a_guard_holds_never_only_where_its_bounds_exclude_it():
+    extents = [4, 8]
+    assert Guard(Affine.constant(0), lo=1).never(extents)
+    assert Guard(Affine.dim(0) + 4, hi=4).never(extents)
+    assert not Guard(Affine.dim(0) + 3, hi=4).never(extents)  # holds at a0 = 0
+    assert not Guard(Affine.dim(1), lo=1, hi=2).never(extents)
+
+
 @pytest.mark.parametrize("heads, kv_heads, tokens", [(2, 2, 24), (7, 1, 23)], ids=["mha", "gqa7-odd"])
 def test_rotary_attention_runs_clean_under_address_sanitizer(heads, kv_heads, tokens):
     """Rotary embeddings (rotate_half = cat(-x2, x1)) on q and k, fused into causal attention."""

@@ -21,6 +21,7 @@ from emmy.dtypes import DType
 from emmy.egraph.layout import decode_layout
 from emmy.egraph.view import EGraphView, ENode, reaches
 from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop, Masked, Op, Store, Update
+from emmy.loop_ir.validate import check_fold_reads
 
 
 @dataclass
@@ -77,8 +78,9 @@ class KernelLowering:
             self.shortcut = (reshape.id, coords, loop_coords)
         value, deps = self._node_value(root, coords)
         self._emit(Store(output, coords, value), deps | _vars(loop_coords), uses=_names(value))
-        body = _coalesce_sweeps(self._nest(free), self.extents)
-        return Kernel(name, output, out_type, _renumber(body, self.extents))
+        body = _renumber(_coalesce_sweeps(self._nest(free), self.extents), self.extents)
+        check_fold_reads(name, body)
+        return Kernel(name, output, out_type, body)
 
     def _iteration_reshape(self, root: str) -> ENode | None:
         """A reshape on the kernel's elementwise spine (the root, or an operand of its element
@@ -218,6 +220,9 @@ class KernelLowering:
                 sub = self.shortcut[2]
             guards = tuple(Guard(g.expr.substitute(coords, self.extents), g.lo, g.hi) for g in layout.guards)
             guards = tuple(g for g in guards if not g.always(self.extents))
+            fill = _constant_fill(guards, layout.fill, self.view.type(cid).dtype, self.extents)
+            if fill is not None:  # read only where it never is (a class token's slot of the patches)
+                return fill, frozenset()
             inner, deps = yield a[0], sub, guards
             if not guards or (_zero(layout.fill) and set(guards) <= set(self.load_guards.get(inner, ()))):
                 # a buffer's element read under these guards: the load reads 0 where they fail
@@ -357,8 +362,11 @@ class KernelLowering:
         one loop with two accumulators (their common loads then happen once),
         unless one needs the other's result (softmax's sum needs its max).
         """
+        members: dict[int, list[str]] = {}
         for var, other in self.siblings.get((extent, outer), []):
-            if not self._reaches(body_cid, other) and not self._reaches(other, cid):
+            members.setdefault(var, []).append(other)
+        for var, others in members.items():  # a loop joins only if no fold already in it is a conflict
+            if not any(self._reaches(body_cid, other) or self._reaches(other, cid) for other in others):
                 return var
         return None
 
@@ -602,6 +610,18 @@ def _topological(entries: list) -> list:
                 if missing[user] == 0:
                     heapq.heappush(ready, (entries[user][0], user))
     return done
+
+
+def _constant_fill(guards: tuple, fill, dtype: DType, extents) -> Lit | None:
+    """The fill as a literal where some guard holds nowhere the loops reach (the element is the
+    fill everywhere, and nothing under it need be computed or loaded); else None."""
+    if not any(g.never(extents) for g in guards):
+        return None
+    if dtype is DType.BOOL:
+        return Lit(bool(fill), dtype)
+    if dtype.is_float:
+        return Lit(float(fill), dtype)
+    return Lit(int(fill), dtype) if math.isfinite(fill) else None  # an infinite integer fill stays a Masked
 
 
 def _needed(guards: tuple, coords: tuple, shape: tuple[int, ...], extents) -> tuple:

@@ -253,6 +253,8 @@ def _guard_share(guards, loops: list[Loop]) -> float:
     if not guards:
         return 1.0
     named = sorted(set().union(*(g.expr.dims() for g in guards)))
+    if not named:  # constant guards (or data-read ones, taken to hold): everywhere or nowhere
+        return float(all(bool(g.holds([])) for g in guards if not gathered_reads([g.expr])))
     extents = {l.var: l.extent for l in loops}
     if any(v not in extents for v in named) or _product(extents[v] for v in named) > 1 << 20:
         return 1.0

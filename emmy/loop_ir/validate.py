@@ -1,0 +1,57 @@
+"""Checks that a Loop IR kernel means the same run element by element (CUDA) and run a loop at a time
+(the numpy interpreter).
+
+The interpreter evaluates a plain loop's statements over all its elements at once, so a statement in
+the loop that reads an accumulator the same loop folds sees the fold's final value, while the CUDA a
+thread runs sees the running one. A kernel that does this is a lowering bug (softmax's sum placed in
+the loop that folds its max, say); it is refused here rather than compiled to a wrong kernel that
+the interpreter would vouch for.
+"""
+
+from __future__ import annotations
+
+from emmy.loop_ir.nodes import Accumulate, Assign, Loop, Masked, Op, Store, Update
+
+
+class FoldReadError(RuntimeError):
+    """A Loop IR statement reads an accumulator inside the plain loop that folds it (an emmy bug)."""
+
+
+def check_fold_reads(kernel_name: str, body: tuple) -> None:
+    """Raise FoldReadError where a statement in a plain loop reads an accumulator that loop (or a
+    plain loop around it) is still folding. Loops holding Update statements run in order in both
+    readings, so their own state may be read inside them."""
+    _walk(kernel_name, body, frozenset())
+
+
+def _walk(kernel_name: str, body: tuple, folding: frozenset) -> None:
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            in_order = any(isinstance(s, Update) for s in stmt.body)
+            here = frozenset() if in_order else frozenset(s.acc for s in stmt.body if isinstance(s, Accumulate))
+            _walk(kernel_name, stmt.body, folding | here)
+            continue
+        read = folding.intersection(_reads(stmt))
+        if read:
+            raise FoldReadError(f"kernel {kernel_name}: {_describe(stmt)} reads {', '.join(sorted(read))} inside "
+                                f"the loop that folds it (an emmy lowering bug)")
+
+
+def _reads(stmt) -> set[str]:
+    if isinstance(stmt, (Accumulate, Update, Store)):
+        values = (stmt.value,)
+    elif isinstance(stmt, Assign) and isinstance(stmt.expr, Op):
+        values = stmt.expr.args
+    elif isinstance(stmt, Assign) and isinstance(stmt.expr, Masked):
+        values = (stmt.expr.value,)
+    else:
+        values = ()
+    return {v for v in values if isinstance(v, str)}
+
+
+def _describe(stmt) -> str:
+    if isinstance(stmt, Assign):
+        return f"the value {stmt.name}"
+    if isinstance(stmt, Store):
+        return f"the store to {stmt.buffer}"
+    return f"the step of {stmt.acc}"
