@@ -175,6 +175,16 @@ EMMY_DEVICE void merge_softmax(float& m, float& d, float m_other, float d_other)
   d = low_m == top ? high_d + low_d + 1.0f : high_d + low_d * rescale_exp(low_m - top) + expf(low_m - top);
   m = top;
 }
+// Attention's online softmax (m, d, z): d and z sum every term, the maximum's included (lowering.py's
+// _softmax_wsum), z weighted by the values; each state is rescaled to the larger maximum, a state on
+// top by exactly 1 (an identity (-inf, 0, 0) then stays 0 beside another identity).
+EMMY_DEVICE void merge_softmax_wsum(float& m, float& d, float& z, float m_other, float d_other, float z_other) {
+  const float top = maximum(m, m_other);
+  const float mine = m == top ? 1.0f : expf(m - top), theirs = m_other == top ? 1.0f : expf(m_other - top);
+  d = d * mine + d_other * theirs;
+  z = z * mine + z_other * theirs;
+  m = top;
+}
 // Welford (n, mean, m2), Chan et al.'s parallel merge.
 EMMY_DEVICE void merge_welford(float& n, float& mean, float& m2, float n_other, float mean_other, float m2_other) {
   const float total = n + n_other;

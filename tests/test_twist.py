@@ -179,3 +179,25 @@ def test_a_variance_over_adjacent_axes_is_one_welford_pass(code):
     assert all(c.ok for c in check_program(small_program, mode="asan"))
     (ours,), (reference,) = small_program.interpret(stage="loop"), small_program.interpret()
     torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
+
+
+WINDOW_ATTENTION = ("x=torch.randn(1,{n},{n},4); w = x.view(1, 2, {h}, 2, {h}, 4).permute(0, 1, 3, 2, 4, 5)"
+                    ".reshape(-1, {t}, 4); a = (w @ w.transpose(1, 2) * 0.5).softmax(-1) @ w; "
+                    "a.view(1, 2, 2, {h}, {h}, 4).permute(0, 1, 3, 2, 4, 5).reshape(1, {n}, {n}, 4)")
+
+
+@pytest.mark.parametrize("half, knobs", [(4, None), (20, "WORK=t128,TILE=f1,REDUCE="),
+                                         (4, "WORK=t64,TILE=f1,REDUCE=coop")],
+                         ids=["chosen", "chunked-thread-rows", "coop-rows"])
+def test_attention_as_a_row_kernel_merges_its_m_d_z_state(half, knobs):
+    # Swin-style window attention: its output is read back through the windows' permutation, so
+    # it lowers as a row kernel whose fold keeps (m, d, z), not as flash attention. That state
+    # had no merge (NotLoweredError "a softmax fold with 3 state values"), so neither a block of
+    # threads (coop) nor a thread's chunks over 400 keys could combine it; emmy::merge_softmax_wsum.
+    code = WINDOW_ATTENTION.format(n=2 * half, h=half, t=half * half)
+    program = emmy.optimize(code, target="sm_90", knobs=knobs)
+    folds = [p for k in program.tile_ir.kernels for p in k.parts if getattr(p, "twist", "") == "softmax"]
+    assert folds and all(len(f.init) == 3 for f in folds)
+    if knobs:
+        assert "emmy::merge_softmax_wsum(" in program.cuda_source
+    assert all(c.ok for c in check_program(program, mode="asan"))

@@ -100,8 +100,10 @@ def _render_tree(n: K.TreeHalve, template, k, types) -> str:
 
 
 def _identities(op: str, accs) -> tuple:
-    """The starting values of a monoid's accumulators, or of a twisted state's (m, d), (n, mean, m2)."""
-    return _STATE_IDENTITY.get(op) or (_IDENTITY[op],) * len(accs)
+    """The starting values of a monoid's accumulators, or of a twisted state's (m, d[, z]), (n, mean, m2)."""
+    if op in _STATE_IDENTITY:  # softmax's (m, d) or attention's (m, d, z): -inf then zeros
+        return _STATE_IDENTITY[op] + (0.0,) * (len(accs) - len(_STATE_IDENTITY[op]))
+    return (_IDENTITY[op],) * len(accs)
 
 
 def _render_split_finish(n: K.SplitFinish, template, k, types) -> str:

@@ -32,8 +32,9 @@ from emmy.tile_ir.build import fold_tree, tile_kernel
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
 from emmy.schedule.shape import panel_side
 
-# the twisted states the runtime header can merge across threads (emmy::merge_softmax, merge_welford)
-MERGED = {("softmax", 2), ("welford", 3)}
+# the twisted states the runtime header can merge across threads (emmy::merge_softmax,
+# merge_softmax_wsum, merge_welford)
+MERGED = {("softmax", 2), ("softmax", 3), ("welford", 3)}
 
 
 def lowers_row(kernel, shape, row, types: dict, memo: dict) -> bool:

@@ -179,7 +179,7 @@ _MERGE = {"sum": "{0} = {0} + {1};", "prod": "{0} = {0} * {1};", "max": "{0} = e
 
 def merge_c(op: str, accs: tuple[str, ...], suffix: str) -> str:
     """The C statement that folds `<acc><suffix>_other` into `<acc><suffix>` (a monoid, or a twisted
-    state merged by the runtime header's emmy::merge_softmax / merge_welford)."""
+    state merged by the runtime header's emmy::merge_softmax, merge_softmax_wsum or merge_welford)."""
     return _merge(op, [f"{a}{suffix}" for a in accs], [f"{a}{suffix}_other" for a in accs])
 
 
@@ -192,7 +192,8 @@ def merge_chunk_c(op: str, accs: tuple[str, ...]) -> str:
 
 def _merge(op: str, mine: list[str], theirs) -> str:
     if op in ("softmax", "welford"):
-        return f"emmy::merge_{op}({', '.join(mine)}, {', '.join(theirs)});"
+        name = "softmax_wsum" if op == "softmax" and len(mine) == 3 else op  # attention's (m, d, z)
+        return f"emmy::merge_{name}({', '.join(mine)}, {', '.join(theirs)});"
     return " ".join(_MERGE[op].format(m, t) for m, t in zip(mine, theirs))
 
 
