@@ -94,6 +94,44 @@ EMMY_DEVICE long long minimum(long long a, long long b) { return a < b ? a : b; 
 EMMY_DEVICE int maximum(int a, int b) { return a > b ? a : b; }
 EMMY_DEVICE int minimum(int a, int b) { return a < b ? a : b; }
 
+// Floor division and remainders as torch computes them. Of floats: from fmod, which is exact, the
+// quotient rounded to the nearest integer it must be; of integers: C truncates, so a quotient of
+// operands of unlike signs with a remainder steps down one. Dividing an integer by 0 gives 0 (torch
+// raises; a kernel cannot) and by -1 never divides (INT_MIN / -1 traps).
+EMMY_DEVICE float floor_divide(float a, float b) {
+  if (b == 0.0f) return a / b;
+  const float mod = fmodf(a, b);
+  float div = (a - mod) / b;
+  if (mod != 0.0f && ((b < 0.0f) != (mod < 0.0f))) div -= 1.0f;
+  if (div == 0.0f) return copysignf(0.0f, a / b);
+  const float whole = floorf(div);
+  return div - whole > 0.5f ? whole + 1.0f : whole;
+}
+EMMY_DEVICE float remainder(float a, float b) {
+  const float mod = fmodf(a, b);
+  return (mod != 0.0f && ((b < 0.0f) != (mod < 0.0f))) ? mod + b : mod;
+}
+EMMY_DEVICE float trunc_divide(float a, float b) { return truncf(a / b); }
+EMMY_DEVICE float fmod(float a, float b) { return fmodf(a, b); }
+template <class I>
+EMMY_DEVICE I negated(I a) { return (I)(0ULL - (unsigned long long)a); }  // wraps like numpy, no UB
+#define EMMY_INTEGER_DIVISION(I)                                                                 \
+  EMMY_DEVICE I trunc_divide(I a, I b) { return b == 0 ? 0 : b == -1 ? negated(a) : a / b; }    \
+  EMMY_DEVICE I floor_divide(I a, I b) {                                                        \
+    if (b == 0) return 0;                                                                       \
+    if (b == -1) return negated(a);                                                             \
+    const I q = a / b;                                                                          \
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;                                    \
+  }                                                                                             \
+  EMMY_DEVICE I fmod(I a, I b) { return (b == 0 || b == -1) ? 0 : a % b; }                      \
+  EMMY_DEVICE I remainder(I a, I b) {                                                           \
+    const I mod = fmod(a, b);                                                                   \
+    return (mod != 0 && ((b < 0) != (mod < 0))) ? mod + b : mod;                                \
+  }
+EMMY_INTEGER_DIVISION(long long)
+EMMY_INTEGER_DIVISION(int)
+#undef EMMY_INTEGER_DIVISION
+
 // An arg-reduction's (value, position) as one int64 ordered by value, then by the earlier position:
 // a max (min) fold of these keys is argmax (argmin) in one pass (emmy/tensor_ir/scalar_ops.py says
 // why the key is built so). -0 is read as +0; NaN ranks above every value for max, below for min.

@@ -12,6 +12,7 @@ from tests.conftest import check_against_torch
 X = "x=torch.randn(4,6); y=torch.randn(4,6); "
 H = "x=torch.randn(4,6,dtype=torch.float16); y=torch.randn(4,6,dtype=torch.float16); "
 B = "x=torch.randn(4,6,dtype=torch.bfloat16); "
+I = "a=torch.randint(-20,20,(4,6)); b=torch.randint(1,7,(4,6)); "
 
 CASES = [
     # arithmetic and math
@@ -161,6 +162,26 @@ CASES = [
     ("aten.cumsum.default", X + "x.cumsum(-1)"),
     ("aten.cumsum.default", H + "torch.cumsum(x, 0)"),
     ("aten.cumprod.default", X + "(x * 0.3 + 1).cumprod(0)"),
+    # rounding, integer and float division, boolean folds, rolls and repeats
+    ("aten.round.default", X + "torch.round(x * 3)"),  # half to even
+    ("aten.round.decimals", X + "torch.round(x, decimals=2) + torch.round(x * 100, decimals=-1)"),
+    ("aten.floor.default", H + "torch.floor(x * 4)"),
+    ("aten.ceil.default", X + "torch.ceil(x * 4)"),
+    ("aten.trunc.default", B + "torch.trunc(x * 4) + torch.frac(x * 4)"),
+    ("aten.sign.default", X + "torch.sign(torch.where(x > 1, float('nan'), x))"),
+    ("aten.div.Tensor_mode", I + "a // 3 + torch.div(a, b - 4 + (b == 4).long(), rounding_mode='trunc')"),
+    ("aten.div.Tensor_mode", X + "torch.div(x * 10, y, rounding_mode='floor')"),
+    ("aten.remainder.Scalar", I + "a % 5 + torch.remainder(a, -3)"),
+    ("aten.remainder.Tensor", X + "torch.remainder(x * 10, y)"),
+    ("aten.fmod.Tensor", I + "torch.fmod(a, b - 4 + (b == 4).long())"),
+    ("aten.fmod.Scalar", X + "torch.fmod(x * 10, 1.5)"),
+    ("aten.any.dim", X + "(x > 1).any(-1)"),
+    ("aten.any.default", X + "torch.any(x > 1.5).float() + y"),
+    ("aten.any.dim", X + "(x > -1).all(0, keepdim=True) & (y > 0)"),  # all is not any of not
+    ("aten.any.dim", "x=torch.tensor([[0., float('nan')], [0., -0.]]); torch.any(x, 1)"),  # NaN is true
+    ("aten.any.dims", "x=torch.randn(4,6,3); (x > 1).any((0, 2))"),
+    ("aten.roll.default", X + "torch.roll(x, (-7, 2), (0, 1)) + torch.roll(x, 5)"),
+    ("aten.repeat.default", X + "x.repeat(2, 1, 3)"),
     # reads by index tensors
     ("aten.embedding.default", "ids=torch.randint(0,10,(3,5)); e=nn.Embedding(10,6); e(ids) * 2"),
     ("aten.index_select.default", X + "i=torch.tensor([3,0,5,5]); torch.index_select(x, 1, i)"),
@@ -168,6 +189,19 @@ CASES = [
     ("aten.gather.default", X + "i=torch.randint(0,6,(4,3)); torch.gather(x, 1, i)"),
     ("aten.index.Tensor", X + "i=torch.tensor([-1,0,2]); x[i] + 1"),
     ("aten.index.Tensor", X + "i=torch.randint(0,6,(2,2),dtype=torch.int32); x[:, i.long()]"),
+    ("aten.index.Tensor", "x=torch.randn(5,6,3); i=torch.tensor([0,4,-1]); j=torch.tensor([5,0,2]); x[i, j] * 2"),
+    ("aten.index.Tensor", "x=torch.randn(5,6); i=torch.tensor([0,4,1]); j=torch.tensor([5,0,2,3]); x[i[:, None], j]"),
+    ("aten.index.Tensor", "x=torch.randn(5,4,6); i=torch.tensor([[0,4],[1,2]]); j=torch.tensor([5,0]); x[i, :, j]"),
+    ("aten.index.Tensor", "x=torch.randn(3,5,6,2); i=torch.tensor([0,4,1]); j=torch.tensor([5,0,2]); x[:, i, j]"),
+    # index tensors computed from aranges alone, folded to constants of the program
+    ("aten.index.Tensor", "x=torch.randn(2,3,7,7); F.unfold(x, 3, padding=1, stride=2)"),
+    ("aten.index.Tensor", "h=torch.randn(4,9,8); p=torch.tensor([8,0,3,5]); h[torch.arange(4), p]"),
+    ("aten.index.Tensor", "x=torch.randn(2,3,5,7); F.interpolate(x, size=(9, 11), mode='nearest')"),
+    ("aten.index.Tensor", "x=torch.randn(2,3,5,7); F.interpolate(x, size=(9, 11), mode='nearest-exact')"),
+    ("aten.index.Tensor", "x=torch.randn(1,3,5,7); F.interpolate(x, scale_factor=2, mode='bilinear')"),
+    ("aten.index.Tensor", "x=torch.randn(1,2,4,5); F.interpolate(x, size=(8, 13), mode='bilinear', align_corners=True)"),
+    ("aten.index.Tensor", "x=torch.randn(1,2,4,5); F.interpolate(x, scale_factor=2, mode='bicubic')"),
+    ("aten.index.Tensor", "x=torch.randn(1,2,3,4,5); F.interpolate(x, scale_factor=2, mode='trilinear')"),
     # dtype casts
     ("aten._to_copy.default", X + "x.half()"),
     ("aten._to_copy.default", X + "x.to(torch.bfloat16)"),
@@ -211,6 +245,23 @@ def test_the_added_ops_run_right_in_the_simulator(dtype):
     assert all(c.ok for c in check_program(program, mode="asan"))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "int32"])
+def test_rounding_division_and_boolean_folds_run_right_in_the_simulator(dtype):
+    """Floor and truncating division, remainder and fmod (of integers: C truncates, and by 0 or -1
+    must not trap), rounding half to even, sign, any/all, roll and repeat, compiled to CUDA (ASan)."""
+    from emmy.runtime import check_program
+
+    if dtype.startswith("int"):
+        make = f"x=torch.randint(-50,50,(6,33),dtype=torch.{dtype}); d=torch.randint(-4,5,(6,33),dtype=torch.{dtype}); "
+        divided = "d = torch.where(d == 0, 3, d); (x // d, x % d, torch.fmod(x, d), x // -1, torch.div(x, d, rounding_mode='trunc'), "
+    else:
+        make = f"x=torch.randn(6,33,dtype=torch.{dtype}) * 8; d=torch.randn(6,33,dtype=torch.{dtype}) + 3; "
+        divided = "(x // d, x % d, torch.fmod(x, d), torch.round(x), torch.floor(x) + torch.ceil(x) + torch.sign(x), "
+    code = make + divided + "(x > 2).any(-1), (x > -40).all(0), torch.roll(x, (3, -5), (0, 1)), x.repeat(2, 1))"
+    program = emmy.optimize(code, target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_arg_reductions_and_scans_run_right_in_the_simulator(dtype):
     """argmax/argmin (first index of the extreme, NaN wins), max with indices, cumsum and cumprod,
@@ -232,6 +283,19 @@ def test_reads_by_index_tensors_run_right_in_the_simulator(dtype):
     code = (f"ids=torch.randint(0,40,(3,7)); e=nn.Embedding(40,16).to(torch.{dtype}); "
             f"x=torch.randn(5,33,dtype=torch.{dtype}); g=torch.randint(0,33,(5,4)); s=torch.tensor([4,-1,0]); "
             "(e(ids).sum(-1), torch.gather(x, 1, g) * 2, x.index_select(0, s[::2]).exp(), x[s] - 1)")
+    program = emmy.optimize(code, target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_advanced_indexing_and_resampling_run_right_in_the_simulator(dtype):
+    """x[i, j] by several index tensors, an unfold, and nearest and bilinear upsampling (torch's
+    decompositions, whose positions come from aranges folded to constants), compiled to CUDA (ASan)."""
+    from emmy.runtime import check_program
+
+    code = (f"x=torch.randn(2,3,6,7,dtype=torch.{dtype}); i=torch.tensor([0,5,-1]); j=torch.tensor([[6],[0]]); "
+            "(x[:, :, i, j] * 2, F.unfold(x, 3, padding=1, stride=2), F.interpolate(x, scale_factor=2), "
+            "F.interpolate(x, size=(9, 10), mode='bilinear'))")
     program = emmy.optimize(code, target="sm_90")
     assert all(c.ok for c in check_program(program, mode="asan"))
 

@@ -21,6 +21,8 @@ KEPT_WHOLE = (
     # edge padding (padding_mode reflect / replicate): its decomposition gathers by computed indices
     "reflection_pad1d.default", "reflection_pad2d.default", "reflection_pad3d.default",
     "replication_pad1d.default", "replication_pad2d.default", "replication_pad3d.default",
+    # its decomposition gathers by arange + shift, modulo the extent: emmy reads it as one index map
+    "roll.default",
 )
 
 
@@ -39,8 +41,18 @@ def quiet_torch():
         logger.setLevel(old)
 
 
+# Ops core ATen keeps whole that emmy takes as torch's own decompositions: resampling reads by
+# positions computed from aranges, which emmy folds to constant index tensors (and weights).
+DECOMPOSED_TOO = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+                  "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d",
+                  "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d")
+
+
 def decomposition_table() -> dict:
+    from torch._decomp import get_decompositions
+
     table = torch.export.default_decompositions()
+    table.update(get_decompositions([getattr(torch.ops.aten, name) for name in DECOMPOSED_TOO]))
     for name in KEPT_WHOLE:
         packet, overload = name.split(".")
         op = getattr(getattr(torch.ops.aten, packet), overload)

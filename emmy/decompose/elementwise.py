@@ -50,9 +50,71 @@ def binary(ctx: Context, a, b):
 
 @lowers("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode", "aten.div.Scalar_mode")
 def div(ctx: Context, a, b, rounding_mode=None):
-    if rounding_mode is not None:
-        raise UnsupportedOpError(f"unsupported op {ctx.where}: division with rounding_mode={rounding_mode!r}")
-    return _arith(ctx, "divide", a, b)
+    if rounding_mode is None:
+        return _arith(ctx, "divide", a, b)
+    if rounding_mode == "floor":
+        return _arith(ctx, "floor_divide", a, b)
+    if rounding_mode == "trunc":
+        return _arith(ctx, "trunc_divide", a, b)
+    raise UnsupportedOpError(f"unsupported op {ctx.where}: division with rounding_mode={rounding_mode!r}")
+
+
+@lowers("aten.floor_divide.default", "aten.floor_divide.Scalar")
+def floor_divide(ctx: Context, a, b):
+    return _arith(ctx, "floor_divide", a, b)
+
+
+@lowers("aten.remainder.Tensor", "aten.remainder.Scalar", "aten.fmod.Tensor", "aten.fmod.Scalar")
+def remainder(ctx: Context, a, b):
+    return _arith(ctx, "remainder" if "remainder" in str(ctx.node.target) else "fmod", a, b)
+
+
+@lowers("aten.remainder.Scalar_Tensor")
+def remainder_of_number(ctx: Context, a, b):
+    out = ctx.out_type()
+    return _arith(ctx, "remainder", ctx.b.fill(a, out.shape, out.dtype), b)
+
+
+@lowers("aten.floor.default", "aten.ceil.default", "aten.trunc.default", "aten.round.default", "aten.fix.default")
+def rounding(ctx: Context, x):
+    if not ctx.out_type().dtype.is_float:  # an integer is its own floor, ceiling, ...
+        return ctx.tensor(x)
+    packet = str(ctx.node.target).split(".")[1]
+    return _arith(ctx, "trunc" if packet == "fix" else packet, x)
+
+
+@lowers("aten.round.decimals")
+def round_decimals(ctx: Context, x, decimals=0):
+    """torch's: to the nearest multiple of 10^-decimals, half to even, by scaling with 10^|decimals|."""
+    out = ctx.out_type()
+    if decimals == 0:
+        return _arith(ctx, "round", x)
+    power = float(10.0 ** abs(decimals))
+    value = ctx.tensor(x, out.dtype)
+    if decimals > 0:
+        scaled = ctx.b.elementwise("multiply", value, power, suffix="scaled")
+        return ctx.b.elementwise("divide", ctx.b.elementwise("round", scaled), power, name=ctx.name)
+    scaled = ctx.b.elementwise("divide", value, power, suffix="scaled")
+    return ctx.b.elementwise("multiply", ctx.b.elementwise("round", scaled), power, name=ctx.name)
+
+
+@lowers("aten.frac.default")
+def frac(ctx: Context, x):
+    value = ctx.tensor(x, ctx.out_type().dtype)
+    return ctx.b.elementwise("subtract", value, ctx.b.elementwise("trunc", value), name=ctx.name)
+
+
+@lowers("aten.sign.default", "aten.sgn.default")
+def sign(ctx: Context, x):
+    """1, -1 or 0 (NaN too, as torch gives), in x's dtype; a bool is itself."""
+    out = ctx.out_type()
+    if out.dtype is DType.BOOL:
+        return ctx.tensor(x)
+    value = ctx.tensor(x, out.dtype)
+    positive = ctx.b.elementwise("greater", value, 0, dtype=DType.BOOL, suffix="positive")
+    negative = ctx.b.elementwise("less", value, 0, dtype=DType.BOOL, suffix="negative")
+    low = ctx.b.elementwise("where", negative, -1, 0, dtype=out.dtype, suffix="low")
+    return ctx.b.elementwise("where", positive, 1, low, dtype=out.dtype, name=ctx.name)
 
 
 _UNARY = {

@@ -35,7 +35,10 @@ def _gathered(ctx: Context, indices: str, at: list[Affine], extent: int, out_sha
                 and not b.type(node.operands[0]).dtype.is_float and b.type(node.operands[0]).dtype is not DType.BOOL:
             name = node.operands[0]  # an integer widening or narrowing of ids: the values are the same
         else:
-            break
+            constant = ctx.folded(name) if not isinstance(node, (Input, Weight)) else None
+            if constant is None:
+                break
+            name = constant  # computed from constants alone: gathered by as a constant of the program
     if not isinstance(node, (Input, Weight)):
         raise UnsupportedOpError(f"unsupported op {ctx.where}: {what} computed inside the program; emmy gathers "
                                  "by index tensors that are inputs or weights of the program (or views of them)")
@@ -108,24 +111,35 @@ def gather(ctx: Context, x, dim, indices, sparse_grad=False):
 
 @lowers("aten.index.Tensor")
 def index(ctx: Context, x, indices):
-    """x[..., ids, ...] with one index tensor (the other axes sliced whole): the ids' axes take the
-    indexed axis's place; negative ids count from the end, as in Python."""
+    """x[..., ids, ...] (advanced indexing): the index tensors broadcast together to one shape, whose
+    axes take the indexed axes' place when those are adjacent, else lead the result (NumPy's and
+    torch's rule); axes not indexed are sliced whole; negative ids count from the end."""
+    import numpy as np
+
     given = [(k, t) for k, t in enumerate(indices) if t is not None]
-    if len(given) != 1:
-        raise UnsupportedOpError(f"unsupported op {ctx.where}: indexing by {len(given)} tensors at once; emmy "
-                                 "indexes by one integer tensor (index one axis at a time)")
-    axis, ids = given[0]
-    ids_shape = ctx.b.shape(ids)
+    if not given:
+        return ctx.tensor(x)
     shape = ctx.b.shape(x)
-    r = len(ids_shape)
-    out = (*shape[:axis], *ids_shape, *shape[axis + 1:])
-    picked = _gathered(ctx, ids, [Affine.dim(axis + i) for i in range(r)], shape[axis], out, "indices", wrap=True)
-    index = []
-    for k in range(len(shape)):
-        if k < axis:
-            index.append(Affine.dim(k))
-        elif k == axis:
-            index.append(picked)
-        else:
-            index.append(Affine.dim(k - 1 + r))
+    axes = [k for k, _ in given]
+    try:
+        common = tuple(np.broadcast_shapes(*(ctx.b.shape(t) for _, t in given)))
+    except ValueError as err:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: index tensors of shapes "
+                                 f"{[ctx.b.shape(t) for _, t in given]} do not broadcast together") from err
+    rest = [k for k in range(len(shape)) if k not in axes]
+    if axes == list(range(axes[0], axes[-1] + 1)):  # adjacent: the ids' axes sit where the indexed ones were
+        first = axes[0]
+        out = (*shape[:first], *common, *shape[axes[-1] + 1:])
+        place = {k: (k if k < first else k - len(axes) + len(common)) for k in rest}
+    else:
+        first = 0
+        out = (*common, *(shape[k] for k in rest))
+        place = {k: len(common) + n for n, k in enumerate(rest)}
+    picked = {}
+    for k, ids in given:
+        ids_shape = ctx.b.shape(ids)
+        lead = first + len(common) - len(ids_shape)  # an index tensor aligns with the common shape's end
+        at = [Affine.dim(lead + j) if n != 1 else Affine.constant(0) for j, n in enumerate(ids_shape)]
+        picked[k] = _gathered(ctx, ids, at, shape[k], out, "indices", wrap=True)
+    index = [picked[k] if k in picked else Affine.dim(place[k]) for k in range(len(shape))]
     return ctx.b.index_map(x, out, index, name=ctx.name)

@@ -167,6 +167,48 @@ def flip(ctx: Context, x, dims):
     return ctx.b.index_map(x, shape, index, name=ctx.name)
 
 
+@lowers("aten.roll.default")
+def roll(ctx: Context, x, shifts, dims=()):
+    """out[.., d, ..] = x[.., (d - shift) mod n, ..] per rolled dimension; with no dims, the
+    flattened tensor rolls and keeps its shape."""
+    shape = ctx.b.shape(x)
+    shifts = [int(s) for s in (shifts if isinstance(shifts, (list, tuple)) else [shifts])]
+    if not dims:
+        flat = ctx.b.reshape(x, (max(1, _count(shape)),), suffix="flat")
+        rolled = _rolled(ctx, flat, {0: shifts[0]}, suffix="flat_rolled")
+        return ctx.b.reshape(rolled, shape, name=ctx.name)
+    dims = [int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+    by_dim: dict[int, int] = {}
+    for d, shift in zip(dims, shifts):
+        by_dim[d % len(shape)] = by_dim.get(d % len(shape), 0) + shift
+    return _rolled(ctx, x, by_dim, name=ctx.name)
+
+
+def _rolled(ctx: Context, x, shifts: dict[int, int], name=None, suffix="rolled"):
+    shape = ctx.b.shape(x)
+    index = [(Affine.dim(k) + (n - shifts[k] % n)).mod(n, shape) if k in shifts and n else Affine.dim(k)
+             for k, n in enumerate(shape)]
+    return ctx.b.index_map(x, shape, index, name=name, suffix=suffix)
+
+
+def _count(shape) -> int:
+    total = 1
+    for n in shape:
+        total *= n
+    return total
+
+
+@lowers("aten.repeat.default")
+def repeat(ctx: Context, x, repeats):
+    """x tiled `repeats` times per dimension (leading repeats add dimensions): each output
+    coordinate reads its input coordinate modulo the input's extent."""
+    shape = ctx.b.shape(x)
+    out = ctx.out_type().shape
+    lead = len(repeats) - len(shape)
+    index = [Affine.dim(lead + k).mod(n, out) if n > 1 else Affine.constant(0) for k, n in enumerate(shape)]
+    return ctx.b.index_map(x, out, index, name=ctx.name)
+
+
 @lowers("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
 def arange(ctx: Context, *args, **kwargs):
     """A known sequence (positions, mask rows and columns): a constant tensor of the program."""

@@ -61,6 +61,15 @@ def amin(ctx: Context, x, dims=None, keepdim=False):
     return _reduce(ctx, "min", x, dims, keepdim)
 
 
+@lowers("aten.any.default", "aten.any.dim", "aten.any.dims", "aten.all.default", "aten.all.dim", "aten.all.dims")
+def any_all(ctx: Context, x, dims=None, keepdim=False):
+    """Whether any (all) element is nonzero (NaN is): a max (min) fold of the truth values as int32."""
+    op = "max" if ".any." in str(ctx.node.target) else "min"
+    truth = ctx.b.cast(ctx.tensor(x, DType.BOOL), DType.I32)
+    folded = ctx.b.reduce_axes(op, truth, _axes(ctx, x, dims), keepdim)
+    return ctx.b.cast(folded, ctx.out_type().dtype)
+
+
 @lowers("aten.max.dim", "aten.min.dim")
 def max_dim(ctx: Context, x, dim, keepdim=False):
     op = "max" if ".max." in str(ctx.node.target) else "min"

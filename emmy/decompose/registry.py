@@ -68,6 +68,31 @@ class Context:
         self.constants[name] = to_storage(values, dtype)
         return name
 
+    def folded(self, value: str) -> str | None:
+        """`value` as a constant of the program when it is computed from constants alone (index
+        tensors made of aranges: an unfold's window positions, a roll's shifted positions), so that
+        it can be gathered by like a weight; else None. The values come from the Tensor IR
+        interpreter, so they are what the program would compute."""
+        from emmy.tensor_ir.interpreter import evaluate
+        from emmy.tensor_ir.nodes import Constant, Input, TensorGraph, Weight, operands_of
+
+        if self.constants is None:
+            return None
+        needed, stack = {value}, [value]
+        while stack:  # the subgraph `value` reads, which must end in constants only
+            node = self.b.by_name[stack.pop()]
+            if isinstance(node, Input) or (isinstance(node, Weight) and node.name not in self.constants):
+                return None
+            for operand in operands_of(node):
+                if operand not in needed:
+                    needed.add(operand)
+                    stack.append(operand)
+        if isinstance(self.b.by_name[value], (Weight, Constant)):
+            return None  # nothing to fold
+        nodes = tuple(n for n in self.b.nodes if n.name in needed)  # the builder's order is topological
+        (values,) = evaluate(TensorGraph(nodes, (value,)), {}, {k: v for k, v in self.constants.items() if k in needed})
+        return self.constant(values, self.b.dtype(value))
+
     def operand(self, value, dtype: DType, shape: tuple[int, ...]):
         """Tensors are prepared with `tensor`; Python scalars pass through as literals."""
         return self.tensor(value, dtype, shape) if isinstance(value, str) else value

@@ -30,12 +30,15 @@ _BINARY = {"add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * 
            "less": "({0} < {1})", "less_equal": "({0} <= {1})", "greater": "({0} > {1})",
            "greater_equal": "({0} >= {1})", "equal": "({0} == {1})", "not_equal": "({0} != {1})",
            "logical_and": "({0} && {1})", "logical_or": "({0} || {1})",
-           "max_key": "emmy::max_key({0}, {1})", "min_key": "emmy::min_key({0}, {1})"}
+           "max_key": "emmy::max_key({0}, {1})", "min_key": "emmy::min_key({0}, {1})",
+           "floor_divide": "emmy::floor_divide({0}, {1})", "trunc_divide": "emmy::trunc_divide({0}, {1})",
+           "remainder": "emmy::remainder({0}, {1})", "fmod": "emmy::fmod({0}, {1})"}
 _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "rescale_exp": "emmy::rescale_exp({0})",
           "log": "logf({0})", "sqrt": "sqrtf({0})",
           "rsqrt": "rsqrtf({0})", "reciprocal": "(1.0f / {0})", "sigmoid": "(1.0f / (1.0f + expf(-{0})))",
           "tanh": "tanhf({0})", "erf": "erff({0})", "logical_not": "(!{0})", "cos": "cosf({0})",
           "sin": "sinf({0})", "log1p": "log1pf({0})", "expm1": "expm1f({0})", "isnan": "isnan({0})",
+          "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "round": "rintf({0})",
           "max_key_position": "emmy::max_key_position({0})", "min_key_position": "emmy::min_key_position({0})"}
 
 

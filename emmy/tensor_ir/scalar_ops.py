@@ -81,6 +81,36 @@ def _min_key_position(key):
     return np.asarray(key, dtype=np.int64) & (_LOW - 1)
 
 
+def _integer_or_float(integer, floating):
+    """An op whose integer form differs from its float one (division, remainders)."""
+    def run(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        with np.errstate(all="ignore"):
+            if np.issubdtype(np.result_type(a, b), np.integer):
+                return integer(a, b)
+            return floating(a, b)
+
+    return run
+
+
+def _int_safe(op):
+    """An integer division-like op with C's traps removed: by 0 and by -1 the kernels return 0 for a
+    remainder and 0 or -a for a quotient, without dividing (emmy_rt.cuh)."""
+    def run(a, b):
+        a, b = np.broadcast_arrays(np.asarray(a), np.asarray(b))
+        safe = np.where((b == 0) | (b == -1), 1, b)
+        return op(a, safe, b)
+
+    return run
+
+
+def _remainder(a, b):
+    """Python's (and torch's) modulo: the sign of the divisor; fmod's remainder moved by one divisor
+    where it and the divisor differ in sign."""
+    r = np.fmod(a, b)
+    return np.where((r != 0) & ((b < 0) != (r < 0)), r + b, r)
+
+
 _TABLE = [
     ScalarOp("add", 2, "arith", np.add),
     ScalarOp("subtract", 2, "arith", np.subtract),
@@ -106,6 +136,23 @@ _TABLE = [
     ScalarOp("sin", 1, "arith", _quiet(np.sin)),
     ScalarOp("log1p", 1, "arith", _quiet(np.log1p)),
     ScalarOp("expm1", 1, "arith", _quiet(np.expm1)),
+    ScalarOp("floor", 1, "arith", np.floor),
+    ScalarOp("ceil", 1, "arith", np.ceil),
+    ScalarOp("trunc", 1, "arith", np.trunc),
+    ScalarOp("round", 1, "arith", np.rint),  # half to even, as torch.round
+    # floor division and remainders of floats as torch computes them (from fmod, exactly); of
+    # integers, by 0 giving 0 (torch raises on the CPU; a kernel cannot)
+    ScalarOp("floor_divide", 2, "arith", _integer_or_float(
+        _int_safe(lambda a, s, b: np.where(b == 0, 0, np.where(b == -1, np.negative(a), np.floor_divide(a, s)))),
+        np.floor_divide)),
+    ScalarOp("trunc_divide", 2, "arith", _integer_or_float(
+        _int_safe(lambda a, s, b: np.where(b == 0, 0, np.where(b == -1, np.negative(a),
+                                                                 np.sign(a) * np.sign(s) * (np.abs(a) // np.abs(s))))),
+        lambda a, b: np.trunc(a / b))),
+    ScalarOp("remainder", 2, "arith", _integer_or_float(
+        _int_safe(lambda a, s, b: np.where((b == 0) | (b == -1), 0, _remainder(a, s))), _remainder)),
+    ScalarOp("fmod", 2, "arith", _integer_or_float(
+        _int_safe(lambda a, s, b: np.where((b == 0) | (b == -1), 0, np.fmod(a, s))), np.fmod)),
     ScalarOp("isnan", 1, "compare", np.isnan),
     ScalarOp("less", 2, "compare", np.less),
     ScalarOp("less_equal", 2, "compare", np.less_equal),
