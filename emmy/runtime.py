@@ -41,11 +41,13 @@ def check_inputs(program, inputs, device: str = "cpu") -> list:
 
     from emmy.dtypes import from_torch
 
+    from emmy.capture import flat_inputs, scalar_tensor
+
     expected = program.signature.inputs
+    inputs = None if inputs is None else flat_inputs(inputs)
     if inputs is None or len(inputs) != len(expected):
         raise InputMismatchError(f"the program takes {len(expected)} inputs ({', '.join(n for n, _ in expected)}), "
                                  f"got {0 if inputs is None else len(inputs)}")
-    from emmy.capture import scalar_tensor
 
     # a Python number where the program takes a rank-0 input
     inputs = [scalar_tensor(g) if not t.shape else g for (_, t), g in zip(expected, inputs)]

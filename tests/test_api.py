@@ -112,6 +112,21 @@ def test_a_buffer_returned_twice_is_two_outputs():
     torch.testing.assert_close(c, X)
 
 
+def test_nested_inputs_are_taken_as_the_module_takes_them():
+    # An LSTM cell takes (x, (h, c)): capture refused the tuple ("example input 1 is a tuple").
+    cell = torch.nn.LSTMCell(12, 20)
+    x, state = torch.randn(3, 12), (torch.randn(3, 20), torch.randn(3, 20))
+    program = emmy.optimize(cell, x, state)
+    assert [name for name, _ in program.signature.inputs] == ["input", "hx_0", "hx_1"]
+    with torch.no_grad():
+        expected = cell(x, state)
+    for device in ("sim", "interpret"):
+        for got, want in zip(program(x, state, device=device), expected):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputMismatchError, match=r"takes 3 inputs \(input, hx_0, hx_1\), got 2"):
+        program(x, state[0])
+
+
 def test_inputs_that_do_not_match_are_refused_naming_the_input():
     program = emmy.optimize(norm_project, X, W)
     with pytest.raises(InputMismatchError, match=r"input 0 \(x\): expected shape \[4, 16\], got \[5, 16\]"):

@@ -68,8 +68,9 @@ def capture(graph, *example_inputs) -> Captured:
 
     if not example_inputs:
         raise EmmyError(f"emmy.optimize needs example inputs to capture a {type(graph).__name__}")
-    example_inputs = tuple(scalar_tensor(v) for v in example_inputs)
-    _check_inputs(example_inputs)
+    # inputs may nest (an LSTM cell's (h, c)): torch.export takes the structure, the program its leaves
+    example_inputs = tuple(_map_leaves(scalar_tensor, v) for v in example_inputs)
+    _check_inputs(flat_inputs(example_inputs))
     if isinstance(graph, torch.nn.Module):
         module = graph.eval()
     elif callable(graph):
@@ -105,6 +106,20 @@ def scalar_tensor(value):
     if isinstance(value, float):
         return torch.tensor(value, dtype=torch.float32)
     return value
+
+
+def flat_inputs(inputs) -> list:
+    """A program's inputs as it takes them: tuples, lists and dicts of tensors (a module's nested
+    arguments) flattened in torch.export's order, so a call may pass them nested as the module takes them."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_leaves(list(inputs))
+
+
+def _map_leaves(fn, value):
+    from torch.utils import _pytree
+
+    return _pytree.tree_map(fn, value)
 
 
 def _check_inputs(inputs) -> None:
