@@ -197,8 +197,9 @@ inline float __tanhf(float x) { return std::tanh(x); }
 inline float __powf(float a, float b) { return std::pow(a, b); }
 inline float exp10f(float x) { return std::pow(10.0f, x); }
 inline float __fdividef(float a, float b) { return a / b; }
-using std::isnan;  // CUDA declares isnan and isinf for device code in the global namespace
+using std::isnan;  // CUDA declares isnan, isinf and signbit for device code in the global namespace
 using std::isinf;
+using std::signbit;
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
 inline float __fadd_rn(float a, float b) { return a + b; }

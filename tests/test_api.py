@@ -125,6 +125,9 @@ def test_nested_inputs_are_taken_as_the_module_takes_them():
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(InputMismatchError, match=r"takes 3 inputs \(input, hx_0, hx_1\), got 2"):
         program(x, state[0])
+    from emmy.runtime import check_program
+
+    assert all(c.ok for c in check_program(program, mode="asan"))  # torch's reference takes them nested too
 
 
 def test_inputs_that_do_not_match_are_refused_naming_the_input():

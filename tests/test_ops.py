@@ -162,6 +162,23 @@ CASES = [
     ("aten.cumsum.default", X + "x.cumsum(-1)"),
     ("aten.cumsum.default", H + "torch.cumsum(x, 0)"),
     ("aten.cumprod.default", X + "(x * 0.3 + 1).cumprod(0)"),
+    # more math: logarithms and exponentials in base 2 and 10, trigonometric and hyperbolic
+    # functions and their inverses, erfc, lgamma, atan2, hypot, copysign, float tests, xor
+    ("aten.log2.default", X + "torch.log2(x.abs() + 0.5) + torch.log10(x.abs() + 0.5)"),
+    ("aten.exp2.default", H + "torch.exp2(x)"),
+    ("aten.tan.default", X + "torch.tan(x) + torch.atan(x) + torch.asin(x * 0.3) + torch.acos(x * 0.3)"),
+    ("aten.sinh.default", B + "torch.sinh(x) + torch.cosh(x) + torch.asinh(x) + torch.acosh(x.abs() + 1)"),
+    ("aten.atanh.default", X + "torch.atanh(x.clamp(-0.9, 0.9))"),
+    ("aten.erfc.default", X + "torch.special.erfc(x) + torch.lgamma(x.abs() + 0.2)"),
+    ("aten.atan2.default", X + "torch.atan2(x, y) + torch.hypot(x, y)"),
+    ("aten.copysign.Tensor", X + "torch.copysign(x, y)"),
+    ("aten.isinf.default", X + "torch.isinf(x / (y > 0).float()).float() + torch.signbit(-y).float()"),
+    ("aten.bitwise_xor.Tensor", X + "((x > 0) ^ (y > 0)).float()"),
+    ("aten.dist.default", X + "torch.dist(x, y) + torch.dist(x, y, 1)"),
+    ("aten._cdist_forward.default", "a=torch.randn(2,7,5); b=torch.randn(1,9,5); torch.cdist(a, b) + torch.cdist(a, b, p=3)"),
+    ("aten.rrelu_with_noise_functional.default", X + "F.rrelu(x, training=False)"),
+    ("aten.empty_permuted.default", X + "F.hinge_embedding_loss(x, torch.sign(y))"),
+    ("aten._assert_async.msg", X + "F.one_hot(torch.argmax(x, -1), 6).float() * x"),
     # rounding, integer and float division, boolean folds, rolls and repeats
     ("aten.round.default", X + "torch.round(x * 3)"),  # half to even
     ("aten.round.decimals", X + "torch.round(x, decimals=2) + torch.round(x * 100, decimals=-1)"),
@@ -182,6 +199,9 @@ CASES = [
     ("aten.any.dims", "x=torch.randn(4,6,3); (x > 1).any((0, 2))"),
     ("aten.roll.default", X + "torch.roll(x, (-7, 2), (0, 1)) + torch.roll(x, 5)"),
     ("aten.repeat.default", X + "x.repeat(2, 1, 3)"),
+    ("aten.diagonal.default", "x=torch.randn(3,5,5); torch.diagonal(x, 0, -2, -1) * 2 + torch.trace(x[0])"),
+    ("aten.diagonal.default", "x=torch.randn(4,3,6); torch.diagonal(x, -2, 2, 0) + torch.diagonal(x, 1, 1, 2).sum()"),
+    ("aten.diagonal.default", "a=torch.randn(2,4,5); torch.einsum('ii->i', a[0, :, :4]) + torch.diag_embed(a[0, 0, :4]).sum(0)"),
     # reads by index tensors
     ("aten.embedding.default", "ids=torch.randint(0,10,(3,5)); e=nn.Embedding(10,6); e(ids) * 2"),
     ("aten.index_select.default", X + "i=torch.tensor([3,0,5,5]); torch.index_select(x, 1, i)"),
@@ -241,6 +261,23 @@ def test_the_added_ops_run_right_in_the_simulator(dtype):
             "a = F.group_norm(a, 2, w) + torch.linalg.vector_norm(x, dim=(-1, -2), keepdim=True); "
             "a = a + torch.var_mean(x, dim=(-1, -2), keepdim=True)[0]; "
             "torch.tril(a)")
+    program = emmy.optimize(code, target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_library_functions_run_right_in_the_simulator(dtype):
+    """CUDA's math library (log2f, tanf, atan2f, hypotf, lgammaf, ...) and the float tests, compiled
+    to CUDA (ASan on): the simulator's host build must name them as nvcc does."""
+    from emmy.runtime import check_program
+
+    code = (f"x=torch.randn(3,40,dtype=torch.{dtype}); y=torch.randn(3,40,dtype=torch.{dtype}); "
+            "(torch.log2(x.abs() + 0.5) + torch.log10(x.abs() + 0.5) + torch.exp2(y), "
+            "torch.tan(x) + torch.atan(x) + torch.asin(x * 0.3) + torch.acos(y * 0.3), "
+            "torch.sinh(x) + torch.cosh(y) + torch.asinh(x) + torch.acosh(y.abs() + 1) + torch.atanh(x * 0.3), "
+            "torch.special.erfc(x) + torch.lgamma(x.abs() + 0.2) + torch.atan2(x, y) + torch.hypot(x, y), "
+            "torch.copysign(x, y), torch.isinf(x / (y > 0).to(x.dtype)) ^ torch.signbit(y), torch.cdist(x, y), "
+            "torch.diagonal(x[:, :3], 1) * 2)")
     program = emmy.optimize(code, target="sm_90")
     assert all(c.ok for c in check_program(program, mode="asan"))
 

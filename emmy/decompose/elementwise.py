@@ -120,7 +120,9 @@ def sign(ctx: Context, x):
 _UNARY = {
     "neg": "negative", "abs": "abs", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
     "sigmoid": "sigmoid", "tanh": "tanh", "erf": "erf", "reciprocal": "reciprocal", "cos": "cos", "sin": "sin",
-    "log1p": "log1p", "expm1": "expm1",
+    "log1p": "log1p", "expm1": "expm1", "log2": "log2", "log10": "log10", "exp2": "exp2", "tan": "tan",
+    "atan": "atan", "asin": "asin", "acos": "acos", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh",
+    "acosh": "acosh", "atanh": "atanh", "erfc": "erfc", "lgamma": "lgamma",
 }
 
 
@@ -135,9 +137,19 @@ def relu(ctx: Context, x):
     return _arith(ctx, "maximum", x, 0)
 
 
-@lowers("aten.isnan.default")
-def isnan(ctx: Context, x):
-    return ctx.b.elementwise("isnan", ctx.tensor(x), dtype=DType.BOOL, name=ctx.name)
+@lowers("aten.isnan.default", "aten.isinf.default", "aten.signbit.default")
+def float_test(ctx: Context, x):
+    op = str(ctx.node.target).split(".")[1]
+    if not ctx.b.dtype(x).is_float:  # an integer is never NaN or infinite; its sign bit is its sign
+        if op == "signbit":
+            return ctx.b.elementwise("less", ctx.tensor(x), 0, dtype=DType.BOOL, name=ctx.name)
+        return ctx.b.fill(False, ctx.out_type().shape, DType.BOOL, name=ctx.name)
+    return ctx.b.elementwise(op, ctx.tensor(x), dtype=DType.BOOL, name=ctx.name)
+
+
+@lowers("aten.atan2.default", "aten.hypot.default", "aten.copysign.Tensor", "aten.copysign.Scalar")
+def float_binary(ctx: Context, a, b):
+    return _arith(ctx, str(ctx.node.target).split(".")[1], a, b)
 
 
 @lowers("aten.leaky_relu.default")
@@ -147,6 +159,20 @@ def leaky_relu(ctx: Context, x, negative_slope=0.01):
     positive = ctx.b.elementwise("greater", value, 0, dtype=DType.BOOL, suffix="positive")
     scaled = ctx.b.elementwise("multiply", value, float(negative_slope), suffix="scaled")
     return ctx.b.elementwise("where", positive, value, scaled, dtype=out.dtype, name=ctx.name)
+
+
+@lowers("aten.rrelu_with_noise_functional.default")
+def rrelu(ctx: Context, x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    """Evaluation-mode RReLU: a leaky ReLU whose slope is the mean of its bounds (training draws
+    random slopes, which a compiled program does not)."""
+    if training:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: rrelu in training mode draws random slopes")
+    out = ctx.out_type(0)
+    value = ctx.tensor(x, out.dtype)
+    kept = ctx.b.elementwise("greater_equal", value, 0, dtype=DType.BOOL, suffix="kept")
+    scaled = ctx.b.elementwise("multiply", value, (float(lower) + float(upper)) / 2, suffix="scaled")
+    result = ctx.b.elementwise("where", kept, value, scaled, dtype=out.dtype, name=ctx.name)
+    return result, ctx.tensor(noise)
 
 
 @lowers("aten.elu.default")
@@ -244,8 +270,8 @@ def compare(ctx: Context, a, b):
     return ctx.b.elementwise(op, x, y, dtype=DType.BOOL, name=ctx.name)
 
 
-_LOGICAL = {"logical_and": "logical_and", "logical_or": "logical_or", "bitwise_and": "logical_and",
-            "bitwise_or": "logical_or"}
+_LOGICAL = {"logical_and": "logical_and", "logical_or": "logical_or", "logical_xor": "logical_xor",
+            "bitwise_and": "logical_and", "bitwise_or": "logical_or", "bitwise_xor": "logical_xor"}
 
 
 def _bool_only(ctx: Context) -> None:
@@ -254,7 +280,8 @@ def _bool_only(ctx: Context) -> None:
         raise UnsupportedOpError(f"unsupported op {ctx.where}: bitwise ops on integers")
 
 
-@lowers("aten.logical_and.default", "aten.logical_or.default", "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor")
+@lowers("aten.logical_and.default", "aten.logical_or.default", "aten.logical_xor.default", "aten.bitwise_and.Tensor",
+        "aten.bitwise_or.Tensor", "aten.bitwise_xor.Tensor")
 def logical_binary(ctx: Context, a, b):
     _bool_only(ctx)
     out = ctx.out_type()
@@ -294,6 +321,15 @@ def full(ctx: Context, size, fill_value=None, **kwargs):
     if fill_value is None:  # scalar_tensor(value)
         fill_value = size
     return ctx.b.fill(fill_value, out.shape, out.dtype, name=ctx.name)
+
+
+@lowers("aten.empty.memory_format", "aten.empty_permuted.default", "aten.empty_like.default",
+        "aten.empty_strided.default")
+def empty(ctx: Context, *args, **kwargs):
+    """Memory a program writes before it reads (functionalized graphs fill it by later ops); any
+    value is right for it, and zeros are the cheapest to reason about."""
+    out = ctx.out_type()
+    return ctx.b.fill(False if out.dtype is DType.BOOL else 0, out.shape, out.dtype, name=ctx.name)
 
 
 @lowers("aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default")

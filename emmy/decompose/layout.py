@@ -152,7 +152,8 @@ def edge_pad(ctx: Context, x, padding):
     return out
 
 
-@lowers("aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten.sym_constrain_range.default",
+@lowers("aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten._assert_async.msg",
+        "aten._assert_async.default", "aten.sym_constrain_range.default",
         "aten.sym_constrain_range_for_size.default")
 def assertion(ctx: Context, *args, **kwargs):
     return None  # checks torch.export already made; nothing to compute
@@ -165,6 +166,28 @@ def flip(ctx: Context, x, dims):
     index = [Affine.constant(n - 1) - Affine.dim(k) if k in flipped else Affine.dim(k)
              for k, n in enumerate(shape)]
     return ctx.b.index_map(x, shape, index, name=ctx.name)
+
+
+@lowers("aten.diagonal.default")
+def diagonal(ctx: Context, x, offset=0, dim1=0, dim2=1):
+    """The diagonal of dims (dim1, dim2), `offset` above (below, if negative) the main one: the
+    other dims in order, then the diagonal's positions k, reading x[.., k + max(-offset, 0), ..,
+    k + max(offset, 0), ..]."""
+    shape = ctx.b.shape(x)
+    rank = len(shape)
+    dim1, dim2 = dim1 % rank, dim2 % rank
+    rest = [k for k in range(rank) if k not in (dim1, dim2)]
+    out = ctx.out_type().shape
+    k = Affine.dim(len(rest))
+    index = []
+    for d in range(rank):
+        if d == dim1:
+            index.append(k + max(-offset, 0))
+        elif d == dim2:
+            index.append(k + max(offset, 0))
+        else:
+            index.append(Affine.dim(rest.index(d)))
+    return ctx.b.index_map(x, out, index, name=ctx.name)
 
 
 @lowers("aten.roll.default")

@@ -278,13 +278,43 @@ def _blocked_scan(ctx: Context, op: str, x: str, axis: int, name: str | None) ->
 @lowers("aten.linalg_vector_norm.default")
 def vector_norm(ctx: Context, x, ord=2, dim=None, keepdim=False, dtype=None):
     """(sum |x|^p)^(1/p) over `dim`; max |x| for ord=inf, min |x| for -inf, the nonzero count for 0."""
-    import math
-
     out = ctx.out_type()
     acc = out.dtype.accumulator
+    magnitude = ctx.b.elementwise("abs", ctx.tensor(x, acc), suffix="abs")
+    return ctx.b.cast(_norm(ctx, magnitude, ord, _axes(ctx, x, dim), keepdim, acc), out.dtype)
+
+
+@lowers("aten.dist.default")
+def dist(ctx: Context, x, y, p=2):
+    """The p-norm of x - y over every element."""
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    shape = tuple(np.broadcast_shapes(ctx.b.shape(x), ctx.b.shape(y)))
+    difference = ctx.b.elementwise("subtract", ctx.tensor(x, acc, shape), ctx.tensor(y, acc, shape), suffix="difference")
+    magnitude = ctx.b.elementwise("abs", difference, suffix="abs")
+    return ctx.b.cast(_norm(ctx, magnitude, p, list(range(len(shape))), False, acc), out.dtype)
+
+
+@lowers("aten._cdist_forward.default")
+def cdist(ctx: Context, x1, x2, p=2.0, compute_mode=None):
+    """out[.., i, j] = ||x1[.., i, :] - x2[.., j, :]||_p, from the differences themselves (torch's
+    matrix-product route for large inputs loses digits to cancellation; this one does not)."""
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    full = (*out.shape, ctx.b.shape(x1)[-1])
+    left = ctx.b.reshape(x1, (*ctx.b.shape(x1)[:-1], 1, full[-1]), suffix="rows")
+    right = ctx.b.reshape(x2, (*ctx.b.shape(x2)[:-2], 1, *ctx.b.shape(x2)[-2:]), suffix="columns")
+    difference = ctx.b.elementwise("subtract", ctx.tensor(left, acc, full), ctx.tensor(right, acc, full),
+                                   suffix="difference")
+    magnitude = ctx.b.elementwise("abs", difference, suffix="abs")
+    return ctx.b.cast(_norm(ctx, magnitude, p, [len(full) - 1], False, acc), out.dtype)
+
+
+def _norm(ctx: Context, magnitude: str, ord, axes: list[int], keepdim: bool, acc: DType) -> str:
+    """The `ord`-norm of |values| (`magnitude`) over `axes`, in `acc`."""
+    import math
+
     b = ctx.b
-    magnitude = b.elementwise("abs", ctx.tensor(x, acc), suffix="abs")
-    axes = _axes(ctx, x, dim)
     if ord in (math.inf, -math.inf):
         result = b.reduce_axes("max" if ord > 0 else "min", magnitude, axes, keepdim)
     elif ord == 0:
@@ -298,4 +328,4 @@ def vector_norm(ctx: Context, x, ord=2, dim=None, keepdim=False, dtype=None):
     else:
         powered = b.elementwise("power", magnitude, float(ord))
         result = b.elementwise("power", b.reduce_axes("sum", powered, axes, keepdim), 1.0 / float(ord))
-    return b.cast(result, out.dtype)
+    return result

@@ -23,7 +23,9 @@ OP_RATE = 2.0e13  # scalar ops/s
 LAUNCH = 3.0e-6  # s per kernel
 EXPENSIVE = {"exp": 4, "log": 4, "sqrt": 4, "rsqrt": 4, "sigmoid": 4, "tanh": 4, "erf": 4, "divide": 4, "power": 8,
              "cos": 4, "sin": 4, "log1p": 4, "expm1": 4,
-             "floor_divide": 12, "trunc_divide": 4, "remainder": 8, "fmod": 8}
+             "floor_divide": 12, "trunc_divide": 4, "remainder": 8, "fmod": 8,
+             "log2": 2, "log10": 4, "exp2": 2, "tan": 8, "atan": 8, "asin": 8, "acos": 8, "sinh": 8, "cosh": 8,
+             "asinh": 8, "acosh": 8, "atanh": 8, "erfc": 8, "lgamma": 16, "atan2": 12, "hypot": 8}
 SPECIAL_FUNCTIONS = set(EXPENSIVE)  # the SFU's work
 # Functions computed on the FMA pipes: instructions each (emmy::rescale_exp: 24 in its SASS for sm_90,
 # eleven of them FFMAs, beside its loads and stores)

@@ -81,6 +81,16 @@ def _min_key_position(key):
     return np.asarray(key, dtype=np.int64) & (_LOW - 1)
 
 
+def _scipy(name: str):
+    """A scipy.special function, imported when first evaluated (as erf is)."""
+    def run(x):
+        from scipy import special
+
+        return getattr(special, name)(x)
+
+    return run
+
+
 def _integer_or_float(integer, floating):
     """An op whose integer form differs from its float one (division, remainders)."""
     def run(a, b):
@@ -136,6 +146,23 @@ _TABLE = [
     ScalarOp("sin", 1, "arith", _quiet(np.sin)),
     ScalarOp("log1p", 1, "arith", _quiet(np.log1p)),
     ScalarOp("expm1", 1, "arith", _quiet(np.expm1)),
+    ScalarOp("log2", 1, "arith", _quiet(np.log2)),
+    ScalarOp("log10", 1, "arith", _quiet(np.log10)),
+    ScalarOp("exp2", 1, "arith", _quiet(np.exp2)),
+    ScalarOp("tan", 1, "arith", _quiet(np.tan)),
+    ScalarOp("atan", 1, "arith", np.arctan),
+    ScalarOp("asin", 1, "arith", _quiet(np.arcsin)),
+    ScalarOp("acos", 1, "arith", _quiet(np.arccos)),
+    ScalarOp("sinh", 1, "arith", _quiet(np.sinh)),
+    ScalarOp("cosh", 1, "arith", _quiet(np.cosh)),
+    ScalarOp("asinh", 1, "arith", np.arcsinh),
+    ScalarOp("acosh", 1, "arith", _quiet(np.arccosh)),
+    ScalarOp("atanh", 1, "arith", _quiet(np.arctanh)),
+    ScalarOp("erfc", 1, "arith", _quiet(_scipy("erfc"))),
+    ScalarOp("lgamma", 1, "arith", _quiet(_scipy("gammaln"))),  # log|gamma(x)|, as torch.lgamma
+    ScalarOp("atan2", 2, "arith", np.arctan2),
+    ScalarOp("hypot", 2, "arith", np.hypot),
+    ScalarOp("copysign", 2, "arith", np.copysign),
     ScalarOp("floor", 1, "arith", np.floor),
     ScalarOp("ceil", 1, "arith", np.ceil),
     ScalarOp("trunc", 1, "arith", np.trunc),
@@ -154,6 +181,8 @@ _TABLE = [
     ScalarOp("fmod", 2, "arith", _integer_or_float(
         _int_safe(lambda a, s, b: np.where((b == 0) | (b == -1), 0, np.fmod(a, s))), np.fmod)),
     ScalarOp("isnan", 1, "compare", np.isnan),
+    ScalarOp("isinf", 1, "compare", np.isinf),
+    ScalarOp("signbit", 1, "compare", np.signbit),
     ScalarOp("less", 2, "compare", np.less),
     ScalarOp("less_equal", 2, "compare", np.less_equal),
     ScalarOp("greater", 2, "compare", np.greater),
@@ -163,6 +192,7 @@ _TABLE = [
     ScalarOp("logical_and", 2, "logic", np.logical_and),
     ScalarOp("logical_or", 2, "logic", np.logical_or),
     ScalarOp("logical_not", 1, "logic", np.logical_not),
+    ScalarOp("logical_xor", 2, "logic", np.logical_xor),
     ScalarOp("where", 3, "select", np.where),
     ScalarOp("max_key", 2, "index", _max_key),
     ScalarOp("min_key", 2, "index", _min_key),
