@@ -65,6 +65,7 @@ def call(program, inputs: tuple, device: str | None, sim_mode: str | None):
         from emmy.runtime import check_inputs
 
         check_inputs(program, [])  # refuses, naming the inputs
+    returned = len(signature.output_names)
     if device == "interpret":
         if not hasattr(program, "interpret"):
             raise EmmyError("a loaded program has no Tensor IR to interpret; run it with device='sim' "
@@ -75,12 +76,32 @@ def call(program, inputs: tuple, device: str | None, sim_mode: str | None):
         from emmy.runtime import run_program
 
         types = program.plan.buffer_types
-        results = run_program(program, list(inputs), "sim", sim_mode)
+        updates: list = []
+        results = run_program(program, list(inputs), "sim", sim_mode, updates=updates)
         outputs = [from_numpy(values, types[buffer].dtype)
-                   for values, buffer in zip(results.values(), program.plan.outputs)]
+                   for values, buffer in zip([*results.values(), *updates], program.plan.outputs)]
     else:
         outputs = _call_on_gpu(program, inputs)
-    return signature.structure.pack(list(outputs))
+    _update_in_place(program, inputs, signature.mutations, outputs[returned:])
+    return signature.structure.pack(list(outputs[:returned]))
+
+
+def _update_in_place(program, inputs: tuple, mutations: tuple, values: list) -> None:
+    """What the module changes in place, changed as eager PyTorch would: the caller's input tensors,
+    and the program's own copy of each buffer (the next call reads the new values)."""
+    if not mutations:
+        return
+    from emmy.capture import flat_inputs
+    from emmy.dtypes import to_numpy
+
+    given = dict(zip((name for name, _ in program.signature.inputs), flat_inputs(inputs)))
+    for (kind, name), value in zip(mutations, values):
+        if kind == "input":
+            given[name].copy_(value.to(given[name].device))
+        else:
+            program.weights[name] = to_numpy(value)[0]
+            for on_device in program.__dict__.get("_weights_on", {}).values():
+                on_device.pop(name, None)  # uploaded again, alone, on the next call on that GPU
 
 
 def _call_on_gpu(program, inputs: tuple) -> list:
@@ -127,8 +148,8 @@ def device_weights(program, device) -> dict:
 
     from emmy.runtime import to_device
 
-    cache = program.__dict__.setdefault("_weights_on", {})
-    if device not in cache:
-        cache[device] = {name: torch.from_numpy(to_device(program.weights[name], t.dtype)).to(device)
-                         for name, t in program.plan.weights}
-    return cache[device]
+    on_device = program.__dict__.setdefault("_weights_on", {}).setdefault(device, {})
+    for name, t in program.plan.weights:  # a buffer the program changed in place was dropped: uploaded anew
+        if name not in on_device:
+            on_device[name] = torch.from_numpy(to_device(program.weights[name], t.dtype)).to(device)
+    return on_device

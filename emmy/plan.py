@@ -20,6 +20,8 @@ class Signature:
 
     inputs: tuple  # (buffer name, emmy.tensor_ir.nodes.TensorType) per user input, in call order
     structure: OutputStructure  # the returned nesting and each output's name
+    # what the outputs after the returned ones update in place (emmy.decompose.from_aten.TensorProgram)
+    mutations: tuple = ()
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -53,6 +55,14 @@ class RunPlan:
 
         return {name: from_device(fetch(buffer), self.buffer_types[buffer].dtype)
                 for name, buffer in zip(self.signature.output_names, self.outputs)}
+
+    def updates(self, fetch) -> list:
+        """The new values of the inputs and buffers the program changes in place (signature.mutations),
+        in interpreter storage."""
+        from emmy.dtypes import from_device
+
+        returned = len(self.signature.output_names)
+        return [from_device(fetch(buffer), self.buffer_types[buffer].dtype) for buffer in self.outputs[returned:]]
 
     @cached_property
     def scratch(self) -> dict:

@@ -116,8 +116,9 @@ class Program:
         from emmy.plan import Signature
 
         graph = self.tensor_ir
-        structure = getattr(self.captured, "outputs", None) or OutputStructure.flat(len(graph.outputs))
-        return Signature(tuple((n.name, n.type) for n in graph.inputs), structure)
+        mutations = self.tensor_program.mutations
+        structure = getattr(self.captured, "outputs", None) or OutputStructure.flat(len(graph.outputs) - len(mutations))
+        return Signature(tuple((n.name, n.type) for n in graph.inputs), structure, mutations)
 
     @cached_property
     def plan(self):

@@ -130,11 +130,13 @@ class Check:
     why: str = ""
 
 
-def run_program(program, inputs=None, device: str = "sim", mode: str | None = None) -> dict[str, np.ndarray]:
+def run_program(program, inputs=None, device: str = "sim", mode: str | None = None,
+                updates: list | None = None) -> dict[str, np.ndarray]:
     """Every kernel of `program` (an emmy.program.Program or a loaded one) in order; the program's
     outputs by name (`out0`, ... or the module's own names), in interpreter storage. `inputs`: CPU
     torch tensors (default: the example inputs). `mode`: the simulator build (default
-    EMMY_SIM_MODE, else plain)."""
+    EMMY_SIM_MODE, else plain). `updates`: where given, the new values of what the program changes in
+    place (signature.mutations) are appended to it."""
     if device not in DEVICES:
         raise EmmyError(f"unknown device {device!r}; devices: {', '.join(DEVICES)}")
     import emmy.sim as sim
@@ -147,6 +149,8 @@ def run_program(program, inputs=None, device: str = "sim", mode: str | None = No
         on_gpu = ProgramOnGpu(program, buffers)
         try:
             on_gpu.run()
+            if updates is not None:
+                updates.extend(program.plan.updates(on_gpu.fetch))
             return on_gpu.outputs()
         finally:
             on_gpu.close()
@@ -157,6 +161,8 @@ def run_program(program, inputs=None, device: str = "sim", mode: str | None = No
     plan = program.plan
     module = sim.load(plan.cuda_source, "program.cu", mode=mode)
     launch_in_order(module, plan, plan.kernels, buffers)
+    if updates is not None:
+        updates.extend(plan.updates(buffers.__getitem__))
     return plan.named_outputs(buffers.__getitem__)
 
 

@@ -130,6 +130,45 @@ def test_nested_inputs_are_taken_as_the_module_takes_them():
     assert all(c.ok for c in check_program(program, mode="asan"))  # torch's reference takes them nested too
 
 
+class RunningTotal(torch.nn.Module):
+    """Changes its input and a buffer in place, as a KV cache or a running statistic does."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(4))
+
+    def forward(self, x):
+        self.total.add_(x.sum(0))
+        x.mul_(2)
+        return x / (self.total + 1)
+
+
+def test_changes_in_place_are_made_and_never_returned(tmp_path):
+    # torch.export lists a module's in-place changes as outputs before the returned ones: the
+    # program returned the buffer's new values (shape [4]) for the module's [3, 4] result.
+    from emmy.runtime import check_program
+
+    x = torch.rand(3, 4)
+    program = emmy.optimize(RunningTotal(), x.clone())
+    assert all(c.ok for c in check_program(program, [x.clone()], mode="asan"))
+    eager = RunningTotal()
+    for call in range(3):  # the last call by a program saved with the buffer's total so far
+        runner = program if call < 2 else _saved_and_loaded(program, tmp_path / "total.emmy")
+        mine, theirs = x.clone(), x.clone()
+        got = runner(mine)
+        with torch.no_grad():
+            want = eager(theirs)
+        torch.testing.assert_close(got, want)  # the buffer's total grows call by call, as eager's
+        torch.testing.assert_close(mine, theirs)  # the caller's tensor doubled
+    interpreted = x.clone()
+    assert program(interpreted, device="interpret").shape == (3, 4) and torch.equal(interpreted, x * 2)
+
+
+def _saved_and_loaded(program, path):
+    program.save(path)
+    return emmy.load(path)
+
+
 def test_inputs_that_do_not_match_are_refused_naming_the_input():
     program = emmy.optimize(norm_project, X, W)
     with pytest.raises(InputMismatchError, match=r"input 0 \(x\): expected shape \[4, 16\], got \[5, 16\]"):

@@ -28,6 +28,9 @@ class TensorProgram:
 
     graph: TensorGraph
     weights: dict  # weight name -> numpy array (interpreter storage)
+    # what the graph's trailing outputs (after the returned ones) update: ("input", input name) for
+    # an input the module changed in place, ("weight", weight name) for a buffer it changed
+    mutations: tuple = ()
 
 
 def _identifier(text: str) -> str:
@@ -85,7 +88,31 @@ def to_tensor_ir(captured) -> TensorProgram:
                 if not isinstance(value, str):
                     raise UnsupportedOpError(f"unsupported output of {_located(captured, r)}: not a single tensor")
                 outputs.append(value)
-    return TensorProgram(builder.finish(outputs), weight_arrays)
+    returned, updates, mutations = _returned_then_updates(program, outputs)
+    return TensorProgram(builder.finish(returned + updates), weight_arrays, mutations)
+
+
+def _returned_then_updates(program, outputs: list[str]) -> tuple[list, list, tuple]:
+    """The graph's outputs as (returned ones, in-place updates, what each update changes): torch.export
+    lists a module's changes to its inputs and buffers first, as outputs of their new values."""
+    specs = getattr(getattr(program, "graph_signature", None), "output_specs", None)
+    if specs is None or len(specs) != len(outputs):
+        return outputs, [], ()
+    returned, updates, mutations = [], [], []
+    for spec, value in zip(specs, outputs):
+        kind = spec.kind.name
+        if kind == "USER_INPUT_MUTATION":  # its target is the input's placeholder, the Input's name
+            updates.append(value)
+            mutations.append(("input", spec.target))
+        elif kind == "BUFFER_MUTATION":
+            updates.append(value)
+            mutations.append(("weight", _identifier(spec.target)))
+        elif kind in ("USER_OUTPUT", "LOSS_OUTPUT"):
+            returned.append(value)
+        else:
+            raise UnsupportedOpError(f"unsupported output kind {kind} ({spec.arg.name}): emmy returns tensors and "
+                                     "updates inputs and buffers in place")
+    return returned, updates, tuple(mutations)
 
 
 def _resolve(value, env):
