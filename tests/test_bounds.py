@@ -35,6 +35,23 @@ def test_the_proof_finds_a_load_that_leaves_its_buffer_and_accepts_it_under_its_
     assert out_of_bounds(_kernel(Affine.dim(0)), {"x": (16,), "out": (32,)})  # 0..31 in 16
 
 
+def test_a_flipped_read_is_bounded_by_its_guard_from_below():
+    # A blocked scan of a flipped row reads x[n - 1 - position] under the guard position < n. The proof took only index = guard + rest, refused the kernel (a
+    # NotLoweredError for x.flip(-1).cumsum(-1).flip(-1)) and would refuse every row of it.
+    shapes = {"x": (16,), "out": (32,)}
+    flipped = Affine.constant(15) - Affine.dim(0)
+    (problem,) = out_of_bounds(_kernel(flipped), shapes)
+    assert "reaches -16..15" in problem
+    assert out_of_bounds(_kernel(flipped, [Guard(Affine.dim(0), None, 16)]), shapes) == []
+    assert out_of_bounds(_kernel(Affine.constant(40) - Affine.dim(0), [Guard(Affine.dim(0), 25, None)]), shapes) == []
+    assert out_of_bounds(_kernel(flipped, [Guard(Affine.dim(0), None, 17)]), shapes)  # one too many
+
+
+def test_a_reversed_scan_compiles_and_runs_in_bounds():
+    program = emmy.optimize("x=torch.randn(5,300); x.flip(-1).cumsum(-1).flip(-1) + x.cumsum(0)", target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
 def test_a_concatenation_loads_each_half_only_where_it_is_read():
     program = emmy.optimize(ROTATE, target="sm_90")
     text = program.ir("loop")

@@ -48,6 +48,12 @@ def _check(what: str, buffer: str, index, ranges: dict, shapes: dict, guards=())
                 hi = min(hi, g.hi - 1 + rest_hi)
             if g.lo is not None:
                 lo = max(lo, g.lo + rest_lo)
+            # or index = rest - guard (a flipped read: n - 1 - position), bounded the other way round
+            rest_lo, rest_hi = interval(expr + g.expr, ranges)
+            if g.hi is not None:
+                lo = max(lo, rest_lo - (g.hi - 1))
+            if g.lo is not None:
+                hi = min(hi, rest_hi - g.lo)
         if lo < 0 or hi >= size:
             out.append(f"{what}[...{expr}...]: axis {axis} reaches {lo}..{hi}, outside 0..{size - 1}")
     return out
