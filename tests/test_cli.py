@@ -23,6 +23,8 @@ BAD_INPUT = [
     ("x=torch.randn(4)\ntorch.sort(x).values", [], ["unsupported op aten.sort.default", "line 2: `torch.sort(x).values`"]),
     ("x=torch.randn(4)\ntorch.topk(x, 2).values", [], ["unsupported op aten.topk.default", "line 2"]),
     ("x=torch.randn(4,dtype=torch.float64); x*2", [], ["unsupported dtype float64 (input x)"]),
+    ("x=torch.randn(0,5); x*2", [], ["at input x: a tensor with no elements ([0, 5])"]),
+    ("y=torch.randn(3,4)\ny[:, 4:] * 2", [], ["aten.mul.Tensor (line 2: `y[:, 4:] * 2`): a tensor with no elements"]),
     ("x=torch.randn(4)\nx.double() * 2", [], ["unsupported dtype float64", "line 2: `x.double() * 2`"]),
     (MATMUL, ["--target", "sm_70"], ["unknown target 'sm_70'", "sm_80, sm_89, sm_90, sm_120"]),
     (get("attention").sim_code, ["--ir", "kernel", "--knobs", "REDUCE=g2k"],

@@ -67,6 +67,7 @@ def to_tensor_ir(captured) -> TensorProgram:
     outputs: list[str] = []
     for node in program.graph.nodes:
         if node.op == "placeholder":
+            _refuse_empty(captured, node)
             val = node.meta["val"]
             builder.origin = ""
             if node.name in weights:
@@ -84,12 +85,24 @@ def to_tensor_ir(captured) -> TensorProgram:
         elif node.op == "output":
             results = node.args[0]
             for r in results if isinstance(results, (list, tuple)) else [results]:
+                _refuse_empty(captured, r)
                 value = env[r.name]
                 if not isinstance(value, str):
                     raise UnsupportedOpError(f"unsupported output of {_located(captured, r)}: not a single tensor")
                 outputs.append(value)
     returned, updates, mutations = _returned_then_updates(program, outputs)
     return TensorProgram(builder.finish(returned + updates), weight_arrays, mutations)
+
+
+def _refuse_empty(captured, node) -> None:
+    """An input or output with no elements (a batch of 0) has nothing to compute, and a kernel for it
+    no legal launch: refused with where it is made (an empty piece inside, a cat's, is fine)."""
+    vals = node.meta.get("val")
+    for val in vals if isinstance(vals, (list, tuple)) else [vals]:
+        if hasattr(val, "shape") and hasattr(val, "numel") and val.numel() == 0:
+            what = f"input {node.name}" if node.op == "placeholder" else _located(captured, node)
+            raise UnsupportedOpError(f"unsupported shape at {what}: a tensor with no elements "
+                                     f"({list(val.shape)}); emmy compiles tensors of at least one element")
 
 
 def _returned_then_updates(program, outputs: list[str]) -> tuple[list, list, tuple]:
