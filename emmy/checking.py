@@ -177,11 +177,11 @@ def reference_outputs(captured, inputs=None, mode: str = "float64", device: str 
 
 def _run_reference(captured, inputs, mode: str, device: str) -> list:
     import torch
-
-    from emmy.capture import flat_inputs
+    from torch.utils import _pytree
 
     program = captured.exported
-    given = flat_inputs(inputs if inputs is not None else captured.example_inputs)
+    # nested inputs (an LSTM cell's (h, c)) in torch.export's order, as emmy.capture.flat_inputs gives them
+    given = _pytree.tree_leaves(list(inputs if inputs is not None else captured.example_inputs))
     args = []
     for spec in program.graph_signature.input_specs:
         if spec.kind.name == "USER_INPUT":
