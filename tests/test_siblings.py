@@ -44,6 +44,17 @@ def test_sibling_folds_read_their_rows_once_in_one_kernel(code):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("code", ["x=torch.randn(6,500); (x.amax(1), x.var(1))",
+                                  "x=torch.randn(6,500); (x.sum(1), (x - x.mean(1, keepdim=True)).abs().sum(1))"])
+def test_a_sibling_with_two_folds_merges_into_the_first(code):
+    # The second kernel's later fold (a two-pass variance's sum of squares) had its names renamed
+    # statement by statement, and a loop had no renaming: TypeError, a crash of the whole compile.
+    program = emmy.optimize(code, target="sm_90")
+    (kernel,) = program.loop_ir.kernels
+    assert len(kernel.outputs) == 2
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
 @pytest.mark.parametrize("knobs", ["REDUCE=g8k", "REDUCE=coop,TILE=f4/v4", "REDUCE=,WORK=t32"])
 def test_a_merged_kernel_runs_right_under_each_schedule(knobs):
     program = emmy.optimize("x=torch.randn(3,9000); torch.var_mean(x, dim=1)", target="sm_90", knobs=knobs)

@@ -132,6 +132,8 @@ def _renamed(stmt, rename: dict[str, str]):
         return dataclasses.replace(stmt, acc=rename.get(stmt.acc, stmt.acc), value=value(stmt.value))
     if isinstance(stmt, Store):
         return dataclasses.replace(stmt, value=value(stmt.value))
+    if isinstance(stmt, Loop):  # a later fold of the second kernel (its folds nest one deep)
+        return dataclasses.replace(stmt, body=tuple(_renamed(s, rename) for s in stmt.body))
     raise TypeError(f"no renaming for {type(stmt).__name__}")
 
 
