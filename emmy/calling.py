@@ -66,24 +66,27 @@ def call(program, inputs: tuple, device: str | None, sim_mode: str | None):
 
         check_inputs(program, [])  # refuses, naming the inputs
     returned = len(signature.output_names)
+    updates: list = []
     if device == "interpret":
         if not hasattr(program, "interpret"):
             raise EmmyError("a loaded program has no Tensor IR to interpret; run it with device='sim' "
                             "or on CUDA tensors")
-        outputs = program.interpret(*inputs)
+        outputs = program.interpret(*inputs, updates=updates)
     elif device == "sim":
         from emmy.dtypes import from_numpy
         from emmy.runtime import run_program
 
         types = program.plan.buffer_types
-        updates: list = []
         results = run_program(program, list(inputs), "sim", sim_mode, updates=updates)
         outputs = [from_numpy(values, types[buffer].dtype)
-                   for values, buffer in zip([*results.values(), *updates], program.plan.outputs)]
+                   for values, buffer in zip(results.values(), program.plan.outputs)]
+        updates = [from_numpy(values, types[buffer].dtype)
+                   for values, buffer in zip(updates, program.plan.outputs[returned:])]
     else:
-        outputs = _call_on_gpu(program, inputs)
-    _update_in_place(program, inputs, signature.mutations, outputs[returned:])
-    return signature.structure.pack(list(outputs[:returned]))
+        everything = _call_on_gpu(program, inputs)
+        outputs, updates = everything[:returned], everything[returned:]
+    _update_in_place(program, inputs, signature.mutations, updates)
+    return signature.structure.pack(list(outputs))
 
 
 def _update_in_place(program, inputs: tuple, mutations: tuple, values: list) -> None:

@@ -195,8 +195,9 @@ def _run_reference(captured, inputs, mode: str, device: str) -> list:
         elif value.is_floating_point() and mode != "native":
             value = value.double().abs() if mode == "absolute" else value.double()
         args.append(value.to(device))
+    widened = {"float32": torch.float32, "native": None}.get(mode, torch.float64)
     with torch.no_grad():
-        results = _without_dtype_asserts(program.graph_module).to(device)(*args)
+        results = _without_dtype_asserts(program.graph_module, widened).to(device)(*args)
     results = list(results) if isinstance(results, (tuple, list)) else [results]
     specs = program.graph_signature.output_specs
     if mode == "float32":  # rounded to the dtypes the program's outputs have
@@ -213,15 +214,29 @@ def torch_comparison(captured, inputs=None, device: str = "cpu") -> list[tuple]:
                     reference_outputs(captured, inputs, "native", device)))
 
 
-def _without_dtype_asserts(graph_module):
-    """A copy of the graph without export's dtype assertions, which widening would trip."""
+# ops that make a tensor of a dtype they are given: widened with the inputs (a circular padding's
+# float32 buffer, copied into, would meet float64 values)
+_FACTORIES = ("empty.memory_format", "empty_permuted.default", "empty_strided.default", "full.default",
+              "zeros.default", "ones.default", "arange.default", "arange.start", "arange.start_step",
+              "scalar_tensor.default", "empty_like.default", "full_like.default", "zeros_like.default",
+              "ones_like.default")
+
+
+def _without_dtype_asserts(graph_module, widened=None):
+    """A copy of the graph without export's dtype assertions, which widening would trip; with
+    `widened` (a torch dtype), the floating tensors it makes itself are made in that dtype."""
     import copy
 
     import torch
 
     module = copy.deepcopy(graph_module)
+    factories = {getattr(getattr(torch.ops.aten, name.split(".")[0]), name.split(".")[1]) for name in _FACTORIES}
     for node in list(module.graph.nodes):
         if node.target is torch.ops.aten._assert_tensor_metadata.default:
             module.graph.erase_node(node)
+        elif widened is not None and node.target in factories:
+            dtype = node.kwargs.get("dtype")
+            if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+                node.kwargs = {**node.kwargs, "dtype": widened}
     module.recompile()
     return module

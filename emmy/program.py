@@ -267,8 +267,10 @@ class Program:
             return self.cuda_source
         raise StageNotBuiltError(f"the {stage} stage is not built yet; stages so far: {', '.join(BUILT_STAGES)}")
 
-    def interpret(self, *inputs, stage: str = "tensor") -> list:
-        """Run a stage's numpy interpreter ("tensor" or "loop"); inputs and outputs are torch tensors."""
+    def interpret(self, *inputs, stage: str = "tensor", updates: list | None = None) -> list:
+        """Run a stage's numpy interpreter ("tensor" or "loop"); inputs and outputs are torch tensors.
+        The returned outputs; `updates`, where given, gets the new values of what the program changes
+        in place (signature.mutations)."""
         from emmy.dtypes import from_numpy, to_numpy
         from emmy.runtime import check_index_values, check_inputs
         from emmy.tensor_ir.interpreter import evaluate
@@ -285,4 +287,8 @@ class Program:
             results = evaluate(graph, arrays, self.weights)
         else:
             raise EmmyError(f"no interpreter for stage {stage!r}; use tensor or loop")
-        return [from_numpy(r, graph[name].type.dtype) for r, name in zip(results, graph.outputs)]
+        values = [from_numpy(r, graph[name].type.dtype) for r, name in zip(results, graph.outputs)]
+        returned = len(graph.outputs) - len(self.tensor_program.mutations)
+        if updates is not None:
+            updates.extend(values[returned:])
+        return values[:returned]

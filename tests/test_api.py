@@ -164,6 +164,19 @@ def test_changes_in_place_are_made_and_never_returned(tmp_path):
     assert program(interpreted, device="interpret").shape == (3, 4) and torch.equal(interpreted, x * 2)
 
 
+def test_a_training_module_is_compiled_for_inference_said_once_and_left_as_it_was(caplog):
+    # optimize called .eval() on the caller's module and left it so, silently
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.BatchNorm1d(6), torch.nn.Dropout(0.5))
+    x = torch.randn(8, 6)
+    with caplog.at_level("WARNING", logger="emmy.capture"):
+        program = emmy.optimize(model, x)
+        emmy.optimize(torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.GELU()), x)  # no mode to mind
+    assert [r.getMessage()[:39] for r in caplog.records] == ["emmy compiles Sequential for inference:"]
+    assert model.training and model[1].training and model[2].training
+    with torch.no_grad():
+        torch.testing.assert_close(program(x), model.eval()(x))
+
+
 def _saved_and_loaded(program, path):
     program.save(path)
     return emmy.load(path)

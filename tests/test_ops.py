@@ -202,6 +202,20 @@ CASES = [
     ("aten.diagonal.default", "x=torch.randn(3,5,5); torch.diagonal(x, 0, -2, -1) * 2 + torch.trace(x[0])"),
     ("aten.diagonal.default", "x=torch.randn(4,3,6); torch.diagonal(x, -2, 2, 0) + torch.diagonal(x, 1, 1, 2).sum()"),
     ("aten.diagonal.default", "a=torch.randn(2,4,5); torch.einsum('ii->i', a[0, :, :4]) + torch.diag_embed(a[0, 0, :4]).sum(0)"),
+    # writes into part of a tensor (functionalized: copy, slice_scatter, index_put)
+    ("aten.slice_scatter.default", X + "z = torch.zeros(4, 10); z[:, 2:8] = x; z[:, ::3] += y[:, :4]; z"),
+    ("aten.copy.default", X + "z = x.clone(); z[:, 0] = 1.0; z[1] = z[1] * 3; z"),
+    ("aten.copy.default", X + "z = x.clone(); z[1:3] = y[0]; z"),
+    ("aten.index_put.default", X + "z = x.clone(); z[z < 0] = 0.5; z"),
+    ("aten.index_put.default", X + "z = x.clone(); z[y > 0] = 1.0; z"),
+    ("aten.index_put.default", "x=torch.randn(4,3); i=torch.tensor([0,2,2,-1]); z=torch.zeros(5,3); z[i] = x; z"),
+    ("aten.index_put.default",
+     "x=torch.randn(4,3); i=torch.tensor([0,2,2,4]); torch.zeros(5,3).index_put((i,), x, accumulate=True)"),
+    ("aten.index_put.default", "k=torch.randn(1,2,8); p=torch.tensor([3,15]); c=torch.zeros(1,16,8); c.index_copy_(1, p, k); c"),
+    ("aten.scatter.value", "t=torch.randint(0,7,(4,)); torch.zeros(4,7).scatter(1, t[:, None], 1.0)"),
+    ("aten.scatter_add.default", X + "t=torch.randint(0,5,(4,6)); torch.zeros(5,6).scatter_add(0, t, x)"),
+    ("aten.scatter.src",  # repeated ids: the last write wins, as torch's CPU kernel
+     X + "t=torch.tensor([[0,0,1,4,2,2]]).expand(4,6); torch.ones(4,5).scatter(1, t[:, :4], x[:, :4])"),
     # reads by index tensors
     ("aten.embedding.default", "ids=torch.randint(0,10,(3,5)); e=nn.Embedding(10,6); e(ids) * 2"),
     ("aten.index_select.default", X + "i=torch.tensor([3,0,5,5]); torch.index_select(x, 1, i)"),
@@ -333,6 +347,22 @@ def test_advanced_indexing_and_resampling_run_right_in_the_simulator(dtype):
     code = (f"x=torch.randn(2,3,6,7,dtype=torch.{dtype}); i=torch.tensor([0,5,-1]); j=torch.tensor([[6],[0]]); "
             "(x[:, :, i, j] * 2, F.unfold(x, 3, padding=1, stride=2), F.interpolate(x, scale_factor=2), "
             "F.interpolate(x, size=(9, 10), mode='bilinear'))")
+    program = emmy.optimize(code, target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_writes_into_part_of_a_tensor_run_right_in_the_simulator(dtype):
+    """Slice and select assignment, x[mask] = v, a KV cache written at positions (repeats: the last
+    write wins), scatter_add and a one-hot, compiled to CUDA (ASan on)."""
+    from emmy.runtime import check_program
+
+    code = (f"x=torch.randn(6,10,dtype=torch.{dtype}); k=torch.randn(3,10,dtype=torch.{dtype}); "
+            "p=torch.tensor([5,0,5]); t=torch.randint(0,10,(6,4)); "
+            "z = x.clone(); z[:, 2:8:2] = k[0, :3]; z[z < -1] = 0; z[3] = 2.0; "
+            "c = torch.zeros(8, 10, dtype=x.dtype); c[p] = k; "
+            "(z, c, torch.zeros(6, 10, dtype=x.dtype).scatter_add(1, t, x[:, :4]), "
+            "torch.zeros(6, 10, dtype=x.dtype).scatter(1, t, 1.0))")
     program = emmy.optimize(code, target="sm_90")
     assert all(c.ok for c in check_program(program, mode="asan"))
 

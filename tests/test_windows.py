@@ -82,9 +82,18 @@ def test_windowed_ops_run_right_in_the_simulator(name, code):
     assert all(c.ok for c in check_program(program, mode="asan"))
 
 
+@pytest.mark.parametrize("code", ["x=torch.randn(1,2,8,8); c=nn.Conv2d(2,2,3,padding=1,padding_mode='circular'); c(x)",
+                                  "x=torch.randn(2,3,7,5); F.pad(x, (2, 1, 3, 2), mode='circular') * 2"])
+def test_circular_padding_runs_right_in_the_simulator(code):
+    # traced to an uninitialised buffer filled by slice copies (empty, copy, slice_scatter): refused
+    # before; torch's float64 reference widens the buffer it makes too
+    from emmy.runtime import check_program
+
+    program = emmy.optimize(code, target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
 @pytest.mark.parametrize("code,message", [
-    # circular padding is traced to an uninitialised buffer filled by copies: not taken, said in one line
-    ("x=torch.randn(1,2,8,8); c=nn.Conv2d(2,2,3,padding=1,padding_mode='circular'); c(x)", "line 1"),
     ("x=torch.randn(1,2,8,8); c=nn.Conv2d(2,2,4,stride=2,padding='same'); c(x)", "padding='same'"),
 ])
 def test_bad_convolution_arguments_are_one_clear_line(code, message):

@@ -7,12 +7,16 @@ ExportedProgram, or the ATen graph torch.compile hands a backend (emmy.capture.a
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from dataclasses import dataclass
 
 from emmy.capture.outputs import OutputStructure
 from emmy.capture.source import Source
 from emmy.errors import EmmyError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,8 +76,10 @@ def capture(graph, *example_inputs) -> Captured:
     example_inputs = tuple(_map_leaves(scalar_tensor, v) for v in example_inputs)
     _check_inputs(flat_inputs(example_inputs))
     if isinstance(graph, torch.nn.Module):
-        module = graph.eval()
-    elif callable(graph):
+        with _in_eval_mode(graph):
+            program = _export(graph, tuple(example_inputs), Source())
+        return Captured(exporting.decompose(program), Source(), tuple(example_inputs))
+    if callable(graph):
         # staticmethod keeps the function's own signature, so inputs keep their names.
         module = type("FunctionProgram", (torch.nn.Module,), {"forward": staticmethod(graph)})()
     else:
@@ -83,6 +89,33 @@ def capture(graph, *example_inputs) -> Captured:
         )
     program = _export(module, tuple(example_inputs), Source())
     return Captured(exporting.decompose(program), Source(), tuple(example_inputs))
+
+
+@contextlib.contextmanager
+def _in_eval_mode(module):
+    """emmy compiles for inference: the module is captured in eval mode (dropout off, batch norm by
+    its running statistics), saying so once if it was training, and left as the caller had it."""
+    training = {m: m.training for m in module.modules()}
+    if any(mode and _differs_in_training(m) for m, mode in training.items()):
+        logger.warning("emmy compiles %s for inference: it is in training mode, so it is captured as in "
+                       "eval mode (dropout off, batch norm by running statistics); call .eval() first to "
+                       "say so", type(module).__name__)
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, mode in training.items():
+            m.training = mode
+
+
+def _differs_in_training(module) -> bool:
+    """Whether torch's module computes differently in training mode: dropout, batch (and instance)
+    norm's batch statistics, RReLU's random slopes, attention's dropout."""
+    import torch
+
+    nn = torch.nn
+    return isinstance(module, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase, nn.RReLU)) or \
+        (isinstance(module, nn.MultiheadAttention) and module.dropout > 0)
 
 
 def _stored_inputs(program) -> tuple | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Importing the op modules fills the registry.
-from emmy.decompose import elementwise, indexing, layout, linalg, nn, reductions, windows  # noqa: F401
+from emmy.decompose import elementwise, indexing, layout, linalg, nn, reductions, scatter, windows  # noqa: F401
 from emmy.decompose.registry import LOWERINGS, Context
 from emmy.dtypes import from_torch, to_numpy
 from emmy.errors import EmmyError, UnsupportedOpError

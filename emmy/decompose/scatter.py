@@ -1,0 +1,144 @@
+"""Writes into part of a tensor, as functionalized graphs spell them: `y[:, 2:8] = x` is a
+slice_scatter of a copy (`y[:, 0] = 1` torch itself spells as a where), `y[mask] = 0` an index_put
+by a bool mask, a KV cache's `index_copy_` an index_put by ids, a one-hot a scatter. Each is read back as a gather: every output element is the written
+value where its coordinates were written (a guard on the position, or the mask), else the old one.
+"""
+
+from __future__ import annotations
+
+from emmy.affine import Affine, Guard
+from emmy.decompose.registry import Context, lowers
+from emmy.dtypes import DType
+from emmy.errors import UnsupportedOpError
+
+
+@lowers("aten.copy.default")
+def copy(ctx: Context, dst, src, non_blocking=False):
+    """dst's shape and dtype, src's values (broadcast)."""
+    out = ctx.out_type()
+    return ctx.tensor(src, out.dtype, out.shape)
+
+
+@lowers("aten.slice_scatter.default")
+def slice_scatter(ctx: Context, x, src, dim=0, start=None, end=None, step=1):
+    """x with x[.., start:end:step, ..] = src."""
+    b = ctx.b
+    shape = b.shape(x)
+    dim %= len(shape)
+    start, end, step = slice(start, end, step).indices(shape[dim])
+    count = b.shape(src)[dim]
+    d = Affine.dim(dim)
+    written = [Guard(d, start, start + (count - 1) * step + 1)]
+    if step > 1:
+        written.append(Guard((d - start).mod(step, shape), None, 1))
+    index = [Affine.dim(k) if k != dim else (d - start).floordiv(step, shape) for k in range(len(shape))]
+    return _written_over(ctx, x, src, index, written)
+
+
+def _written_over(ctx: Context, x, src, index, written: list[Guard]) -> str:
+    """x where the guards fail, src read at `index` where they hold."""
+    b = ctx.b
+    out = ctx.out_type()
+    value = b.index_map(ctx.tensor(src, out.dtype), out.shape, index, written, 0, suffix="written")
+    mask = b.index_map(b.const(True, DType.BOOL), out.shape, (), guards=written, fill=False, suffix="where_written")
+    return b.elementwise("where", mask, value, ctx.tensor(x, out.dtype), dtype=out.dtype, name=ctx.name)
+
+
+@lowers("aten.index_put.default")
+def index_put(ctx: Context, x, indices, values, accumulate=False):
+    """x[mask] = value for a bool mask over x's leading dimensions (one value), or x[.., ids, ..] =
+    values along one dimension by an integer tensor of ids (index_copy_, a KV cache written at
+    positions): where ids repeat, the last write wins (as torch does on the CPU), or all add up
+    with accumulate."""
+    b = ctx.b
+    out = ctx.out_type()
+    given = [(k, t) for k, t in enumerate(indices) if t is not None]
+    if len(given) != 1:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: writing through {len(given)} index tensors at "
+                                 "once (emmy writes through one: x[mask] = v, x[ids] = v)")
+    (dim, ids), = given
+    if b.dtype(ids) is DType.BOOL:
+        return _masked_put(ctx, x, ids, values, accumulate)
+    if len(b.shape(ids)) != 1:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: writing by ids of shape {list(b.shape(ids))} "
+                                 "(emmy writes by a 1-D tensor of ids)")
+    shape = out.shape
+    rank = len(shape)
+    count = b.shape(ids)[0]
+    full = (*shape, count)
+    k = Affine.dim(rank)
+    ids_full = b.index_map(ctx.tensor(ids, DType.I64), full, [k], suffix="ids")
+    ids_full = b.elementwise("remainder", ids_full, shape[dim], dtype=DType.I64, suffix="wrapped")  # -1: the last
+    written = (*shape[:dim], count, *shape[dim + 1:])
+    at = [Affine.dim(a) if a != dim else k for a in range(rank)]
+    values_full = b.index_map(ctx.tensor(values, out.dtype, written), full, at, suffix="values")
+    return _scattered(ctx, x, dim, ids_full, values_full, accumulate)
+
+
+def _masked_put(ctx: Context, x, mask, values, accumulate: bool) -> str:
+    b = ctx.b
+    out = ctx.out_type()
+    if b.type(values).numel != 1:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: x[mask] = a tensor of {b.type(values).numel} "
+                                 "values (emmy writes one value where a mask holds)")
+    mask_shape = b.shape(mask)
+    padded = b.reshape(mask, (*mask_shape, *([1] * (len(out.shape) - len(mask_shape)))), suffix="mask")
+    where = ctx.tensor(padded, DType.BOOL, out.shape)
+    value = ctx.tensor(b.reshape(values, ()), out.dtype, out.shape)
+    old = ctx.tensor(x, out.dtype)
+    if accumulate:
+        value = b.elementwise("add", old, value, suffix="accumulated")
+    return b.elementwise("where", where, value, old, dtype=out.dtype, name=ctx.name)
+
+
+@lowers("aten.scatter.value", "aten.scatter_add.default", "aten.scatter.src")
+def scatter(ctx: Context, x, dim, index, src):
+    """Along `dim`, index[.., k, ..] = j writes src[.., k, ..] (or the one value) to out[.., j, ..]:
+    added (scatter_add), else the last write wins. Index's other dimensions must be x's."""
+    b = ctx.b
+    out = ctx.out_type()
+    shape = out.shape
+    rank = len(shape)
+    dim %= rank
+    index_shape = b.shape(index)
+    if any(n != s for a, (n, s) in enumerate(zip(index_shape, shape)) if a != dim):
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: index of shape {list(index_shape)} over "
+                                 f"{list(shape)}: emmy scatters where index spans every other dimension")
+    full = (*shape, index_shape[dim])
+    k = Affine.dim(rank)
+    at = [Affine.dim(a) if a != dim else k for a in range(rank)]
+    ids_full = b.index_map(ctx.tensor(index, DType.I64), full, at, suffix="ids")
+    if isinstance(src, str):  # src has x's rank, at least index's extents: read where index is
+        values_full = b.index_map(ctx.tensor(src, out.dtype), full, at, suffix="values")
+    else:
+        values_full = b.fill(src, full, out.dtype)
+    return _scattered(ctx, x, dim, ids_full, values_full, "scatter_add" in str(ctx.node.target))
+
+
+def _scattered(ctx: Context, x, dim: int, ids_full: str, values_full: str, adding: bool) -> str:
+    """x with writes read back as gathers over the writes' axis k (the last of `ids_full`'s and
+    `values_full`'s): entry k targets position ids_full[.., k] along `dim`."""
+    b = ctx.b
+    out = ctx.out_type()
+    shape = out.shape
+    rank = len(shape)
+    full = b.shape(ids_full)
+    here = b.index_map(ctx.constant(_arange(shape[dim]), DType.I64), full, [Affine.dim(dim)], suffix="positions")
+    hits = b.elementwise("equal", ids_full, here, dtype=DType.BOOL, suffix="hits")
+    old = ctx.tensor(x, out.dtype)
+    if adding:
+        added = b.reduce_axes("sum", b.elementwise("where", hits, values_full, 0, dtype=out.dtype), [rank], False)
+        return b.elementwise("add", old, added, name=ctx.name)
+    # the last write to each position: the largest k that hits it (-1: none), and its value
+    order = b.index_map(ctx.constant(_arange(full[-1]), DType.I64), full, [Affine.dim(rank)], suffix="order")
+    last = b.reduce_axes("max", b.elementwise("where", hits, order, -1, dtype=DType.I64), [rank], True)
+    chosen = b.elementwise("equal", order, ctx.tensor(last, DType.I64, full), dtype=DType.BOOL, suffix="chosen")
+    value = b.reduce_axes("sum", b.elementwise("where", chosen, values_full, 0, dtype=out.dtype), [rank], False)
+    hit = b.elementwise("greater_equal", b.reshape(last, shape), 0, dtype=DType.BOOL, suffix="hit")
+    return b.elementwise("where", hit, value, old, dtype=out.dtype, name=ctx.name)
+
+
+def _arange(n: int):
+    import numpy as np
+
+    return np.arange(n)
