@@ -192,6 +192,9 @@ CASES = [
     ("aten.remainder.Tensor", X + "torch.remainder(x * 10, y)"),
     ("aten.fmod.Tensor", I + "torch.fmod(a, b - 4 + (b == 4).long())"),
     ("aten.fmod.Scalar", X + "torch.fmod(x * 10, 1.5)"),
+    ("aten.bitwise_and.Scalar", I + "(a & 6) - (b | 1) + (a ^ b) + ~a"),
+    ("aten.bitwise_xor.Tensor", "a=torch.randint(-20,20,(5,6),dtype=torch.int32); b=a * 3; (a & b) ^ b"),
+    ("aten.bitwise_or.Scalar", X + "((x > 0) | True) & (y > 0)"),
     ("aten.any.dim", X + "(x > 1).any(-1)"),
     ("aten.any.default", X + "torch.any(x > 1.5).float() + y"),
     ("aten.any.dim", X + "(x > -1).all(0, keepdim=True) & (y > 0)"),  # all is not any of not
@@ -304,7 +307,8 @@ def test_rounding_division_and_boolean_folds_run_right_in_the_simulator(dtype):
 
     if dtype.startswith("int"):
         make = f"x=torch.randint(-50,50,(6,33),dtype=torch.{dtype}); d=torch.randint(-4,5,(6,33),dtype=torch.{dtype}); "
-        divided = "d = torch.where(d == 0, 3, d); (x // d, x % d, torch.fmod(x, d), x // -1, torch.div(x, d, rounding_mode='trunc'), "
+        divided = ("d = torch.where(d == 0, 3, d); (x // d, x % d, torch.fmod(x, d), x // -1, "
+                   "torch.div(x, d, rounding_mode='trunc'), (x & 12) ^ ~d | 1, ")
     else:
         make = f"x=torch.randn(6,33,dtype=torch.{dtype}) * 8; d=torch.randn(6,33,dtype=torch.{dtype}) + 3; "
         divided = "(x // d, x % d, torch.fmod(x, d), torch.round(x), torch.floor(x) + torch.ceil(x) + torch.sign(x), "

@@ -274,26 +274,30 @@ _LOGICAL = {"logical_and": "logical_and", "logical_or": "logical_or", "logical_x
             "bitwise_and": "logical_and", "bitwise_or": "logical_or", "bitwise_xor": "logical_xor"}
 
 
-def _bool_only(ctx: Context) -> None:
-    # On bools, bitwise ops are logical ops; on integers they are bit twiddling emmy does not do.
-    if "bitwise" in str(ctx.node.target) and ctx.out_type().dtype is not DType.BOOL:
-        raise UnsupportedOpError(f"unsupported op {ctx.where}: bitwise ops on integers")
+def _on_integers(ctx: Context) -> bool:
+    """On bools, bitwise ops are logical ops; on integers they twiddle bits."""
+    return "bitwise" in str(ctx.node.target) and ctx.out_type().dtype in (DType.I64, DType.I32)
 
 
 @lowers("aten.logical_and.default", "aten.logical_or.default", "aten.logical_xor.default", "aten.bitwise_and.Tensor",
-        "aten.bitwise_or.Tensor", "aten.bitwise_xor.Tensor")
+        "aten.bitwise_or.Tensor", "aten.bitwise_xor.Tensor", "aten.bitwise_and.Scalar", "aten.bitwise_or.Scalar",
+        "aten.bitwise_xor.Scalar")
 def logical_binary(ctx: Context, a, b):
-    _bool_only(ctx)
     out = ctx.out_type()
+    if _on_integers(ctx):
+        return _arith(ctx, str(ctx.node.target).split(".")[1], a, b)
+    if out.dtype is not DType.BOOL:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: bitwise ops on {out.dtype}")
     x = ctx.tensor(a, DType.BOOL, out.shape)
-    y = ctx.tensor(b, DType.BOOL, out.shape)
+    y = ctx.operand(b if isinstance(b, str) else bool(b), DType.BOOL, out.shape)  # a Scalar overload's number
     op = _LOGICAL[str(ctx.node.target).split(".")[1]]
     return ctx.b.elementwise(op, x, y, dtype=DType.BOOL, name=ctx.name)
 
 
 @lowers("aten.logical_not.default", "aten.bitwise_not.default")
 def logical_not(ctx: Context, a):
-    _bool_only(ctx)
+    if _on_integers(ctx):
+        return _arith(ctx, "bitwise_not", a)
     return ctx.b.elementwise("logical_not", ctx.tensor(a, DType.BOOL), dtype=DType.BOOL, name=ctx.name)
 
 

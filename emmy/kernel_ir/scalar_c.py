@@ -34,7 +34,8 @@ _BINARY = {"add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * 
            "floor_divide": "emmy::floor_divide({0}, {1})", "trunc_divide": "emmy::trunc_divide({0}, {1})",
            "remainder": "emmy::remainder({0}, {1})", "fmod": "emmy::fmod({0}, {1})",
            "atan2": "atan2f({0}, {1})", "hypot": "hypotf({0}, {1})", "copysign": "copysignf({0}, {1})",
-           "logical_xor": "({0} != {1})"}
+           "logical_xor": "({0} != {1})", "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})",
+           "bitwise_xor": "({0} ^ {1})"}
 _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "rescale_exp": "emmy::rescale_exp({0})",
           "log": "logf({0})", "sqrt": "sqrtf({0})",
           "rsqrt": "rsqrtf({0})", "reciprocal": "(1.0f / {0})", "sigmoid": "(1.0f / (1.0f + expf(-{0})))",
@@ -43,7 +44,7 @@ _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "rescal
           "log2": "log2f({0})", "log10": "log10f({0})", "exp2": "exp2f({0})", "tan": "tanf({0})",
           "atan": "atanf({0})", "asin": "asinf({0})", "acos": "acosf({0})", "sinh": "sinhf({0})",
           "cosh": "coshf({0})", "asinh": "asinhf({0})", "acosh": "acoshf({0})", "atanh": "atanhf({0})",
-          "erfc": "erfcf({0})", "lgamma": "lgammaf({0})", "isinf": "isinf({0})", "signbit": "signbit({0})",
+          "erfc": "erfcf({0})", "lgamma": "lgammaf({0})", "isinf": "isinf({0})", "bitwise_not": "(~{0})", "signbit": "signbit({0})",
           "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "round": "rintf({0})",
           "max_key_position": "emmy::max_key_position({0})", "min_key_position": "emmy::min_key_position({0})"}
 

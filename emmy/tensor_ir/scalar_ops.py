@@ -163,6 +163,11 @@ _TABLE = [
     ScalarOp("atan2", 2, "arith", np.arctan2),
     ScalarOp("hypot", 2, "arith", np.hypot),
     ScalarOp("copysign", 2, "arith", np.copysign),
+    # bit twiddling of integers (bools take the logical ops)
+    ScalarOp("bitwise_and", 2, "arith", np.bitwise_and),
+    ScalarOp("bitwise_or", 2, "arith", np.bitwise_or),
+    ScalarOp("bitwise_xor", 2, "arith", np.bitwise_xor),
+    ScalarOp("bitwise_not", 1, "arith", np.invert),
     ScalarOp("floor", 1, "arith", np.floor),
     ScalarOp("ceil", 1, "arith", np.ceil),
     ScalarOp("trunc", 1, "arith", np.trunc),
