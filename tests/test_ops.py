@@ -239,6 +239,15 @@ CASES = [
     ("aten.index.Tensor", "x=torch.randn(1,2,4,5); F.interpolate(x, size=(8, 13), mode='bilinear', align_corners=True)"),
     ("aten.index.Tensor", "x=torch.randn(1,2,4,5); F.interpolate(x, scale_factor=2, mode='bicubic')"),
     ("aten.index.Tensor", "x=torch.randn(1,2,3,4,5); F.interpolate(x, scale_factor=2, mode='trilinear')"),
+    # bags of embeddings: equal bags (2-D ids), bags by offsets (an empty one), weights, padding
+    ("aten._embedding_bag.default", "i=torch.randint(0,50,(4,6)); e=nn.EmbeddingBag(50, 8, mode='mean'); e(i)"),
+    ("aten._embedding_bag_forward_only.default", "i=torch.randint(0,30,(10,)); o=torch.tensor([0,3,3,7]); w=torch.randn(30,8); "
+                                    "F.embedding_bag(i, w, o, mode='max')"),
+    ("aten._embedding_bag_forward_only.default", "i=torch.randint(0,30,(10,)); o=torch.tensor([0,4,5,10]); "
+                                    "p=torch.rand(10); w=torch.randn(30,8); F.embedding_bag(i, w, o, mode='sum', per_sample_weights=p, "
+                                    "include_last_offset=True)"),
+    ("aten._embedding_bag_forward_only.default", "i=torch.tensor([[0,1,2],[0,0,0],[3,0,4]]); w=torch.randn(30,8); "
+                                    "F.embedding_bag(i, w, mode='mean', padding_idx=0)"),
     # dtype casts
     ("aten._to_copy.default", X + "x.half()"),
     ("aten._to_copy.default", X + "x.to(torch.bfloat16)"),
@@ -367,6 +376,17 @@ def test_writes_into_part_of_a_tensor_run_right_in_the_simulator(dtype):
             "c = torch.zeros(8, 10, dtype=x.dtype); c[p] = k; "
             "(z, c, torch.zeros(6, 10, dtype=x.dtype).scatter_add(1, t, x[:, :4]), "
             "torch.zeros(6, 10, dtype=x.dtype).scatter(1, t, 1.0))")
+    program = emmy.optimize(code, target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_bags_of_embeddings_run_right_in_the_simulator(mode):
+    """EmbeddingBag by offsets (bags of 3, 0, 4 and 3 entries), compiled to CUDA (ASan on)."""
+    from emmy.runtime import check_program
+
+    code = (f"i=torch.randint(0,40,(10,)); o=torch.tensor([0,3,3,7]); w=torch.randn(40,16); "
+            f"F.embedding_bag(i, w, o, mode='{mode}') * 2")
     program = emmy.optimize(code, target="sm_90")
     assert all(c.ok for c in check_program(program, mode="asan"))
 

@@ -9,7 +9,9 @@ named.
 
 from __future__ import annotations
 
-from emmy.affine import Affine, Gathered, gathered_buffers
+import operator
+
+from emmy.affine import Affine, Gathered, Guard, gathered_buffers
 from emmy.decompose.registry import Context, lowers
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
@@ -143,3 +145,59 @@ def index(ctx: Context, x, indices):
         picked[k] = _gathered(ctx, ids, at, shape[k], out, "indices", wrap=True)
     index = [picked[k] if k in picked else Affine.dim(place[k]) for k in range(len(shape))]
     return ctx.b.index_map(x, out, index, name=ctx.name)
+
+
+@lowers("aten._embedding_bag_forward_only.default", "aten._embedding_bag.default")
+def embedding_bag(ctx: Context, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """out[b] = the sum, mean or max of weight[ids[n]] over bag b's entries n, offsets[b] <= n <
+    offsets[b + 1] (the last bag to the end): a (bags x entries) mask read from the offsets, so
+    bags may be any size (a 2-D input's are equal; its offsets are an arange). Empty bags give 0,
+    as torch's do; entries equal to padding_idx are left out. Only the result is computed: a graph
+    reading the bag bookkeeping torch also returns is refused."""
+    import numpy as np
+
+    b = ctx.b
+    readers = list(ctx.node.users)
+    if any(user.target is not operator.getitem or user.args[1] != 0 for user in readers):
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: the program reads embedding_bag's bag bookkeeping "
+                                 "(offset2bag, bag sizes, max indices); emmy computes its result only")
+    out = ctx.out_type(0)
+    (count,) = b.shape(indices)
+    rows_count, width = b.shape(weight)
+    bags = b.shape(offsets)[0] - (1 if include_last_offset else 0)
+    acc = out.dtype.accumulator
+    n = Affine.dim(1)
+    rows = b.index_map(weight, (count, width), [_gathered(ctx, indices, [Affine.dim(0)], rows_count, (count, width),
+                                                          "embedding_bag ids"), Affine.dim(1)], suffix="rows")
+    rows = ctx.tensor(rows, acc)
+    if per_sample_weights is not None:
+        scale = b.index_map(ctx.tensor(per_sample_weights, acc), (count, width), [Affine.dim(0)], suffix="scale")
+        rows = b.elementwise("multiply", rows, scale, suffix="weighted")
+    edges = ctx.tensor(offsets, DType.I64)
+    start = b.index_map(edges, (bags, count), [Affine.dim(0)], suffix="starts")
+    after = Affine.dim(0) + 1
+    end = b.index_map(edges, (bags, count), [after], guards=[Guard(after, None, b.shape(offsets)[0])], fill=count,
+                      suffix="ends")
+    position = b.index_map(ctx.constant(np.arange(count), DType.I64), (bags, count), [n], suffix="entries")
+    inside = b.elementwise("logical_and", b.elementwise("greater_equal", position, start, dtype=DType.BOOL),
+                           b.elementwise("less", position, end, dtype=DType.BOOL), dtype=DType.BOOL, suffix="in_bag")
+    if padding_idx is not None and padding_idx >= 0:
+        ids = b.index_map(ctx.tensor(indices, DType.I64), (bags, count), [n], suffix="ids")
+        kept = b.elementwise("not_equal", ids, int(padding_idx), dtype=DType.BOOL, suffix="kept")
+        inside = b.elementwise("logical_and", inside, kept, dtype=DType.BOOL, suffix="counted")
+    full = (bags, count, width)
+    mask = b.index_map(inside, full, [Affine.dim(0), Affine.dim(1)], suffix="mask")
+    values = b.index_map(rows, full, [Affine.dim(1), Affine.dim(2)], suffix="values")
+    sizes = b.reduce_axes("sum", b.cast(inside, acc), [1], True)  # (bags, 1)
+    if mode == 2:
+        folded = b.reduce_axes("max", b.elementwise("where", mask, values, float("-inf"), dtype=acc), [1], False)
+        empty = b.elementwise("equal", ctx.tensor(sizes, acc, (bags, width)), 0.0, dtype=DType.BOOL, suffix="empty")
+        result = b.elementwise("where", empty, 0.0, folded, dtype=acc, suffix="max")
+    else:
+        result = b.reduce_axes("sum", b.elementwise("where", mask, values, 0.0, dtype=acc), [1], False)
+        if mode == 1:
+            divisor = b.elementwise("maximum", ctx.tensor(sizes, acc, (bags, width)), 1.0, suffix="bag_size")
+            result = b.elementwise("divide", result, divisor, suffix="mean")
+    first = b.cast(result, out.dtype)
+    return (first, None, None, None)

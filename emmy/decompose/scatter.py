@@ -1,7 +1,8 @@
 """Writes into part of a tensor, as functionalized graphs spell them: `y[:, 2:8] = x` is a
 slice_scatter of a copy (`y[:, 0] = 1` torch itself spells as a where), `y[mask] = 0` an index_put
-by a bool mask, a KV cache's `index_copy_` an index_put by ids, a one-hot a scatter. Each is read back as a gather: every output element is the written
-value where its coordinates were written (a guard on the position, or the mask), else the old one.
+by a bool mask, a KV cache's `index_copy_` an index_put by ids, a one-hot a scatter. Each is read
+back as a gather: every output element is the written value where its coordinates were written (a
+guard on the position, the mask, or the ids that hit it), else the old one.
 """
 
 from __future__ import annotations
