@@ -163,6 +163,22 @@ def _wide_global_loads(kernel) -> bool:
     return any(v.width * v.dtype.itemsize == 16 for v in vectors)
 
 
+@pytest.mark.parametrize("code", [
+    "x=torch.randint(-50,50,(6,33)); d=torch.randint(1,5,(6,33),dtype=torch.int32); "
+    "(x // d, x % d, torch.fmod(x, d), torch.div(x, d, rounding_mode='trunc'), (x & 12) ^ ~x, "
+    "d // 3, d % -3, torch.fmod(d, 2))",
+    "x=torch.randn(3,40,dtype=torch.float16); y=torch.randn(3,40); (x // 0.3, x % 0.3, torch.round(x) + torch.sign(x), "
+    "torch.lgamma(y.abs() + 0.2) + torch.atan2(y, y * 2) + torch.hypot(y, y) + torch.exp2(y) + torch.special.erfc(y), "
+    "torch.isinf(y) ^ torch.signbit(y), torch.copysign(y, -y))",
+])
+def test_the_runtime_header_s_division_and_the_math_library_build_for_every_target(cache, code):
+    """emmy_rt.cuh's floor_divide, remainder and fmod overloads (float, long long, int) and the CUDA
+    math functions the simulator's host build also names, built by nvcc without spills."""
+    for target in ("sm_80", "sm_90", "sm_120"):
+        cubin = build_cubin(emmy.optimize(code, target=target).cuda_source, target, cache)
+        assert cubin.resources and not any(r.spills for r in cubin.resources.values())
+
+
 def test_gathered_positions_are_32_bit_indices_that_do_not_spill(cache):
     """An embedding row read per output, eight outputs a thread (lm_step's loss kernel at TILE=f8): with
     64-bit positions from the index tensor, sm_120's ptxas spilled this kernel; positions are ints, as

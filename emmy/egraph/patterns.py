@@ -333,9 +333,10 @@ def role_choices(role: str, dtypes: tuple[str, ...]) -> list:
     if role == "dtype":
         return list(dtypes)
     if role == "unary_op":
-        return [op.name for op in SCALAR_OPS.values() if op.arity == 1 and op.kind == "arith"]
+        return [op.name for op in SCALAR_OPS.values() if op.arity == 1 and op.kind == "arith" and op.on_floats]
     if role == "binary_op":
-        return [op.name for op in SCALAR_OPS.values() if op.arity == 2 and op.kind in ("arith", "compare")]
+        return [op.name for op in SCALAR_OPS.values()
+                if op.arity == 2 and op.kind in ("arith", "compare") and op.on_floats]
     if role == "monoid":
         return ["sum", "prod", "max", "min"]
     if role == "axis":

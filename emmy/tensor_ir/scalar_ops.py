@@ -25,6 +25,7 @@ class ScalarOp:
     kind: str  # "arith" (float math), "compare" (-> bool), "logic" (bool -> bool), "select", "cast",
     # "index" (arg-reduction keys, -> int64)
     apply: Callable[..., np.ndarray]
+    on_floats: bool = True  # False: integers only (bit twiddling), never tried on floats by the rule checks
 
 
 def _sigmoid(x):
@@ -164,10 +165,10 @@ _TABLE = [
     ScalarOp("hypot", 2, "arith", np.hypot),
     ScalarOp("copysign", 2, "arith", np.copysign),
     # bit twiddling of integers (bools take the logical ops)
-    ScalarOp("bitwise_and", 2, "arith", np.bitwise_and),
-    ScalarOp("bitwise_or", 2, "arith", np.bitwise_or),
-    ScalarOp("bitwise_xor", 2, "arith", np.bitwise_xor),
-    ScalarOp("bitwise_not", 1, "arith", np.invert),
+    ScalarOp("bitwise_and", 2, "arith", np.bitwise_and, on_floats=False),
+    ScalarOp("bitwise_or", 2, "arith", np.bitwise_or, on_floats=False),
+    ScalarOp("bitwise_xor", 2, "arith", np.bitwise_xor, on_floats=False),
+    ScalarOp("bitwise_not", 1, "arith", np.invert, on_floats=False),
     ScalarOp("floor", 1, "arith", np.floor),
     ScalarOp("ceil", 1, "arith", np.ceil),
     ScalarOp("trunc", 1, "arith", np.trunc),
