@@ -211,6 +211,8 @@ CASES = [
     ("aten.copy.default", X + "z = x.clone(); z[1:3] = y[0]; z"),
     ("aten.index_put.default", X + "z = x.clone(); z[z < 0] = 0.5; z"),
     ("aten.index_put.default", X + "z = x.clone(); z[y > 0] = 1.0; z"),
+    ("aten.index_put.default", "x=torch.randn(3,4,2); m=torch.tensor([True,False,True,False]); z=x.clone(); "
+                               "z[:, m] = 5.0; z"),  # a mask over a later dimension
     ("aten.index_put.default", "x=torch.randn(4,3); i=torch.tensor([0,2,2,-1]); z=torch.zeros(5,3); z[i] = x; z"),
     ("aten.index_put.default",
      "x=torch.randn(4,3); i=torch.tensor([0,2,2,4]); torch.zeros(5,3).index_put((i,), x, accumulate=True)"),

@@ -59,7 +59,7 @@ def index_put(ctx: Context, x, indices, values, accumulate=False):
                                  "once (emmy writes through one: x[mask] = v, x[ids] = v)")
     (dim, ids), = given
     if b.dtype(ids) is DType.BOOL:
-        return _masked_put(ctx, x, ids, values, accumulate)
+        return _masked_put(ctx, x, dim, ids, values, accumulate)
     if len(b.shape(ids)) != 1:
         raise UnsupportedOpError(f"unsupported op {ctx.where}: writing by ids of shape {list(b.shape(ids))} "
                                  "(emmy writes by a 1-D tensor of ids)")
@@ -76,14 +76,16 @@ def index_put(ctx: Context, x, indices, values, accumulate=False):
     return _scattered(ctx, x, dim, ids_full, values_full, accumulate)
 
 
-def _masked_put(ctx: Context, x, mask, values, accumulate: bool) -> str:
+def _masked_put(ctx: Context, x, dim: int, mask, values, accumulate: bool) -> str:
+    """x[.., mask, ..] = value, the mask over x's dimensions from `dim` on."""
     b = ctx.b
     out = ctx.out_type()
     if b.type(values).numel != 1:
         raise UnsupportedOpError(f"unsupported op {ctx.where}: x[mask] = a tensor of {b.type(values).numel} "
                                  "values (emmy writes one value where a mask holds)")
     mask_shape = b.shape(mask)
-    padded = b.reshape(mask, (*mask_shape, *([1] * (len(out.shape) - len(mask_shape)))), suffix="mask")
+    after = len(out.shape) - dim - len(mask_shape)
+    padded = b.reshape(mask, (*([1] * dim), *mask_shape, *([1] * after)), suffix="mask")
     where = ctx.tensor(padded, DType.BOOL, out.shape)
     value = ctx.tensor(b.reshape(values, ()), out.dtype, out.shape)
     old = ctx.tensor(x, out.dtype)
