@@ -5,6 +5,7 @@ stops producing that op, so a case cannot silently stop testing its op.
 """
 
 import pytest
+import torch
 
 import emmy
 from tests.conftest import check_against_torch
@@ -502,3 +503,54 @@ def test_blocked_scans_run_right_and_in_bounds_in_the_simulator(code):
     program = emmy.optimize(code, target="sm_90")
     assert any(n.name.endswith("chunk_total") for n in program.tensor_ir.nodes)
     assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+class _ComplexRotary(torch.nn.Module):
+    """Meta's Llama rotary embedding: queries as complex numbers times a complex64 buffer."""
+
+    def __init__(self):
+        super().__init__()
+        freqs = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+        angles = torch.outer(torch.arange(16).float(), freqs)
+        self.register_buffer("freqs_cis", torch.polar(torch.ones(16, 4), angles))
+
+    def forward(self, xq):
+        T = xq.shape[1]
+        pairs = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * self.freqs_cis[:T].view(1, T, 1, 4)).flatten(3).type_as(xq)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_complex_rotary_embeddings_run_right_in_the_simulator(dtype):
+    """complex64 as (.., 2) f32 pairs: a complex buffer, view_as_complex, products, view_as_real,
+    and torch.polar made in the program; compiled to CUDA (ASan on)."""
+    import torch
+
+    from emmy.runtime import check_program
+
+    x = torch.randn(2, 6, 3, 8, dtype=getattr(torch, dtype))
+    program = emmy.optimize(_ComplexRotary(), x, target="sm_90")
+    assert program.tensor_ir.weights[0].type.shape == (16, 4, 2)  # the buffer as its real pairs
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+    def computed(x, angles):
+        c = torch.polar(torch.ones_like(angles), angles)
+        xc = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * c + xc * 2.0 - xc).flatten(-2)
+
+    program = emmy.optimize(computed, torch.randn(2, 6, 8), torch.randn(6, 4), target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+def test_complex_ops_emmy_does_not_take_are_one_clear_error():
+    import torch
+
+    from emmy.errors import UnsupportedDtypeError, UnsupportedOpError
+
+    def magnitude(x):
+        return torch.view_as_complex(x).abs()
+
+    with pytest.raises(UnsupportedOpError, match="aten.abs.default on complex numbers"):
+        emmy.optimize(magnitude, torch.randn(4, 2))
+    with pytest.raises(UnsupportedDtypeError, match="a complex tensor"):
+        emmy.optimize(lambda x: torch.view_as_complex(x) * 2, torch.randn(4, 2))

@@ -7,6 +7,7 @@ and their values are kept beside the graph for the interpreter.
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from dataclasses import dataclass
@@ -15,9 +16,10 @@ import numpy as np
 
 # Importing the op modules fills the registry.
 from emmy.decompose import elementwise, indexing, layout, linalg, nn, reductions, scatter, windows  # noqa: F401
+from emmy.decompose.complex_pairs import is_complex, lower_complex
 from emmy.decompose.registry import LOWERINGS, Context
-from emmy.dtypes import from_torch, to_numpy
-from emmy.errors import EmmyError, UnsupportedOpError
+from emmy.dtypes import DType, from_torch, to_numpy
+from emmy.errors import EmmyError, UnsupportedDtypeError, UnsupportedOpError
 from emmy.tensor_ir.builder import GraphBuilder
 from emmy.tensor_ir.nodes import TensorGraph, TensorType
 
@@ -65,12 +67,21 @@ def to_tensor_ir(captured) -> TensorProgram:
     weights = _weight_values(program)
     weight_arrays: dict[str, np.ndarray] = {}
     outputs: list[str] = []
+    pairs: set[str] = set()
     for node in program.graph.nodes:
         if node.op == "placeholder":
             _refuse_empty(captured, node)
             val = node.meta["val"]
             builder.origin = ""
-            if node.name in weights:
+            if node.name in weights and is_complex(val):  # complex64 kept as its (.., 2) f32 pairs
+                target, tensor = weights[node.name]
+                if val.dtype != torch_complex64():
+                    raise UnsupportedDtypeError(f"unsupported dtype {val.dtype} (weight {target}); emmy takes "
+                                                "complex64 as pairs of f32")
+                name = builder.weight(_identifier(target), TensorType((*(int(s) for s in val.shape), 2), DType.F32))
+                weight_arrays[name], _ = to_numpy(view_as_real(tensor))
+                pairs.add(name)
+            elif node.name in weights:
                 target, tensor = weights[node.name]
                 where = f"weight {target}"
                 type_ = TensorType(tuple(int(s) for s in val.shape), from_torch(val.dtype, where))
@@ -81,12 +92,15 @@ def to_tensor_ir(captured) -> TensorProgram:
                 name = builder.input(node.name, type_)
             env[node.name] = name
         elif node.op == "call_function":
-            env[node.name] = _decompose_node(captured, builder, node, env, weight_arrays)
+            env[node.name] = _decompose_node(captured, builder, node, env, weight_arrays, pairs)
         elif node.op == "output":
             results = node.args[0]
             for r in results if isinstance(results, (list, tuple)) else [results]:
                 _refuse_empty(captured, r)
                 value = env[r.name]
+                if value in pairs:
+                    raise UnsupportedDtypeError(f"unsupported output of {_located(captured, r)}: a complex tensor "
+                                                "(return torch.view_as_real of it)")
                 if not isinstance(value, str):
                     raise UnsupportedOpError(f"unsupported output of {_located(captured, r)}: not a single tensor")
                 outputs.append(value)
@@ -136,13 +150,15 @@ def _resolve(value, env):
     return value
 
 
-def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict):
+def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict, pairs: set):
     if node.target is operator.getitem:
         source, index = node.args
         return env[source.name][index]
     key = str(node.target)
     where = _located(captured, node)
     fn = LOWERINGS.get(key)
+    if is_complex(node.meta.get("val")) or any(isinstance(a, str) and a in pairs for a in _flat_args(node, env)):
+        fn = functools.partial(lower_complex, key=key, pairs=pairs)
     if fn is None:
         raise UnsupportedOpError(f"unsupported op {where}: emmy has no decomposition for {key}")
     builder.origin = where
@@ -152,13 +168,36 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict)
                                                                              "memory_format", "non_blocking")}
     # Result dtypes come from the node's metadata, never from a dtype argument.
     kwargs.pop("dtype", None)
-    ctx = Context(builder, node, where, constants)
+    ctx = Context(builder, node, where, constants, pairs)
     try:
+        if isinstance(fn, functools.partial):  # a complex op: lower_complex(ctx, key, args, kwargs, pairs)
+            return fn(ctx, args=args, kwargs=kwargs)
         return fn(ctx, *args, **kwargs)
     except EmmyError:
         raise
     except TypeError as err:
         raise UnsupportedOpError(f"unsupported op {where}: unexpected arguments ({err})") from err
+
+
+def _flat_args(node, env) -> list:
+    values = []
+    for a in node.args:
+        for item in a if isinstance(a, (list, tuple)) else [a]:
+            if hasattr(item, "op") and hasattr(item, "name") and item.name in env:
+                values.append(env[item.name])
+    return values
+
+
+def torch_complex64():
+    import torch
+
+    return torch.complex64
+
+
+def view_as_real(tensor):
+    import torch
+
+    return torch.view_as_real(tensor.detach().resolve_conj())
 
 
 # FX names follow ATen's; a few are long enough to drown the printed IR.

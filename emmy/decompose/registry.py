@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from emmy.dtypes import DType, from_torch
@@ -31,6 +31,7 @@ class Context:
     node: object  # torch.fx.Node
     where: str  # "aten.mm.default at line 1: `x @ w`", for errors
     constants: dict | None = None  # weight name -> values: where a decomposition's constant tensors go
+    pairs: set = field(default_factory=set)  # names holding complex tensors as (.., 2) f32 pairs
 
     @property
     def name(self) -> str:

@@ -1,0 +1,153 @@
+"""complex64 as pairs of f32: a complex tensor of shape S is the real tensor of shape (*S, 2) that
+torch.view_as_real shows (real part, then imaginary), so view_as_complex and view_as_real are free
+and rotary embeddings written with complex numbers (Meta's Llama: xq as complex times freqs_cis)
+compile to the same arithmetic as their real spelling. Views, slices and products of complex
+tensors are taken; any other op on one is refused with the op named.
+"""
+
+from __future__ import annotations
+
+from emmy.affine import Affine, Guard
+from emmy.dtypes import DType
+from emmy.errors import UnsupportedOpError
+
+COMPLEX_OPS: dict = {}
+
+
+def complex_op(*names: str):
+    def register(fn):
+        for name in names:
+            COMPLEX_OPS[name] = fn
+        return fn
+
+    return register
+
+
+def is_complex(value) -> bool:
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and getattr(dtype, "is_complex", False)
+
+
+def lower_complex(ctx, key: str, args: list, kwargs: dict, pairs: set) -> object:
+    """Decompose an op that makes or reads a complex tensor; `pairs`: the builder names that hold
+    complex tensors as pairs (grown by what this op makes)."""
+    fn = COMPLEX_OPS.get(key)
+    if fn is None:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: {key} on complex numbers (emmy takes view_as_complex, "
+                                 "view_as_real, polar, views, slices and products of complex tensors)")
+    result = fn(ctx, *args, **kwargs)
+    if is_complex(ctx.node.meta.get("val")):
+        pairs.add(result)
+    return result
+
+
+def _shape(ctx) -> tuple[int, ...]:
+    """The complex result's shape with the pair axis."""
+    return (*(int(s) for s in ctx.node.meta["val"].shape), 2)
+
+
+@complex_op("aten.view_as_complex.default", "aten.view_as_real.default")
+def pairs_view(ctx, x):
+    """The same values under a name of its own: one is complex, the other real."""
+    shape = ctx.b.shape(x)
+    return ctx.b.index_map(x, shape, [Affine.dim(d) for d in range(len(shape))], name=ctx.name)
+
+
+@complex_op("aten.clone.default", "aten.alias.default", "aten._to_copy.default", "aten.contiguous.default")
+def same(ctx, x, *args, **kwargs):
+    return x
+
+
+@complex_op("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.unsqueeze.default",
+            "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default")
+def view(ctx, x, *args):
+    return ctx.b.reshape(x, _shape(ctx), name=ctx.name)
+
+
+@complex_op("aten.expand.default")
+def expand(ctx, x, *args, **kwargs):
+    return ctx.b.broadcast_to(x, _shape(ctx))
+
+
+@complex_op("aten.slice.Tensor")
+def slice_(ctx, x, dim=0, start=None, end=None, step=1):
+    return ctx.b.slice(x, dim % (len(ctx.b.shape(x)) - 1), start, end, step, name=ctx.name)
+
+
+@complex_op("aten.select.int")
+def select(ctx, x, dim, index):
+    return ctx.b.select(x, dim % (len(ctx.b.shape(x)) - 1), index, name=ctx.name)
+
+
+@complex_op("aten.permute.default")
+def permute(ctx, x, dims):
+    rank = len(ctx.b.shape(x)) - 1
+    return ctx.b.permute(x, [d % rank for d in dims] + [rank], name=ctx.name)
+
+
+@complex_op("aten.mul.Tensor", "aten.add.Tensor", "aten.sub.Tensor")
+def arithmetic(ctx, a, b, alpha=1):
+    """(a_re + i a_im) (b_re + i b_im) and sums; a real operand (a tensor or a number) is a complex
+    one with no imaginary part."""
+    op = str(ctx.node.target).split(".")[1]
+    shape = _shape(ctx)
+    if op != "mul" and alpha != 1:
+        b = _scaled(ctx, b, alpha)
+    parts_a, parts_b = _parts(ctx, a, shape), _parts(ctx, b, shape)
+    builder = ctx.b
+    if op in ("add", "sub"):
+        name = "add" if op == "add" else "subtract"
+        real = builder.elementwise(name, parts_a[0], parts_b[0], suffix="re")
+        imag = builder.elementwise(name, parts_a[1], parts_b[1], suffix="im") if (parts_a[1] or parts_b[1]) else None
+        return _pair(ctx, real, imag or builder.fill(0.0, shape[:-1], DType.F32), shape)
+    (ar, ai), (br, bi) = parts_a, parts_b
+    mul = lambda x, y: builder.elementwise("multiply", x, y)  # noqa: E731
+    if ai is None or bi is None:  # one side real: each part scales
+        scale, (re, im) = (ar, (br, bi)) if ai is None else (br, (ar, ai))
+        return _pair(ctx, mul(re, scale), mul(im, scale), shape)
+    real = builder.elementwise("subtract", mul(ar, br), mul(ai, bi), suffix="re")
+    imag = builder.elementwise("add", mul(ar, bi), mul(ai, br), suffix="im")
+    return _pair(ctx, real, imag, shape)
+
+
+@complex_op("aten.polar.default")
+def polar(ctx, magnitude, angle):
+    shape = _shape(ctx)
+    b = ctx.b
+    m = ctx.tensor(magnitude, DType.F32, shape[:-1])
+    t = ctx.tensor(angle, DType.F32, shape[:-1])
+    real = b.elementwise("multiply", m, b.elementwise("cos", t))
+    imag = b.elementwise("multiply", m, b.elementwise("sin", t))
+    return _pair(ctx, real, imag, shape)
+
+
+def _scaled(ctx, value, alpha):
+    return ctx.b.elementwise("multiply", value, float(alpha)) if isinstance(value, str) else value * alpha
+
+
+def _parts(ctx, value, shape) -> tuple:
+    """(real part, imaginary part or None) of an operand, broadcast to the result's shape."""
+    b = ctx.b
+    if not isinstance(value, str):  # a Python number
+        return b.fill(float(value), shape[:-1], DType.F32), None
+    if value not in ctx.pairs:
+        return ctx.tensor(value, DType.F32, shape[:-1]), None
+    rank = len(shape) - 1
+    full = b.broadcast_to(value, shape) if b.shape(value) != shape else value
+    parts = []
+    for k in (0, 1):
+        index = [Affine.dim(d) for d in range(rank)] + [Affine.constant(k)]
+        parts.append(b.index_map(full, shape[:-1], index, suffix="re" if k == 0 else "im"))
+    return tuple(parts)
+
+
+def _pair(ctx, real, imag, shape):
+    """The pair tensor (.., 2) of two real ones."""
+    b = ctx.b
+    rank = len(shape) - 1
+    spread = [Affine.dim(d) for d in range(rank)]
+    re = b.index_map(real, shape, spread, suffix="pair_re")
+    im = b.index_map(imag, shape, spread, suffix="pair_im")
+    first = b.index_map(b.const(True, DType.BOOL), shape, (), guards=[Guard(Affine.dim(rank), None, 1)], fill=False,
+                        suffix="is_re")
+    return b.elementwise("where", first, re, im, dtype=DType.F32, name=ctx.name)
