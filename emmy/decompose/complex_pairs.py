@@ -8,19 +8,12 @@ tensors are taken; any other op on one is refused with the op named.
 from __future__ import annotations
 
 from emmy.affine import Affine, Guard
+from emmy.decompose.registry import registrar
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
 
 COMPLEX_OPS: dict = {}
-
-
-def complex_op(*names: str):
-    def register(fn):
-        for name in names:
-            COMPLEX_OPS[name] = fn
-        return fn
-
-    return register
+complex_op = registrar(COMPLEX_OPS)  # the decomposition of an ATen overload on complex tensors
 
 
 def is_complex(value) -> bool:

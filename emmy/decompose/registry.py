@@ -12,15 +12,22 @@ from emmy.tensor_ir.nodes import TensorType
 LOWERINGS: dict[str, Callable] = {}
 
 
-def lowers(*names: str):
-    """Register a decomposition for ATen overloads such as "aten.add.Tensor"."""
+def registrar(table: dict):
+    """A decorator factory filling `table`: @registrar(table)("aten.x.y", ...) registers a function
+    for those ATen overloads."""
 
-    def register(fn):
-        for name in names:
-            LOWERINGS[name] = fn
-        return fn
+    def names_of(*names: str):
+        def register(fn):
+            for name in names:
+                table[name] = fn
+            return fn
 
-    return register
+        return register
+
+    return names_of
+
+
+lowers = registrar(LOWERINGS)  # a decomposition for ATen overloads such as "aten.add.Tensor"
 
 
 @dataclass
