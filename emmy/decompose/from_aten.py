@@ -7,7 +7,6 @@ and their values are kept beside the graph for the interpreter.
 
 from __future__ import annotations
 
-import functools
 import operator
 import re
 from dataclasses import dataclass
@@ -157,9 +156,9 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
     key = str(node.target)
     where = _located(captured, node)
     fn = LOWERINGS.get(key)
-    if is_complex(node.meta.get("val")) or any(isinstance(a, str) and a in pairs for a in _flat_args(node, env)):
-        fn = functools.partial(lower_complex, key=key, pairs=pairs)
-    if fn is None:
+    on_complex = is_complex(node.meta.get("val")) or any(isinstance(a, str) and a in pairs
+                                                         for a in _flat_args(node, env))
+    if fn is None and not on_complex:
         raise UnsupportedOpError(f"unsupported op {where}: emmy has no decomposition for {key}")
     builder.origin = where
     builder.base = builder.fresh(_short_stem(node.name))
@@ -170,8 +169,8 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
     kwargs.pop("dtype", None)
     ctx = Context(builder, node, where, constants, pairs)
     try:
-        if isinstance(fn, functools.partial):  # a complex op: lower_complex(ctx, key, args, kwargs, pairs)
-            return fn(ctx, args=args, kwargs=kwargs)
+        if on_complex:  # complex tensors as f32 pairs take their own table
+            return lower_complex(ctx, key, args, kwargs, pairs)
         return fn(ctx, *args, **kwargs)
     except EmmyError:
         raise
