@@ -259,6 +259,14 @@ CASES = [
 ]
 
 
+def _runs_right_in_the_simulator(code: str) -> None:
+    """`code` compiled for sm_90 and run in the simulator under ASan, every output within tolerance of torch."""
+    from emmy.runtime import check_program
+
+    program = emmy.optimize(code, target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
 @pytest.mark.parametrize("aten_op,code", CASES, ids=[f"{i}-{c[0].split('.')[1]}" for i, c in enumerate(CASES)])
 def test_decomposition_matches_torch(aten_op, code):
     program = emmy.optimize(code)
@@ -281,8 +289,6 @@ def test_interpreter_checks_more_than_the_example_inputs():
 def test_the_added_ops_run_right_in_the_simulator(dtype):
     """The math, activation, mask and norm ops above, compiled to CUDA and run in the simulator
     (ASan on), in f32 and the half types."""
-    from emmy.runtime import check_program
-
     code = (f"x=torch.randn(2,4,5,6,dtype=torch.{dtype}); w=torch.randn(4,dtype=torch.{dtype}); "
             "a = torch.cos(x) * torch.sin(x) + torch.log1p(x.abs()) - torch.expm1(x * 0.1); "
             "a = F.leaky_relu(a, 0.2) + F.elu(x) + F.hardtanh(x, -0.5, 0.5) + F.softplus(x) + F.selu(x); "
@@ -290,16 +296,13 @@ def test_the_added_ops_run_right_in_the_simulator(dtype):
             "a = F.group_norm(a, 2, w) + torch.linalg.vector_norm(x, dim=(-1, -2), keepdim=True); "
             "a = a + torch.var_mean(x, dim=(-1, -2), keepdim=True)[0]; "
             "torch.tril(a)")
-    program = emmy.optimize(code, target="sm_90")
-    assert all(c.ok for c in check_program(program, mode="asan"))
+    _runs_right_in_the_simulator(code)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_the_library_functions_run_right_in_the_simulator(dtype):
     """CUDA's math library (log2f, tanf, atan2f, hypotf, lgammaf, ...) and the float tests, compiled
     to CUDA (ASan on): the simulator's host build must name them as nvcc does."""
-    from emmy.runtime import check_program
-
     code = (f"x=torch.randn(3,40,dtype=torch.{dtype}); y=torch.randn(3,40,dtype=torch.{dtype}); "
             "(torch.log2(x.abs() + 0.5) + torch.log10(x.abs() + 0.5) + torch.exp2(y), "
             "torch.tan(x) + torch.atan(x) + torch.asin(x * 0.3) + torch.acos(y * 0.3), "
@@ -307,16 +310,13 @@ def test_the_library_functions_run_right_in_the_simulator(dtype):
             "torch.special.erfc(x) + torch.lgamma(x.abs() + 0.2) + torch.atan2(x, y) + torch.hypot(x, y), "
             "torch.copysign(x, y), torch.isinf(x / (y > 0).to(x.dtype)) ^ torch.signbit(y), torch.cdist(x, y), "
             "torch.diagonal(x[:, :3], 1) * 2)")
-    program = emmy.optimize(code, target="sm_90")
-    assert all(c.ok for c in check_program(program, mode="asan"))
+    _runs_right_in_the_simulator(code)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "int32"])
 def test_rounding_division_and_boolean_folds_run_right_in_the_simulator(dtype):
     """Floor and truncating division, remainder and fmod (of integers: C truncates, and by 0 or -1
     must not trap), rounding half to even, sign, any/all, roll and repeat, compiled to CUDA (ASan)."""
-    from emmy.runtime import check_program
-
     if dtype.startswith("int"):
         make = f"x=torch.randint(-50,50,(6,33),dtype=torch.{dtype}); d=torch.randint(-4,5,(6,33),dtype=torch.{dtype}); "
         divided = ("d = torch.where(d == 0, 3, d); (x // d, x % d, torch.fmod(x, d), x // -1, "
@@ -325,73 +325,57 @@ def test_rounding_division_and_boolean_folds_run_right_in_the_simulator(dtype):
         make = f"x=torch.randn(6,33,dtype=torch.{dtype}) * 8; d=torch.randn(6,33,dtype=torch.{dtype}) + 3; "
         divided = "(x // d, x % d, torch.fmod(x, d), torch.round(x), torch.floor(x) + torch.ceil(x) + torch.sign(x), "
     code = make + divided + "(x > 2).any(-1), (x > -40).all(0), torch.roll(x, (3, -5), (0, 1)), x.repeat(2, 1))"
-    program = emmy.optimize(code, target="sm_90")
-    assert all(c.ok for c in check_program(program, mode="asan"))
+    _runs_right_in_the_simulator(code)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_arg_reductions_and_scans_run_right_in_the_simulator(dtype):
     """argmax/argmin (first index of the extreme, NaN wins), max with indices, cumsum and cumprod,
     compiled to CUDA and run with ASan on."""
-    from emmy.runtime import check_program
-
     code = (f"x=torch.randn(3,5,33,dtype=torch.{dtype}); "
             "y = torch.where(x > 2.0, float('nan'), x); "
             "(x.argmax(-1), y.argmin(1), x.max(0).indices, x.cumsum(-1), (x * 0.2 + 1).cumprod(1))")
-    program = emmy.optimize(code, target="sm_90")
-    assert all(c.ok for c in check_program(program, mode="asan"))
+    _runs_right_in_the_simulator(code)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_reads_by_index_tensors_run_right_in_the_simulator(dtype):
     """embedding, gather, index_select and x[ids] compiled to CUDA (ASan on), fused with math."""
-    from emmy.runtime import check_program
-
     code = (f"ids=torch.randint(0,40,(3,7)); e=nn.Embedding(40,16).to(torch.{dtype}); "
             f"x=torch.randn(5,33,dtype=torch.{dtype}); g=torch.randint(0,33,(5,4)); s=torch.tensor([4,-1,0]); "
             "(e(ids).sum(-1), torch.gather(x, 1, g) * 2, x.index_select(0, s[::2]).exp(), x[s] - 1)")
-    program = emmy.optimize(code, target="sm_90")
-    assert all(c.ok for c in check_program(program, mode="asan"))
+    _runs_right_in_the_simulator(code)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_advanced_indexing_and_resampling_run_right_in_the_simulator(dtype):
     """x[i, j] by several index tensors, an unfold, and nearest and bilinear upsampling (torch's
     decompositions, whose positions come from aranges folded to constants), compiled to CUDA (ASan)."""
-    from emmy.runtime import check_program
-
     code = (f"x=torch.randn(2,3,6,7,dtype=torch.{dtype}); i=torch.tensor([0,5,-1]); j=torch.tensor([[6],[0]]); "
             "(x[:, :, i, j] * 2, F.unfold(x, 3, padding=1, stride=2), F.interpolate(x, scale_factor=2), "
             "F.interpolate(x, size=(9, 10), mode='bilinear'))")
-    program = emmy.optimize(code, target="sm_90")
-    assert all(c.ok for c in check_program(program, mode="asan"))
+    _runs_right_in_the_simulator(code)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_writes_into_part_of_a_tensor_run_right_in_the_simulator(dtype):
     """Slice and select assignment, x[mask] = v, a KV cache written at positions (repeats: the last
     write wins), scatter_add and a one-hot, compiled to CUDA (ASan on)."""
-    from emmy.runtime import check_program
-
     code = (f"x=torch.randn(6,10,dtype=torch.{dtype}); k=torch.randn(3,10,dtype=torch.{dtype}); "
             "p=torch.tensor([5,0,5]); t=torch.randint(0,10,(6,4)); "
             "z = x.clone(); z[:, 2:8:2] = k[0, :3]; z[z < -1] = 0; z[3] = 2.0; "
             "c = torch.zeros(8, 10, dtype=x.dtype); c[p] = k; "
             "(z, c, torch.zeros(6, 10, dtype=x.dtype).scatter_add(1, t, x[:, :4]), "
             "torch.zeros(6, 10, dtype=x.dtype).scatter(1, t, 1.0))")
-    program = emmy.optimize(code, target="sm_90")
-    assert all(c.ok for c in check_program(program, mode="asan"))
+    _runs_right_in_the_simulator(code)
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
 def test_bags_of_embeddings_run_right_in_the_simulator(mode):
     """EmbeddingBag by offsets (bags of 3, 0, 4 and 3 entries), compiled to CUDA (ASan on)."""
-    from emmy.runtime import check_program
-
     code = (f"i=torch.randint(0,40,(10,)); o=torch.tensor([0,3,3,7]); w=torch.randn(40,16); "
             f"F.embedding_bag(i, w, o, mode='{mode}') * 2")
-    program = emmy.optimize(code, target="sm_90")
-    assert all(c.ok for c in check_program(program, mode="asan"))
+    _runs_right_in_the_simulator(code)
 
 
 def test_a_bad_index_is_a_clear_error_and_never_read():
