@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -10,11 +12,22 @@ import pytest
 # Every program the tests run in the simulator runs under AddressSanitizer unless the caller says
 # otherwise (EMMY_SIM_MODE=plain, or a test's own mode): an out-of-bounds access fails the test.
 os.environ.setdefault("EMMY_SIM_MODE", "asan")
+
+
+def _scratch_dir(prefix: str) -> str:
+    """A directory removed when this process ends (the xdist workers inherit the main process's)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 # a developer's own measurement database would change what extraction picks: tests see none (only the
 # rows shipped in emmy/data/ and those a test writes)
-os.environ.setdefault("EMMY_DB", os.path.join(tempfile.mkdtemp(prefix="emmy-test-db-"), "absent.sqlite"))
+if "EMMY_DB" not in os.environ:
+    os.environ["EMMY_DB"] = os.path.join(_scratch_dir("emmy-test-db-"), "absent.sqlite")
 # likewise a developer's own calibration (emmy calibrate's fitted factors): tests price with the cited figures
-os.environ.setdefault("EMMY_CALIBRATION_DIR", tempfile.mkdtemp(prefix="emmy-test-calibration-"))
+if "EMMY_CALIBRATION_DIR" not in os.environ:
+    os.environ["EMMY_CALIBRATION_DIR"] = _scratch_dir("emmy-test-calibration-")
 
 REPO = Path(__file__).resolve().parent.parent
 EMMY = Path(sys.executable).parent / "emmy"  # the installed console script
