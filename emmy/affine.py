@@ -11,6 +11,7 @@ ranges of the coordinates (the extents of the output) allow.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence, Union
 
 import numpy as np
@@ -116,7 +117,12 @@ def gathered_reads(exprs) -> list[str]:
 def _atom_key(atom: Atom) -> tuple:
     if isinstance(atom, Dim):
         return (0, atom.index, "")
-    return (1, 0, str(atom))
+    return (1, 0, _atom_text(atom))
+
+
+@lru_cache(maxsize=65536)
+def _atom_text(atom: Atom) -> str:
+    return str(atom)
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,9 @@ class Affine:
 
     @staticmethod
     def _build(coeffs: dict, const: int) -> "Affine":
-        items = sorted(((a, c) for a, c in coeffs.items() if c != 0), key=lambda t: _atom_key(t[0]))
+        items = [(a, c) for a, c in coeffs.items() if c != 0]
+        if len(items) > 1:
+            items.sort(key=lambda t: _atom_key(t[0]))
         return Affine(tuple(items), int(const))
 
     def __add__(self, other: "Affine | int") -> "Affine":
@@ -281,10 +289,14 @@ class Affine:
 
     def substitute(self, mapping: Sequence["Affine"], extents: Sequence[int]) -> "Affine":
         """Replace each `d<i>` by mapping[i]; `extents` bound the new coordinates."""
-        out = Affine.constant(self.const)
-        for atom, c in self.terms:
+        terms = self.terms
+        if len(terms) == 1 and not self.const and terms[0][1] == 1 and isinstance(terms[0][0], Dim):
+            return _lift(mapping[terms[0][0].index])  # a bare coordinate, the commonest index
+        coeffs: dict = {}
+        const = self.const
+        for atom, c in terms:  # the terms summed into one table, built once (lowering's hot path)
             if isinstance(atom, Dim):
-                value = mapping[atom.index]
+                value = _lift(mapping[atom.index])
             elif isinstance(atom, Gathered):
                 index = tuple(e.substitute(mapping, extents) for e in atom.index)
                 value = Affine(((atom.moved(index), 1),), 0)
@@ -292,8 +304,10 @@ class Affine:
                 value = atom.expr.substitute(mapping, extents).floordiv(atom.divisor, extents)
             else:
                 value = atom.expr.substitute(mapping, extents).mod(atom.divisor, extents)
-            out = out + value * c
-        return out
+            const += value.const * c
+            for inner, k in value.terms:
+                coeffs[inner] = coeffs.get(inner, 0) + k * c
+        return Affine._build(coeffs, const)
 
     def evaluate(self, coords: Sequence[np.ndarray], tables: dict | None = None) -> np.ndarray | int:
         """The value at `coords`; `tables` maps index tensors' names to their arrays (for Gathered

@@ -114,3 +114,21 @@ def test_equal_maps_are_equal_values():
     a = Affine.dim(0) * 2 + Affine.dim(1)
     b = Affine.dim(1) + Affine.dim(0) + Affine.dim(0)
     assert a == b and hash(a) == hash(b)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), extents=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+       new_extents=st.lists(st.integers(1, 6), min_size=1, max_size=3), q=st.integers(2, 5))
+def test_substituting_coordinates_keeps_values(data, extents, new_extents, q):
+    """expr(mapping(c)) == expr.substitute(mapping)(c): quotients, remainders and repeated
+    coordinates included (the lowering renames every index through it)."""
+    expr = data.draw(affine_over(extents))
+    expr = expr + expr.floordiv(q, extents) * data.draw(st.integers(-3, 3)) + expr.mod(q, extents)
+    mapping = [data.draw(affine_over(new_extents)).mod(extents[d], new_extents) if data.draw(st.booleans())
+               else Affine.dim(data.draw(st.integers(0, len(new_extents) - 1))).mod(extents[d], new_extents)
+               for d in range(len(extents))]
+    coords = _coords(new_extents)
+    mapped = [np.broadcast_to(m.evaluate(coords), new_extents) for m in mapping]
+    want = np.broadcast_to(expr.evaluate(mapped), new_extents)
+    got = np.broadcast_to(expr.substitute(mapping, new_extents).evaluate(coords), new_extents)
+    assert (got == want).all()

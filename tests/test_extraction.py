@@ -225,3 +225,27 @@ def test_a_twelve_layer_decoder_compiles_to_cuda(monkeypatch):
     assert not program.warnings
     ours, = program.interpret(stage="loop")
     torch.testing.assert_close(ours, model(x), rtol=1e-3, atol=1e-3)
+
+
+def test_an_unrolled_lstm_refuses_moves_that_recompute_a_step_per_slice_and_runs_right():
+    """nn.LSTM unrolls into one gate matmul per step, read by the next at four slices: a move fusing
+    steps into one kernel recomputes each earlier step fourfold, so kernels grow exponentially with
+    the steps fused (six steps took over a minute, eight past five). Such kernels stop at the
+    statement budget and are priced as unpriceable; the program is the same and runs right."""
+    from emmy.egraph.kernels import STATEMENTS_BASE, STATEMENTS_PER_CLASS
+    from emmy.runtime import check_program
+
+    torch.manual_seed(0)
+    model = torch.nn.LSTM(6, 8, batch_first=True).eval()
+    x = torch.randn(2, 6, 6)
+    program = emmy.optimize(model, x)
+    report = program.loop_result.search
+    assert report.kernels_refused > 0, report.render()
+    assert "refused as too large" in report.render()
+    for kernel in program.loop_ir.kernels:  # the chosen kernels are far inside the budget
+        assert sum(1 for _ in _walk(kernel.body)) < STATEMENTS_BASE + STATEMENTS_PER_CLASS * 8
+    assert all(c.ok for c in check_program(program, (x,)))
+    out, (h, c) = program(x)
+    want, (h_want, c_want) = model(x)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(c, c_want, rtol=1e-4, atol=1e-5)

@@ -14,14 +14,16 @@ they came from, as the printed program shows them.
 
 from __future__ import annotations
 
+import logging
 
 from emmy.egraph.representatives import HEAVY
 from emmy.egraph.view import ClassRef, EGraphView, ENode, reaches
-from emmy.egraph.lowering import KernelLowering
+from emmy.egraph.lowering import KernelLowering, KernelTooLarge
 from emmy.loop_ir.nodes import Kernel, LoopProgram, kernel_index_tensors
 from emmy.schedule.pricing import KernelPrice
 from emmy.tensor_ir.nodes import Input, TensorType, Weight
 
+log = logging.getLogger("emmy.egraph")
 LIGHT = ("unary", "binary", "select", "reindex")  # computed per element where they are used
 
 
@@ -153,7 +155,10 @@ class Kernels:
         self.deferred: list | None = None  # while not None, new kernels are collected, not priced
         self._leaf_types: dict[str, TensorType] = {}
         self.lowered_count = 0  # kernels lowered (the search's work, for tests and reports)
+        self.refused_count = 0  # ... of which past the statement budget (TOO_LARGE)
+        self.unbudgeted = True  # the starting cut is lowered whatever its size; a move's kernels are not
         self.rebuild()
+        self.unbudgeted = False
 
     # -- kernels ----------------------------------------------------------------
     def live_roots(self) -> set[str]:
@@ -226,8 +231,14 @@ class Kernels:
         if found is None:
             choice = self.chosen.choice
             leaves = {c: provisional(c) for c in region if c in self.boundaries}
-            lowering = KernelLowering(self.chosen.view, choice, leaves)
-            found = [lowering.lower(root, f"k_{provisional(root)}", provisional(root)), None]
+            budget = None if self.unbudgeted else STATEMENTS_PER_CLASS * len(region) + STATEMENTS_BASE
+            lowering = KernelLowering(self.chosen.view, choice, leaves, max_statements=budget)
+            try:
+                found = [lowering.lower(root, f"k_{provisional(root)}", provisional(root)), None]
+            except KernelTooLarge as refused:
+                log.debug("a move's kernel recomputes too much: %s", refused)
+                found = [None, TOO_LARGE]
+                self.refused_count += 1
             self._lowered[key] = found
             self.lowered_count += 1
         return found
@@ -257,10 +268,6 @@ class Kernels:
             args = tuple(position[a] if isinstance(a, ClassRef) else a for a in node.args)
             parts.append((node.kind, args[1:] if node.kind == "buffer" else args))
         return tuple(parts)
-
-    def lower(self, root: str) -> Kernel:
-        """The Loop IR kernel of `root` under the current cut (provisional buffer names)."""
-        return self._entry(root, self.region(root))[0]
 
     def types_of(self, kernel: Kernel) -> dict[str, TensorType]:
         """Buffer name -> type for the buffers a kernel reads and writes, index tensors included."""
@@ -381,6 +388,13 @@ class Kernels:
 
 
 PENDING = KernelPrice(0.0, 0.0, 0, "", "not priced yet")
+# A move's kernel may lower to at most this many statements per class of its region (plus a base):
+# the reference workloads and a few hundred models stay under 12 per class, while fusing an unrolled
+# LSTM's steps into one kernel recomputes each step at every slice the next reads (290 per class,
+# growing fourfold a step). Such a kernel is priced as unpriceable, so no move keeps it.
+STATEMENTS_PER_CLASS = 16
+STATEMENTS_BASE = 256
+TOO_LARGE = KernelPrice(None, 0.0, 1, "", "recomputes its fused work past the statement budget")
 
 
 def provisional(cid: str) -> str:

@@ -40,11 +40,19 @@ class _Deferred:
     deps: frozenset
 
 
+class KernelTooLarge(Exception):
+    """A kernel's lowering passed its statement budget: its fused work is recomputed at so many
+    coordinates (an unrolled recurrence's gates, each step reading the last at four slices) that
+    the kernel grows exponentially with the depth fused into it."""
+
+
 class KernelLowering:
-    def __init__(self, view: EGraphView, choice: dict[str, ENode], buffer_of: dict[str, str]):
+    def __init__(self, view: EGraphView, choice: dict[str, ENode], buffer_of: dict[str, str],
+                 max_statements: int | None = None):
         self.view = view
         self.choice = choice
         self.buffer_of = buffer_of  # materialized e-class -> its buffer name
+        self.max_statements = max_statements  # KernelTooLarge past it (None: no limit)
 
     def lower(self, root: str, name: str, output: str) -> Kernel:
         self.root = root
@@ -131,6 +139,8 @@ class KernelLowering:
 
     def _emit(self, stmt, deps, uses=(), defs=(), home="auto") -> None:
         placed = _Deferred(frozenset(deps)) if home == "auto" else home
+        if self.max_statements is not None and len(self.items) >= self.max_statements:
+            raise KernelTooLarge(f"{self.root}: over {self.max_statements} statements")
         self.items.append(_Item(len(self.items), stmt, placed, set(defs), set(uses)))
 
     def _node_value(self, cid: str, coords: tuple) -> tuple:

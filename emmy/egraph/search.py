@@ -98,13 +98,16 @@ class SearchReport:
     moves_priced: int = 0
     moves_kept: int = 0
     kernels_lowered: int = 0
+    kernels_refused: int = 0  # lowerings stopped at the statement budget (a move recomputing too much)
     seconds: float = 0.0
     stopped_by: str = ""  # "rounds" or "seconds" when the search ended before no move helped
 
     def render(self) -> str:
         state = f"stopped by its {self.stopped_by} budget" if self.stopped_by else "no move helps"
         return (f"boundary search: {self.rounds} rounds, {self.moves_priced} moves priced, {self.moves_kept} kept, "
-                f"{self.kernels_lowered} kernels lowered, {self.seconds:.3f} s, {state}")
+                f"{self.kernels_lowered} kernels lowered"
+                + (f" ({self.kernels_refused} refused as too large)" if self.kernels_refused else "")
+                + f", {self.seconds:.3f} s, {state}")
 
     def warning(self) -> str:
         if not self.stopped_by:
@@ -319,7 +322,7 @@ class BoundarySearch:
             kept = 0
             evaluations = {}
             groups = self.moves()
-            self._speculate([move for moves in groups for move in moves])
+            self._speculate([move for moves in groups for move in moves], start + self.seconds)
             kept += self._repair(groups)
             for moves in groups:
                 if time.perf_counter() - start > self.seconds:
@@ -349,6 +352,7 @@ class BoundarySearch:
                 break
         report.seconds = time.perf_counter() - start
         report.kernels_lowered = self.kernels.lowered_count
+        report.kernels_refused = self.kernels.refused_count
         return SearchResult(self.kernels, self._decisions(last), report, self)
 
     def _repair(self, groups: list[list[Move]]) -> int:
@@ -384,13 +388,16 @@ class BoundarySearch:
                 self.report.moves_kept += 1
         return kept
 
-    def _speculate(self, moves: list[Move]) -> None:
+    def _speculate(self, moves: list[Move], deadline: float) -> None:
         """Lower the kernels every move would make against the current program and price them in
         one batch: the moves are then priced from memos, and new kernel shapes share one
-        schedule-space build."""
+        schedule-space build. Past `deadline` (the search's time budget) the rest are left to be
+        priced one by one, as far as the budget lets the search go."""
         kernels = self.kernels
         kernels.deferred = []
         for move in moves:
+            if time.perf_counter() > deadline:
+                break
             if self._still_applies(move):
                 undo, _ = self.apply(move)
                 self.undo(undo)

@@ -28,12 +28,14 @@ def held_loads(body) -> dict[str, str]:
     walker = max(extents, default=0) + 1  # one variable every compared loop's stands for
     found: dict[str, str] = {}
     lists = [body] + [s.body for s in statements(body) if isinstance(s, Loop)]
+    # built once: a kernel of many loops (an unrolled recurrence) would otherwise pay loops x variables
+    identity = [Affine.dim(v) for v in range(walker + 1)]
+    bounds = [extents.get(v, 1) for v in range(walker)] + [1]
     for stmts in lists:
         seen: dict[tuple, str] = {}  # (extent, buffer, index over `walker`) -> the fold load that reads it
         for loop in (s for s in stmts if isinstance(s, Loop)):
-            bounds = [extents.get(v, 1) for v in range(walker)] + [loop.extent]
-            mapping = [Affine.dim(v) for v in range(walker + 1)]
-            mapping[loop.var] = Affine.dim(walker)
+            bounds[walker] = loop.extent
+            mapping = _Renaming(identity, loop.var, identity[walker])
             for stmt in _plain_loads(loop.body):
                 key = (loop.extent, stmt.expr.buffer, tuple(e.substitute(mapping, bounds) for e in stmt.expr.index))
                 if key in seen:
@@ -41,6 +43,16 @@ def held_loads(body) -> dict[str, str]:
                 elif loop.reduction:
                     seen[key] = stmt.name
     return found
+
+
+class _Renaming:
+    """`base` with one position replaced, without copying it (Affine.substitute only indexes it)."""
+
+    def __init__(self, base: list, position: int, value) -> None:
+        self.base, self.position, self.value = base, position, value
+
+    def __getitem__(self, index: int):
+        return self.value if index == self.position else self.base[index]
 
 
 def _plain_loads(stmts):
