@@ -1,5 +1,8 @@
 """Every capture form reaches the same Tensor IR, with named inputs and weights."""
 
+from pathlib import Path
+
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -145,3 +148,36 @@ def test_a_graph_already_in_emmys_ops_skips_the_second_trace():
     decomposed = exporting.decompose(exported)
     ops = {str(n.target) for n in decomposed.graph.nodes if n.op == "call_function"}
     assert decomposed is not exported and "aten.linear.default" not in ops and "aten.silu.default" not in ops
+
+
+def _line_of(marker: str) -> int:
+    return next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1) if marker in text)
+
+
+def test_a_branch_on_tensor_values_in_a_module_names_the_users_line_and_torchs_function():
+    """The error names the user's own line (their file, not -c code) and, where torch's library
+    branched for them, which function did (gaussian_nll_loss checks its variances with an if)."""
+    import torch
+    import torch.nn.functional as F
+
+    from emmy.errors import CodeError
+
+    class GaussianLoss(torch.nn.Module):
+        def forward(self, a, b):
+            return F.gaussian_nll_loss(a, b, torch.ones_like(a))  # marker: library branch
+
+    def branch(x):
+        if x.sum() > 0:  # marker: own branch
+            return x
+        return -x
+
+    with pytest.raises(CodeError) as library:
+        emmy.optimize(GaussianLoss(), torch.randn(3, 4), torch.randn(3, 4))
+    text = str(library.value)
+    assert f"at {__file__}:{_line_of('marker: library branch')}: `return F.gaussian_nll_loss(" in text, text
+    assert "(inside torch's gaussian_nll_loss, nn/functional.py:" in text, text
+    with pytest.raises(CodeError) as own:
+        emmy.optimize(branch, torch.randn(3))
+    text = str(own.value)
+    assert f"at {__file__}:{_line_of('marker: own branch')}: `if x.sum() > 0:" in text, text
+    assert "inside torch" not in text, text

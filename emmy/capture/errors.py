@@ -2,22 +2,43 @@
 
 from __future__ import annotations
 
+import os
 import re
 import traceback
 
-from emmy.capture.source import CODE_FILENAME, Location, Source
+from emmy.capture.source import CODE_FILENAME, Location, Source, _inside_torch
 from emmy.errors import CodeError, EmmyError
 
 _DATA_DEPENDENT = ("GuardOnDataDependentSymNode", "DataDependentOutputException", "UserError")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
+_CAUSE = re.compile(r"Caused by: \(([^)]+?):(\d+) in (\w+)\)")
+
+
+def _user_file(filename: str) -> bool:
+    """A file of the user's program: not torch, emmy, Python's own library or generated code."""
+    import sysconfig
+
+    if filename.startswith("<") or _inside_torch(filename):
+        return False
+    path = os.path.abspath(filename)
+    library = {os.path.dirname(os.path.abspath(__file__)).rsplit(os.sep, 1)[0]}  # the emmy package
+    library |= {os.path.abspath(p) for k, p in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return not any(path.startswith(root + os.sep) for root in library)
+
+
 def _location(err: BaseException, source: Source) -> Location | None:
-    # Prefer a frame of the user's code in the traceback, then one named in the message.
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == CODE_FILENAME]
-    if frames:
-        line = frames[-1].lineno or 0
+    # Prefer a frame of the user's code in the traceback (-c code, else their own files), then one
+    # named in the message.
+    frames = traceback.extract_tb(err.__traceback__)
+    code = [f for f in frames if f.filename == CODE_FILENAME]
+    if code:
+        line = code[-1].lineno or 0
         return Location(CODE_FILENAME, line, source.line_text(CODE_FILENAME, line))
+    user = [f for f in frames if _user_file(f.filename)]
+    if user:
+        return Location(user[-1].filename, user[-1].lineno or 0, source.line_text(user[-1].filename, user[-1].lineno or 0))
     for filename, line in reversed(_FRAME.findall(str(err))):
         if filename == CODE_FILENAME or not filename.startswith("/"):
             return Location(filename, int(line), source.line_text(filename, int(line)))
@@ -34,6 +55,11 @@ def explain_export_failure(err: BaseException, source: Source) -> EmmyError:
     where = _location(err, source)
     at = f" at {where}" if where else ""
     if is_data_dependent(err):
+        cause = _CAUSE.search(str(err))  # the library function that branched (torch says which)
+        internal = cause and (cause.group(3).startswith("_") or
+                              any(part.startswith("_") or part == "fx" for part in cause.group(1).split("/")))
+        if cause and not internal:  # not the tracing machinery that met the user's own branch
+            at += f" (inside torch's {cause.group(3)}, {cause.group(1)}:{cause.group(2)})"
         return CodeError(
             f"data-dependent control flow{at}: the program branches or loops on tensor values, "
             "which a compiled kernel cannot do; make control flow depend on shapes only"
