@@ -112,6 +112,27 @@ EMMY_DEVICE float remainder(float a, float b) {
   return (mod != 0.0f && ((b < 0.0f) != (mod < 0.0f))) ? mod + b : mod;
 }
 EMMY_DEVICE float trunc_divide(float a, float b) { return truncf(a / b); }
+// digamma (torch.digamma): CUDA's math library has none. Negative arguments by reflection,
+// psi(x) = psi(1 - x) - pi / tan(pi x) (a pole, NaN, at each non-positive integer; -inf at 0 as
+// torch), then the recurrence psi(x) = psi(x + 1) - 1/x up to x >= 6 and the asymptotic series
+// ln x - 1/(2x) - sum B_2k / (2k x^2k), whose first omitted term is under 1e-9 there.
+EMMY_DEVICE float digamma(float x) {
+  if (x == 0.0f) return -INFINITY;
+  float result = 0.0f;
+  if (x < 0.0f) {
+    if (x == floorf(x)) return NAN;
+    const float pi = 3.14159265358979f;
+    result = -pi / tanf(pi * x);
+    x = 1.0f - x;
+  }
+  while (x < 6.0f) {
+    result -= 1.0f / x;
+    x += 1.0f;
+  }
+  const float f = 1.0f / (x * x);
+  const float series = f * (-1.0f / 12.0f + f * (1.0f / 120.0f + f * (-1.0f / 252.0f + f * (1.0f / 240.0f + f * (-1.0f / 132.0f)))));
+  return result + logf(x) - 0.5f / x + series;
+}
 EMMY_DEVICE float fmod(float a, float b) { return fmodf(a, b); }
 template <class I>
 EMMY_DEVICE I negated(I a) { return (I)(0ULL - (unsigned long long)a); }  // wraps like numpy, no UB

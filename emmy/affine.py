@@ -46,7 +46,8 @@ class Mod:
 @dataclass(frozen=True)
 class Gathered:
     """The value of an integer tensor at an index (embedding ids, gather and index_select indices):
-    a data-dependent coordinate. `buffer` is a program input or weight of `shape`; its values index
+    a data-dependent coordinate. `buffer` is a program input or weight, or a value the program
+    computes and keeps in memory (an argmax, clamped ids), of `shape`; its values index
     an axis of `extent` elements. A negative value counts from the end when `wrap` (Python
     indexing); a value still outside [0, extent) is an error the interpreters and the runtime
     report, and compiled code clamps it, so no access leaves its buffer. A value equal to `ignore`
@@ -308,6 +309,20 @@ class Affine:
             for inner, k in value.terms:
                 coeffs[inner] = coeffs.get(inner, 0) + k * c
         return Affine._build(coeffs, const)
+
+    def with_tables(self, renames: dict[str, str]) -> "Affine":
+        """The same expression with its index tensors (Gathered buffers) renamed by `renames`."""
+        if not renames or not any(not isinstance(atom, Dim) for atom, _ in self.terms):
+            return self
+        coeffs: dict = {}
+        for atom, c in self.terms:
+            if isinstance(atom, Gathered):
+                atom = Gathered(renames.get(atom.buffer, atom.buffer), tuple(e.with_tables(renames) for e in atom.index),
+                                atom.shape, atom.extent, atom.wrap, atom.ignore, atom.fallback)
+            elif isinstance(atom, (FloorDiv, Mod)):
+                atom = type(atom)(atom.expr.with_tables(renames), atom.divisor)
+            coeffs[atom] = coeffs.get(atom, 0) + c
+        return Affine._build(coeffs, self.const)
 
     def evaluate(self, coords: Sequence[np.ndarray], tables: dict | None = None) -> np.ndarray | int:
         """The value at `coords`; `tables` maps index tensors' names to their arrays (for Gathered

@@ -19,6 +19,9 @@ class DType(enum.Enum):
     BF16 = "bf16"
     I64 = "i64"
     I32 = "i32"
+    I16 = "i16"
+    I8 = "i8"
+    U8 = "u8"  # images, byte masks
     BOOL = "bool"
 
     def __str__(self) -> str:
@@ -56,13 +59,17 @@ class DType(enum.Enum):
             ) from None
 
 
-_ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.I64: 8, DType.I32: 4, DType.BOOL: 1}
+_ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.I64: 8, DType.I32: 4, DType.I16: 2, DType.I8: 1,
+             DType.U8: 1, DType.BOOL: 1}
 _NUMPY = {
     DType.F32: np.float32,
     DType.F16: np.float16,
     DType.BF16: np.float32,
     DType.I64: np.int64,
     DType.I32: np.int32,
+    DType.I16: np.int16,
+    DType.I8: np.int8,
+    DType.U8: np.uint8,
     DType.BOOL: np.bool_,
 }
 
@@ -72,6 +79,9 @@ _TORCH_NAMES = {
     "torch.bfloat16": DType.BF16,
     "torch.int64": DType.I64,
     "torch.int32": DType.I32,
+    "torch.int16": DType.I16,
+    "torch.int8": DType.I8,
+    "torch.uint8": DType.U8,
     "torch.bool": DType.BOOL,
 }
 
@@ -101,6 +111,9 @@ def to_torch(dtype: DType):
         DType.BF16: torch.bfloat16,
         DType.I64: torch.int64,
         DType.I32: torch.int32,
+        DType.I16: torch.int16,
+        DType.I8: torch.int8,
+        DType.U8: torch.uint8,
         DType.BOOL: torch.bool,
     }[dtype]
 

@@ -170,6 +170,7 @@ def _wide_global_loads(kernel) -> bool:
     "x=torch.randn(3,40,dtype=torch.float16); y=torch.randn(3,40); (x // 0.3, x % 0.3, torch.round(x) + torch.sign(x), "
     "torch.lgamma(y.abs() + 0.2) + torch.atan2(y, y * 2) + torch.hypot(y, y) + torch.exp2(y) + torch.special.erfc(y), "
     "torch.isinf(y) ^ torch.signbit(y), torch.copysign(y, -y))",
+    "y=torch.randn(3,40); (torch.special.erfinv(y.tanh()), torch.i0(y) + torch.special.i1(y), torch.digamma(y))",
 ])
 def test_the_runtime_header_s_division_and_the_math_library_build_for_every_target(cache, code):
     """emmy_rt.cuh's floor_divide, remainder and fmod overloads (float, long long, int) and the CUDA

@@ -315,13 +315,16 @@ def capture_code(code: str, label: str = "-c code") -> CodeCapture:
     last_line = tree.body[-1].lineno
     is_tuple = isinstance(result, (tuple, list))
     items = list(result) if is_tuple else [result]
-    if not items or not all(isinstance(r, torch.Tensor) for r in items):
+    # tuples nest (a cummax's (values, indices) among other outputs): every leaf must be a tensor
+    leaves = [leaf for item in items for leaf in
+              (torch.utils._pytree.tree_leaves(item) if isinstance(item, (tuple, list)) else [item])]
+    if not items or not leaves or not all(isinstance(r, torch.Tensor) for r in leaves):
         got = type(result).__name__ if not is_tuple else f"{type(result).__name__} of " + ", ".join(
             type(r).__name__ for r in items
         )
         raise CodeError(
             f"the last expression of {label} (line {last_line}) gives {got}, not a tensor; "
-            "emmy compiles an expression whose value is a torch.Tensor (or a tuple of them)"
+            "emmy compiles an expression whose value is a torch.Tensor (or a tuple of them, nested or not)"
         )
 
     names = _input_names(made_inputs, rewriter.sites)

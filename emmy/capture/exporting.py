@@ -42,17 +42,21 @@ def quiet_torch():
 
 
 # Ops core ATen keeps whole that emmy takes as torch's own decompositions: resampling reads by
-# positions computed from aranges, which emmy folds to constant index tensors (and weights).
+# positions computed from aranges, which emmy folds to constant index tensors (and weights);
+# grid sampling reads by positions computed from the grid, which emmy keeps in memory.
 DECOMPOSED_TOO = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
                   "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d",
-                  "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d")
+                  "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d", "grid_sampler_2d")
 
 
 def decomposition_table() -> dict:
     from torch._decomp import get_decompositions
 
+    from emmy.capture.corrected import corrected_decompositions
+
     table = torch.export.default_decompositions()
     table.update(get_decompositions([getattr(torch.ops.aten, name) for name in DECOMPOSED_TOO]))
+    table.update(corrected_decompositions())
     for name in KEPT_WHOLE:
         packet, overload = name.split(".")
         op = getattr(getattr(torch.ops.aten, packet), overload)

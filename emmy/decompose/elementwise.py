@@ -122,7 +122,8 @@ _UNARY = {
     "sigmoid": "sigmoid", "tanh": "tanh", "erf": "erf", "reciprocal": "reciprocal", "cos": "cos", "sin": "sin",
     "log1p": "log1p", "expm1": "expm1", "log2": "log2", "log10": "log10", "exp2": "exp2", "tan": "tan",
     "atan": "atan", "asin": "asin", "acos": "acos", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh",
-    "acosh": "acosh", "atanh": "atanh", "erfc": "erfc", "lgamma": "lgamma",
+    "acosh": "acosh", "atanh": "atanh", "erfc": "erfc", "lgamma": "lgamma", "erfinv": "erfinv", "i0": "i0",
+    "digamma": "digamma", "special_i1": "i1",
 }
 
 
@@ -276,7 +277,8 @@ _LOGICAL = {"logical_and": "logical_and", "logical_or": "logical_or", "logical_x
 
 def _on_integers(ctx: Context) -> bool:
     """On bools, bitwise ops are logical ops; on integers they twiddle bits."""
-    return "bitwise" in str(ctx.node.target) and ctx.out_type().dtype in (DType.I64, DType.I32)
+    return "bitwise" in str(ctx.node.target) and ctx.out_type().dtype not in (DType.BOOL,) \
+        and not ctx.out_type().dtype.is_float
 
 
 @lowers("aten.logical_and.default", "aten.logical_or.default", "aten.logical_xor.default", "aten.bitwise_and.Tensor",

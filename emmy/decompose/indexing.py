@@ -1,10 +1,11 @@
 """Reads by index tensors: embedding, index_select, gather and advanced indexing (`x[ids]`).
 
 Each is one IndexMap whose index on the gathered axis is a Gathered atom: the value of the index
-tensor at an affine position. The index tensor must be a program input or weight (token ids,
-targets, positions made by arange), or a view, slice or integer cast of one, since compiled code
-reads it from memory where it indexes; indices computed inside the program are refused with the op
-named.
+tensor at an affine position. The atom names the tensor that holds the values, followed back
+through views, slices and integer casts: a program input or weight (token ids, targets), a constant
+(positions made by arange), or a value the program computes (an argmax, a clamp of ids, a floor of
+coordinates), which extraction then keeps in memory for the kernels that index by it
+(`TensorGraph.index_tensors`).
 """
 
 from __future__ import annotations
@@ -41,9 +42,6 @@ def _gathered(ctx: Context, indices: str, at: list[Affine], extent: int, out_sha
             if constant is None:
                 break
             name = constant  # computed from constants alone: gathered by as a constant of the program
-    if not isinstance(node, (Input, Weight)):
-        raise UnsupportedOpError(f"unsupported op {ctx.where}: {what} computed inside the program; emmy gathers "
-                                 "by index tensors that are inputs or weights of the program (or views of them)")
     if node.type.dtype.is_float or node.type.dtype is DType.BOOL:
         raise UnsupportedOpError(f"unsupported op {ctx.where}: {what} of dtype {node.type.dtype}; "
                                  "index tensors are integers (a bool mask selects a data-dependent count)")

@@ -50,3 +50,24 @@ def addmm(ctx: Context, bias, a, b, beta=1, alpha=1):
         shift = bld.elementwise("multiply", shift, beta, suffix="beta")
     total = bld.elementwise("add", product, shift, name=ctx.name if acc is out.dtype else None)
     return bld.cast(total, out.dtype)
+
+
+@lowers("aten._trilinear.default")
+def trilinear(ctx: Context, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """sum over `sumdim` of the three inputs' product, each with size-1 axes inserted at its
+    `expand` positions (nn.Bilinear: x1[b, _, i, _] * W[_, o, i, j] * x2[b, _, _, j] summed over i, j)."""
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    bld = ctx.b
+    spread = []
+    for value, inserted in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        shape = list(bld.shape(value))
+        for axis in sorted(inserted):
+            shape.insert(axis, 1)
+        spread.append(bld.reshape(value, shape, suffix="spread"))
+    rank = len(bld.shape(spread[0]))
+    full = tuple(max(bld.shape(s)[k] for s in spread) for k in range(rank))
+    product = bld.elementwise("multiply", ctx.tensor(spread[0], acc, full), ctx.tensor(spread[1], acc, full), suffix="prod")
+    product = bld.elementwise("multiply", product, ctx.tensor(spread[2], acc, full), suffix="prod")
+    total = bld.reduce_axes("sum", product, sorted(sumdim), False, name=ctx.name if acc is out.dtype else None)
+    return bld.cast(total, out.dtype)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from emmy.affine import Affine, Guard
+from emmy.affine import Affine, Gathered, Guard
 from emmy.decompose.registry import Context, lowers
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
@@ -222,20 +222,69 @@ def scan(ctx: Context, x, dim, dtype=None):
         return ctx.b.cast(xf, out.dtype)
     axis = dim % len(shape)
     name = ctx.name if acc is out.dtype else None
+    return ctx.b.cast(running(ctx, op, xf, axis, name), out.dtype)
+
+
+def running(ctx: Context, op: str, x: str, axis: int, name: str | None = None) -> str:
+    """The running sum, product, maximum or minimum of x along `axis` (x's dtype)."""
+    shape = ctx.b.shape(x)
     if shape[axis] >= BLOCKED_SCAN_FROM:
-        return ctx.b.cast(_blocked_scan(ctx, op, xf, axis, name), out.dtype)
+        return _blocked_scan(ctx, op, x, axis, name)
     rank = len(shape)
     index = [Affine.dim(rank) if k == axis else Affine.dim(k) for k in range(rank)]
     upto = Guard(Affine.dim(rank) - Affine.dim(axis), hi=1)  # j - i < 1
-    tri = ctx.b.index_map(xf, (*shape, shape[axis]), index, guards=[upto], fill=_identity(op), suffix="prefix")
-    return ctx.b.cast(ctx.b.reduce_axes(op, tri, [rank], False, name=name), out.dtype)
+    tri = ctx.b.index_map(x, (*shape, shape[axis]), index, guards=[upto], fill=_identity(op, ctx.b.dtype(x)),
+                          suffix="prefix")
+    return ctx.b.reduce_axes(op, tri, [rank], False, name=name)
+
+
+@lowers("aten.cummax.default", "aten.cummin.default")
+def running_extreme(ctx: Context, x, dim):
+    """(values, indices) of torch.cummax (cummin): the extreme so far and the last position holding
+    it (torch breaks ties, NaNs too, towards the later element; a NaN is the extreme from where it
+    occurs). Floats: one running max (min) of int64 keys packing each value with its position
+    counted from the end (so the later of equal values wins), the values read back at the
+    positions. Integers: the running extreme, then the last position up to i holding it (an
+    O(n^2) fold per row)."""
+    b = ctx.b
+    op = "max" if "cummax" in str(ctx.node.target) else "min"
+    shape = b.shape(x)
+    if not shape:
+        return x, b.fill(0, (), DType.I64)
+    axis = dim % len(shape)
+    n = shape[axis]
+    if _keyed(ctx, x, axis):
+        from_end = b.index_map(ctx.constant(np.arange(n)[::-1].copy(), DType.I64), shape, [Affine.dim(axis)],
+                               suffix="from_end")
+        keys = b.elementwise(f"{op}_key", x, from_end, dtype=DType.I64, suffix="key")
+        best = b.elementwise(f"{op}_key_position", running(ctx, op, keys, axis), dtype=DType.I64, suffix="best")
+        indices = b.elementwise("subtract", n - 1, best, dtype=DType.I64, suffix="indices")
+        gathered = Affine(((Gathered(indices, tuple(Affine.dim(k) for k in range(len(shape))), shape, n), 1),), 0)
+        at = [gathered if k == axis else Affine.dim(k) for k in range(len(shape))]
+        return b.index_map(x, shape, at, suffix="values"), indices
+    values = running(ctx, op, x, axis, name=None)
+    rank = len(shape)
+    index = [Affine.dim(rank) if k == axis else Affine.dim(k) for k in range(rank)]
+    upto = Guard(Affine.dim(rank) - Affine.dim(axis), hi=1)
+    earlier = b.index_map(x, (*shape, n), index, guards=[upto], fill=0, suffix="earlier")  # x[.., j, ..], j <= i
+    held = b.index_map(values, (*shape, n), [Affine.dim(k) for k in range(rank)], suffix="held")
+    positions = b.index_map(ctx.constant(np.arange(n), DType.I64), (*shape, n), [Affine.dim(rank)], suffix="j")
+    hit = b.elementwise("logical_and", b.elementwise("equal", earlier, held, dtype=DType.BOOL),
+                        b.index_map(b.fill(True, (), DType.BOOL), (*shape, n), [], guards=[upto], fill=False),
+                        dtype=DType.BOOL)
+    last = b.reduce_axes("max", b.elementwise("where", hit, positions, -1, dtype=DType.I64), [rank], False)
+    return values, last
 
 
 BLOCKED_SCAN_FROM = 32  # scanned extents from here on take the blocked form
 
 
-def _identity(op: str) -> int:
-    return int(REDUCE_OPS[op])  # 0 or 1: an int fills integer scans as well as float ones
+def _identity(op: str, dtype: DType) -> float | int:
+    """The fold's identity in `dtype`: 0, 1, or the least (greatest) value for a maximum (minimum)."""
+    if dtype.is_float or op in ("sum", "prod"):
+        return REDUCE_OPS[op] if dtype.is_float else int(REDUCE_OPS[op])
+    info = np.iinfo(dtype.numpy)
+    return int(info.min) if op == "max" else int(info.max)
 
 
 def _blocked_scan(ctx: Context, op: str, x: str, axis: int, name: str | None) -> str:
@@ -249,8 +298,8 @@ def _blocked_scan(ctx: Context, op: str, x: str, axis: int, name: str | None) ->
     rank, n = len(shape), shape[axis]
     block = math.isqrt(n - 1) + 1
     chunks = -(-n // block)
-    identity = _identity(op)
-    combine = "add" if op == "sum" else "multiply"
+    identity = _identity(op, b.dtype(x))
+    combine = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}[op]
     at = [Affine.dim(k) for k in range(rank)]  # output coordinates, axis replaced below
     # (1) totals[.., c] = fold over j < B of x[.., c*B + j], where c*B + j < n
     element = Affine.dim(axis) * block + Affine.dim(rank)

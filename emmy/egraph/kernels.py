@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 
+from emmy.affine import gathered_buffers
+from emmy.egraph.layout import decode_layout
 from emmy.egraph.representatives import HEAVY
 from emmy.egraph.view import ClassRef, EGraphView, ENode, reaches
 from emmy.egraph.lowering import KernelLowering, KernelTooLarge
@@ -37,10 +39,19 @@ class ChosenGraph:
         self.buffer_kinds = {n.name: "input" if isinstance(n, Input) else "weight"
                              for n in graph.nodes if isinstance(n, (Input, Weight))}
         self.leaf_types = {n.name: n.type for n in graph.nodes if isinstance(n, (Input, Weight))}
+        # Values the program indexes by (an argmax, clamped ids): kernels read them by name inside
+        # index expressions, not as operands, so each is kept in a buffer like an output.
+        self.kept = [(unwrap(self.choice, view.class_of_name(name)), name) for name in graph.index_tensors]
+        self.kept_class = {name: cid for cid, name in self.kept}
         self.refs: dict[str, int] = {}  # live uses of a class: by live parents' nodes and as an output
         self.consumers: dict[str, dict[str, int]] = {}  # class -> live parent class -> uses
-        for cid, _ in self.outputs:
+        for cid, _ in self.anchors():
             self._acquire(cid)
+
+    def anchors(self) -> list[tuple[str, str]]:
+        """(class, name) of every value a program keeps in memory whatever the cut: its outputs,
+        then the values it indexes by."""
+        return self.outputs + self.kept
 
     # -- liveness ---------------------------------------------------------------
     def live(self, cid: str) -> bool:
@@ -96,7 +107,7 @@ class ChosenGraph:
         in output order and operand order: a canonical order)."""
         done: set[str] = set()
         order: list[str] = []
-        for root, _ in self.outputs:
+        for root, _ in self.anchors():
             stack = [(root, False)]
             while stack:
                 cid, expanded = stack.pop()
@@ -111,10 +122,11 @@ class ChosenGraph:
         return order
 
     def roots(self) -> frozenset:
-        return frozenset(c for c, _ in self.outputs)
+        return frozenset(c for c, _ in self.anchors())
 
     def required(self) -> frozenset:
-        """Boundaries every program has: the outputs, and classes whose only form is a kernel."""
+        """Boundaries every program has: the outputs, the values it indexes by, and classes whose
+        only form is a kernel."""
         forced = {self.choice[c].args[0] for c in self.refs if self.refs[c] > 0 and self.choice[c].kind == "mat"}
         return self.roots() | forced
 
@@ -232,7 +244,8 @@ class Kernels:
             choice = self.chosen.choice
             leaves = {c: provisional(c) for c in region if c in self.boundaries}
             budget = None if self.unbudgeted else STATEMENTS_PER_CLASS * len(region) + STATEMENTS_BASE
-            lowering = KernelLowering(self.chosen.view, choice, leaves, max_statements=budget)
+            tables = {name: provisional(cid) for cid, name in self.chosen.kept}
+            lowering = KernelLowering(self.chosen.view, choice, leaves, max_statements=budget, tables=tables)
             try:
                 found = [lowering.lower(root, f"k_{provisional(root)}", provisional(root)), None]
             except KernelTooLarge as refused:
@@ -274,7 +287,8 @@ class Kernels:
         from emmy.loop_ir.nodes import kernel_index_tensors
         from emmy.loop_ir.signature import buffers_of
 
-        types = {name: self.chosen.leaf_types[name] for name in kernel_index_tensors(kernel)}
+        types = {name: self.chosen.view.type(name[1:]) if name.startswith("%") else self.chosen.leaf_types[name]
+                 for name in kernel_index_tensors(kernel)}
         for name in buffers_of(kernel):
             if name.startswith("%"):
                 types[name] = self.chosen.view.type(name[1:])
@@ -320,8 +334,9 @@ class Kernels:
         roots = self.live_roots()
         names = self.buffer_names(roots)
         kernels = []
+        tables = {name: names[cid] for cid, name in chosen.kept}
         for root in self.kernel_order(roots):
-            lowering = KernelLowering(chosen.view, chosen.choice, {c: names[c] for c in roots})
+            lowering = KernelLowering(chosen.view, chosen.choice, {c: names[c] for c in roots}, tables=tables)
             kernels.append(lowering.lower(root, f"k_{names[root]}", names[root]))
         # index tensors are read inside index expressions (Gathered atoms), not as e-nodes
         tables = set().union(*(kernel_index_tensors(k) for k in kernels)) if kernels else set()
@@ -345,6 +360,10 @@ class Kernels:
                 name += "_out"
             names[cid] = name
             taken.add(name)
+        for cid, name in chosen.kept:  # a value indexed by keeps its Tensor IR name where it is free
+            if cid not in names and name not in taken:
+                names[cid] = name
+                taken.add(name)
         for cid in sorted(roots):
             if cid in names:
                 continue
@@ -360,7 +379,7 @@ class Kernels:
         """Kernels after the kernels they read: a post-order from the outputs (reads by class id)."""
         order: list[str] = []
         state: dict[str, int] = {}
-        for output, _ in self.chosen.outputs:
+        for output, _ in self.chosen.anchors():
             stack = [(output, False)]
             while stack:
                 root, expanded = stack.pop()
@@ -373,9 +392,24 @@ class Kernels:
                     continue
                 state[root] = 1
                 stack.append((root, True))
-                deps = sorted(self.region(root) & roots - {root})
+                region = self.region(root)
+                deps = sorted((region & roots | self._indexed_by(region)) - {root})
                 stack.extend((d, False) for d in reversed(deps) if not state.get(d))
         return order
+
+    def _indexed_by(self, region) -> set[str]:
+        """The classes of the computed values a region's index maps gather by."""
+        kept = self.chosen.kept_class
+        if not kept:
+            return set()
+        found = set()
+        for cid in region:
+            node = self.chosen.choice[cid]
+            if node.kind == "reindex":
+                layout = decode_layout(node.args[1])
+                found |= {kept[n] for n in gathered_buffers((*layout.index, *(g.expr for g in layout.guards)))
+                          if n in kept}
+        return found
 
     def _leaves(self, kind: str) -> list[str]:
         chosen = self.chosen

@@ -11,12 +11,13 @@ dependencies.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import heapq
 from dataclasses import dataclass, field
 
-from emmy.affine import Affine, Guard, recombined, row_major_offset, row_major_strides
+from emmy.affine import Affine, Guard, gathered_buffers, recombined, row_major_offset, row_major_strides
 from emmy.dtypes import DType
 from emmy.egraph.layout import decode_layout
 from emmy.egraph.view import EGraphView, ENode, reaches
@@ -48,11 +49,13 @@ class KernelTooLarge(Exception):
 
 class KernelLowering:
     def __init__(self, view: EGraphView, choice: dict[str, ENode], buffer_of: dict[str, str],
-                 max_statements: int | None = None):
+                 max_statements: int | None = None, tables: dict[str, str] | None = None):
         self.view = view
         self.choice = choice
         self.buffer_of = buffer_of  # materialized e-class -> its buffer name
         self.max_statements = max_statements  # KernelTooLarge past it (None: no limit)
+        # computed index tensors: Tensor IR name (as the layouts' Gathered atoms say) -> buffer name
+        self.tables = tables or {}
 
     def lower(self, root: str, name: str, output: str) -> Kernel:
         self.root = root
@@ -224,7 +227,7 @@ class KernelLowering:
         if kind == "softmax_wsum":
             return (yield from self._softmax_wsum(cid, a[0], a[1], a[2], coords))
         if kind == "reindex":
-            layout = decode_layout(a[1])
+            layout = _with_tables(decode_layout(a[1]), self.tables)
             sub = tuple(e.substitute(coords, self.extents) for e in layout.index)
             if self.shortcut and self.shortcut[:2] == (node.id, coords):  # the reshape the loops run over
                 sub = self.shortcut[2]
@@ -668,6 +671,14 @@ def _vars(coords) -> frozenset:
     for e in coords:
         found |= e.dims()
     return frozenset(found)
+
+
+def _with_tables(layout, tables: dict[str, str]):
+    """`layout` reading its computed index tensors from their buffers (`tables`: name -> buffer)."""
+    if not tables or not gathered_buffers((*layout.index, *(g.expr for g in layout.guards))) & tables.keys():
+        return layout
+    return dataclasses.replace(layout, index=tuple(e.with_tables(tables) for e in layout.index),
+                               guards=tuple(Guard(g.expr.with_tables(tables), g.lo, g.hi) for g in layout.guards))
 
 
 def _names(*operands) -> set:

@@ -43,9 +43,11 @@ def raise_recorded_fault(record: np.ndarray, kernel: KernelIR, plan) -> None:
     if not claimed:
         return
     inputs = list(plan.input_names)
-    names = [n for n in inputs if tensor_code(n) == code]
+    names = [n for n in inputs if tensor_code(n) == code] or \
+        [n for n in plan.buffer_types if tensor_code(n) == code]  # a computed one: an argmax, clamped ids
     name = names[0] if len(names) == 1 else f"index tensor #{code}"
-    where = f"input {inputs.index(name)} ({name})" if name in inputs else name
+    where = f"input {inputs.index(name)} ({name})" if name in inputs else \
+        f"{name} (computed by the program)" if name in plan.buffer_types else name
     shape = plan.buffer_types[name].shape if name in plan.buffer_types else ()
     at = [int(i) for i in np.unravel_index(position, shape)] if shape else []
     axis = f"[{-extent if wraps else 0}, {extent})"

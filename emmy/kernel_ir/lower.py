@@ -344,17 +344,22 @@ def _params(kernel: L.Kernel, types: dict) -> tuple[Param, ...]:
 
 def _vector_accesses(body, var: int, width: int, types: dict) -> tuple[tuple, tuple]:
     """The loads and stores of `body` that walk `var` contiguously from an aligned start: they can
-    move `width` elements at once."""
+    move `width` elements at once, where that is 4, 8 or 16 bytes (what the runtime's vectors move:
+    two bools of a mask stay two single stores)."""
     loads, stores = [], []
+
+    def moves(buffer: str) -> bool:
+        return width * types[buffer].dtype.itemsize in (4, 8, 16)
+
     for stmt in body:
         if isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load) and not stmt.expr.guards:
             flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
-            if vectorizable(flat, var, width):
+            if vectorizable(flat, var, width) and moves(stmt.expr.buffer):
                 loads.append(VecLoad(f"{stmt.name}_v", stmt.expr.buffer, types[stmt.expr.buffer].dtype, flat, width,
                                      var))
         elif isinstance(stmt, L.Store):
             flat = flat_index(stmt.buffer, stmt.index, types)
-            if vectorizable(flat, var, width) and not any(s.buffer == stmt.buffer for s in stores):
+            if vectorizable(flat, var, width) and moves(stmt.buffer) and not any(s.buffer == stmt.buffer for s in stores):
                 stores.append(VecStore(f"{stmt.buffer}_s", stmt.buffer, types[stmt.buffer].dtype, flat, width, var))
     return tuple(loads), tuple(stores)
 

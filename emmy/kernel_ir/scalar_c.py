@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from emmy.affine import Affine, Dim, FloorDiv, Gathered, Guard, Mod
 from emmy.dtypes import DType
 from emmy.errors import EmmyError
@@ -18,10 +20,13 @@ from emmy.kernel_ir.nodes import PartialSlot
 from emmy.loop_ir import nodes as L
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
+# Narrow integers are registers of their own type, so arithmetic wraps as torch's (and numpy's) does.
 REGISTER = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.I64: "long long",
-            DType.I32: "int", DType.BOOL: "bool"}
+            DType.I32: "int", DType.I16: "short", DType.I8: "signed char", DType.U8: "unsigned char",
+            DType.BOOL: "bool"}
 STORAGE = {DType.F32: "float", DType.F16: "__half", DType.BF16: "__nv_bfloat16", DType.I64: "long long",
-           DType.I32: "int", DType.BOOL: "bool"}
+           DType.I32: "int", DType.I16: "short", DType.I8: "signed char", DType.U8: "unsigned char",
+           DType.BOOL: "bool"}
 _MONOID_OP = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}  # Accumulate's op
 _ROUND = {DType.F16: "emmy::round_half", DType.BF16: "emmy::round_bf16"}
 
@@ -44,7 +49,8 @@ _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "rescal
           "log2": "log2f({0})", "log10": "log10f({0})", "exp2": "exp2f({0})", "tan": "tanf({0})",
           "atan": "atanf({0})", "asin": "asinf({0})", "acos": "acosf({0})", "sinh": "sinhf({0})",
           "cosh": "coshf({0})", "asinh": "asinhf({0})", "acosh": "acoshf({0})", "atanh": "atanhf({0})",
-          "erfc": "erfcf({0})", "lgamma": "lgammaf({0})", "isinf": "isinf({0})", "bitwise_not": "(~{0})", "signbit": "signbit({0})",
+          "erfc": "erfcf({0})", "lgamma": "lgammaf({0})", "erfinv": "erfinvf({0})", "i0": "cyl_bessel_i0f({0})",
+          "i1": "cyl_bessel_i1f({0})", "digamma": "emmy::digamma({0})", "isinf": "isinf({0})", "bitwise_not": "(~{0})", "signbit": "signbit({0})",
           "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "round": "rintf({0})",
           "max_key_position": "emmy::max_key_position({0})", "min_key_position": "emmy::min_key_position({0})"}
 
@@ -58,11 +64,11 @@ def buffer_c(name: str) -> str:
 def literal(value, dtype: DType) -> str:
     if dtype == DType.BOOL:
         return "true" if value else "false"
-    if dtype in (DType.I64, DType.I32):
+    if not dtype.is_float:
         if isinstance(value, float) and math.isinf(value):  # a max or min fold's identity
-            bits = 63 if dtype == DType.I64 else 31
-            value = (1 << bits) - 1 if value > 0 else -(1 << bits)
-            if value < 0:  # the most negative literal is spelled as an expression in C
+            info = np.iinfo(dtype.numpy)
+            value = int(info.max) if value > 0 else int(info.min)
+            if value == -(1 << 63) or value == -(1 << 31):  # the most negative literal is an expression in C
                 return f"({value + 1}{'LL' if dtype == DType.I64 else ''} - 1)"
         return f"{int(value)}{'LL' if dtype == DType.I64 else ''}"
     v = float(value)

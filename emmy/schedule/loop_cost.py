@@ -25,7 +25,8 @@ EXPENSIVE = {"exp": 4, "log": 4, "sqrt": 4, "rsqrt": 4, "sigmoid": 4, "tanh": 4,
              "cos": 4, "sin": 4, "log1p": 4, "expm1": 4,
              "floor_divide": 12, "trunc_divide": 4, "remainder": 8, "fmod": 8,
              "log2": 2, "log10": 4, "exp2": 2, "tan": 8, "atan": 8, "asin": 8, "acos": 8, "sinh": 8, "cosh": 8,
-             "asinh": 8, "acosh": 8, "atanh": 8, "erfc": 8, "lgamma": 16, "atan2": 12, "hypot": 8}
+             "asinh": 8, "acosh": 8, "atanh": 8, "erfc": 8, "lgamma": 16, "atan2": 12, "hypot": 8,
+             "erfinv": 12, "i0": 16, "i1": 16, "digamma": 24}
 SPECIAL_FUNCTIONS = set(EXPENSIVE)  # the SFU's work
 # Functions computed on the FMA pipes: instructions each (emmy::rescale_exp: 24 in its SASS for sm_90,
 # eleven of them FFMAs, beside its loads and stores)

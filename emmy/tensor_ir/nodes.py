@@ -132,6 +132,17 @@ class TensorGraph:
         return tuple(n for n in self.nodes if isinstance(n, Weight))
 
     @cached_property
+    def index_tensors(self) -> tuple[str, ...]:
+        """Computed values (not inputs or weights) that IndexMaps gather by: kernels read them from
+        memory inside index expressions, so extraction keeps each in a buffer of its own."""
+        leaves = {n.name for n in self.nodes if isinstance(n, (Input, Weight))}
+        found: set[str] = set()
+        for n in self.nodes:
+            if isinstance(n, IndexMap):
+                found |= gathered_buffers((*n.index, *(g.expr for g in n.guards)))
+        return tuple(sorted(found - leaves))
+
+    @cached_property
     def use_counts(self) -> dict[str, int]:
         counts = {n.name: 0 for n in self.nodes}
         for n in self.nodes:

@@ -161,6 +161,10 @@ _TABLE = [
     ScalarOp("atanh", 1, "arith", _quiet(np.arctanh)),
     ScalarOp("erfc", 1, "arith", _quiet(_scipy("erfc"))),
     ScalarOp("lgamma", 1, "arith", _quiet(_scipy("gammaln"))),  # log|gamma(x)|, as torch.lgamma
+    ScalarOp("digamma", 1, "arith", _quiet(_scipy("digamma"))),  # -inf at 0, NaN at negative integers, as torch
+    ScalarOp("erfinv", 1, "arith", _quiet(_scipy("erfinv"))),
+    ScalarOp("i0", 1, "arith", _quiet(_scipy("i0"))),  # modified Bessel functions of the first kind
+    ScalarOp("i1", 1, "arith", _quiet(_scipy("i1"))),
     ScalarOp("atan2", 2, "arith", np.arctan2),
     ScalarOp("hypot", 2, "arith", np.hypot),
     ScalarOp("copysign", 2, "arith", np.copysign),

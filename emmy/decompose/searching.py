@@ -1,0 +1,59 @@
+"""Searches of sorted boundaries: bucketize and searchsorted, as counts.
+
+torch binary-searches each value; emmy counts the boundaries the value passes, a fold over the
+boundaries (O(values x boundaries) work, every count independent), which gives the same index for
+sorted boundaries: with right=False (side "left") the number of boundaries b with not b >= x, with
+right=True the number with not b > x. Written with `not`, a NaN value passes every boundary and
+lands after the last, as torch's search puts it.
+"""
+
+from __future__ import annotations
+
+from emmy.decompose.registry import Context, lowers
+from emmy.dtypes import DType
+from emmy.errors import UnsupportedOpError
+
+
+def _common(ctx: Context, a: str, b: str) -> DType:
+    da, db = ctx.b.dtype(a), ctx.b.dtype(b)
+    if da is db:
+        return da
+    return DType.F32 if da.is_float or db.is_float else DType.I64
+
+
+def _count_passed(ctx: Context, values: str, boundaries: str, right: bool, name: str | None) -> str:
+    """out[..., i] = the boundaries (along the last axis of `boundaries`, whose other axes broadcast
+    against `values`' leading ones) that values[..., i] passes."""
+    b = ctx.b
+    out = ctx.out_type()
+    dtype = _common(ctx, values, boundaries)
+    count = b.shape(boundaries)[-1]
+    shape = (*b.shape(values), count)
+    along = b.reshape(boundaries, (*b.shape(boundaries)[:-1], 1, count), suffix="boundaries")
+    stands = ctx.tensor(along, dtype, shape)
+    value = ctx.tensor(b.reshape(values, (*b.shape(values), 1), suffix="value"), dtype, shape)
+    blocks = b.elementwise("greater" if right else "greater_equal", stands, value, dtype=DType.BOOL, suffix="blocks")
+    passed = b.cast(b.elementwise("logical_not", blocks, dtype=DType.BOOL, suffix="passed"), out.dtype)
+    return b.reduce_axes("sum", passed, [len(shape) - 1], False, name=name)
+
+
+@lowers("aten.bucketize.Tensor")
+def bucketize(ctx: Context, x, boundaries, *, out_int32=False, right=False):
+    if len(ctx.b.shape(boundaries)) != 1:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: boundaries must be one-dimensional, as torch requires")
+    if ctx.b.shape(x):
+        return _count_passed(ctx, x, boundaries, bool(right), ctx.name)
+    one = _count_passed(ctx, ctx.b.reshape(x, (1,)), boundaries, bool(right), None)  # a rank-0 value
+    return ctx.b.reshape(one, (), name=ctx.name)
+
+
+@lowers("aten.searchsorted.Tensor")
+def searchsorted(ctx: Context, sorted_sequence, values, *, out_int32=False, right=False, side=None, sorter=None):
+    if sorter is not None:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: a `sorter` permutation (sort the sequence first)")
+    right = side == "right" if side is not None else bool(right)
+    sequence_shape, value_shape = ctx.b.shape(sorted_sequence), ctx.b.shape(values)
+    if len(sequence_shape) > 1 and sequence_shape[:-1] != value_shape[:-1]:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: a sorted sequence of shape {list(sequence_shape)} "
+                                 f"for values of shape {list(value_shape)} (their leading axes must match)")
+    return _count_passed(ctx, values, sorted_sequence, right, ctx.name)
