@@ -47,6 +47,46 @@ def test_a_flipped_read_is_bounded_by_its_guard_from_below():
     assert out_of_bounds(_kernel(flipped, [Guard(Affine.dim(0), None, 17)]), shapes)  # one too many
 
 
+def test_an_index_made_of_guarded_parts_is_bounded_by_their_guards():
+    """F.fold reads column block (row * 6 + column), each part guarded inside [0, 6) while the
+    variables alone range wider: the index is bounded through a multiple of one guard plus the
+    other, and a guard one too wide (or a part left unguarded) is still caught."""
+    d = Affine.dim
+    body_vars = {0: 8, 1: 8, 2: 9}
+    row = d(0) + 1 - d(2).floordiv(3, [8, 8, 9])
+    column = d(1) + 1 - d(2).mod(3, [8, 8, 9])
+    index = row * 6 + column
+
+    def kernel(guards):
+        load = Assign("in0", DType.F32, Load("c", (index,), tuple(guards)))
+        inner = Loop(2, body_vars[2], (load, Store("out", (d(0), d(1), d(2)), "in0")))
+        body = (Loop(0, 8, (Loop(1, 8, (inner,)),)),)
+        return Kernel("k", "out", TensorType((8, 8, 9), DType.F32), body)
+
+    shapes = {"c": (36,), "out": (8, 8, 9)}
+    inside = [Guard(row, 0, 6), Guard(column, 0, 6)]
+    assert out_of_bounds(kernel(inside), shapes) == []
+    (problem,) = out_of_bounds(kernel([]), shapes)
+    assert "outside 0..35" in problem
+    assert out_of_bounds(kernel([Guard(row, 0, 6), Guard(column, 0, 7)]), shapes)
+    assert out_of_bounds(kernel([Guard(row, 0, 6)]), shapes)
+
+
+def test_f_fold_sums_its_windows_in_bounds():
+    import torch.nn.functional as F
+
+    for size, kernel_size, dilation, padding, stride in [((6, 6), 3, 1, 1, 1), ((7, 9), (2, 3), (1, 2), (0, 1), (2, 1))]:
+        torch.manual_seed(0)
+        cols = F.unfold(torch.randn(2, 3, *size), kernel_size, dilation=dilation, padding=padding, stride=stride)
+
+        def fold(c):
+            return F.fold(c, size, kernel_size, dilation=dilation, padding=padding, stride=stride)
+
+        program = emmy.optimize(fold, cols, target="sm_90")
+        assert "aten.col2im.default" in program.ir("torch")
+        assert all(c.ok for c in check_program(program, [cols], mode="asan"))
+
+
 def test_a_reversed_scan_compiles_and_runs_in_bounds():
     program = emmy.optimize("x=torch.randn(5,300); x.flip(-1).cumsum(-1).flip(-1) + x.cumsum(0)", target="sm_90")
     assert all(c.ok for c in check_program(program, mode="asan"))

@@ -23,6 +23,8 @@ KEPT_WHOLE = (
     "replication_pad1d.default", "replication_pad2d.default", "replication_pad3d.default",
     # its decomposition gathers by arange + shift, modulo the extent: emmy reads it as one index map
     "roll.default",
+    # F.fold: its decomposition accumulates through two index tensors; emmy sums each pixel's taps
+    "col2im.default",
 )
 
 

@@ -147,6 +147,40 @@ def _transposed_product(ctx: Context, x: str, w: str, stride, padding, dilation,
     return b.elementwise("multiply", b.cast(xs, b.dtype(w)), ws, suffix="prod")
 
 
+@lowers("aten.col2im.default")
+def col2im(ctx: Context, x, output_size, kernel_size, dilation, padding, stride):
+    """F.fold, the sum of sliding-window columns back into an image: out[n, c, y, x] = the sum
+    over taps (i, j) of x[n, (c*kh + i)*kw + j, block], where the block whose tap (i, j) lands on
+    (y, x) is ((y + pad - i*dilation) / stride, ...) when those divide exactly and lie inside the
+    grid of blocks (a transposed convolution's reading)."""
+    b = ctx.b
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    batched = len(b.shape(x)) == 3
+    cols = x if batched else b.reshape(x, (1, *b.shape(x)), suffix="batched")
+    n, taps, _ = b.shape(cols)
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (_per_dim(v, 2, what, ctx) for v, what in (
+        (kernel_size, "kernel_size"), (dilation, "dilation"), (padding, "padding"), (stride, "stride")))
+    height, width = _per_dim(output_size, 2, "output_size", ctx)
+    channels = taps // (kh * kw)
+    blocks = [(size + 2 * pad - dil * (k - 1) - 1) // st + 1
+              for size, pad, dil, k, st in ((height, ph, dh, kh, sh), (width, pw, dw, kw, sw))]
+    space = (n, channels, height, width, kh, kw)
+    extents = list(space)
+    guards, at = [], []
+    for axis, tap, pad, dil, st, count in ((2, 4, ph, dh, sh, blocks[0]), (3, 5, pw, dw, sw, blocks[1])):
+        reach = Affine.dim(axis) + pad - Affine.dim(tap) * dil  # block * stride, when exact
+        block = reach.floordiv(st, extents)
+        guards += [Guard(reach, 0, None), Guard(reach.mod(st, extents), 0, 1), Guard(block, 0, count)]
+        at.append(block)
+    column = (Affine.dim(1) * kh + Affine.dim(4)) * kw + Affine.dim(5)
+    placed = b.index_map(ctx.tensor(cols, acc), space, [Affine.dim(0), column, at[0] * blocks[1] + at[1]], guards,
+                         0.0 if acc.is_float else 0, suffix="placed")
+    total = b.reduce_axes("sum", placed, [4, 5], False, suffix="folded")
+    result = b.cast(total, out.dtype)
+    return b.reshape(result, out.shape, name=ctx.name)
+
+
 # -- pooling ------------------------------------------------------------------------------
 
 def _pool_windows(ctx: Context, x, kernel, stride, padding, dilation, ceil_mode, d: int) -> list[Window]:

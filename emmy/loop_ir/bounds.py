@@ -3,7 +3,8 @@
 Each index is a quasi-affine expression of loop variables; a variable ranges over its loop
 (0 .. extent - 1), narrowed by the guards of a guarded load (a load made only where
 `lo <= c * a + k < hi` holds needs to be in bounds only there); an index that differs from a
-guard's expression by a bounded rest is bounded through the guard (a scan's `start + j <= i`). Intervals go through sums,
+guard's expression (or a sum of multiples of guards' expressions) by a bounded rest is bounded
+through the guards (a scan's `start + j <= i`, F.fold's `row * width + column`). Intervals go through sums,
 multiples, floor divisions and remainders. An access whose interval leaves its buffer on some
 dimension is reported; emitted kernels must have none (Kernel IR lowering refuses them).
 """
@@ -41,22 +42,49 @@ def _check(what: str, buffer: str, index, ranges: dict, shapes: dict, guards=())
         return [f"{what}: {len(index)} indices for a buffer of rank {len(shape)}"]
     out = []
     for axis, (expr, size) in enumerate(zip(index, shape)):
-        lo, hi = interval(expr, ranges)
-        for g in guards:  # index = guard + rest, so lo_g + min(rest) <= index <= hi_g - 1 + max(rest)
-            rest_lo, rest_hi = interval(expr - g.expr, ranges)
-            if g.hi is not None:
-                hi = min(hi, g.hi - 1 + rest_hi)
-            if g.lo is not None:
-                lo = max(lo, g.lo + rest_lo)
-            # or index = rest - guard (a flipped read: n - 1 - position), bounded the other way round
-            rest_lo, rest_hi = interval(expr + g.expr, ranges)
-            if g.hi is not None:
-                lo = max(lo, rest_lo - (g.hi - 1))
-            if g.lo is not None:
-                hi = min(hi, rest_hi - g.lo)
+        lo, hi = through_guards(expr, guards, ranges)
         if lo < 0 or hi >= size:
             out.append(f"{what}[...{expr}...]: axis {axis} reaches {lo}..{hi}, outside 0..{size - 1}")
     return out
+
+
+GUARDS_COMBINED = 3  # guards one index is written through at most (F.fold's row * width + column: two)
+
+
+def through_guards(expr: Affine, guards, ranges: dict) -> tuple[int, int]:
+    """Inclusive bounds of `expr` where the guards hold. Besides each variable's range, `expr` is
+    written as sum(c_k * guard_k) + rest wherever a term of a guard divides expr's term of the same
+    atom, so an index made of guarded parts is bounded by their guards (a scan's `start + j <= i`;
+    a flipped read `n - 1 - position`; a fold's `row * width + column`, each part guarded inside
+    its axis)."""
+    lo, hi = interval(expr, ranges)
+    pending = [(expr, 0, 0, 0)]  # (rest, least and greatest value of the guarded parts, guards used)
+    seen = set()
+    while pending:
+        rest, part_lo, part_hi, used = pending.pop()
+        if used:
+            rest_lo, rest_hi = interval(rest, ranges)
+            if part_lo is not None:
+                lo = max(lo, part_lo + rest_lo)
+            if part_hi is not None:
+                hi = min(hi, part_hi + rest_hi)
+        if used == GUARDS_COMBINED:
+            continue
+        terms = dict(rest.terms)
+        for g in guards:
+            for c in {terms[atom] // k for atom, k in g.expr.terms if atom in terms and terms[atom] % k == 0}:
+                # c * guard lies in c * [lo_g, hi_g - 1], ends swapped when c < 0 (None: unbounded)
+                ends = (None if g.lo is None else g.lo * c, None if g.hi is None else (g.hi - 1) * c)
+                low, high = ends if c > 0 else ends[::-1]
+                new_lo = None if low is None or part_lo is None else part_lo + low
+                new_hi = None if high is None or part_hi is None else part_hi + high
+                if new_lo is None and new_hi is None:
+                    continue
+                key = (rest - g.expr * c, new_lo, new_hi)
+                if key not in seen:
+                    seen.add(key)
+                    pending.append((*key, used + 1))
+    return lo, hi
 
 
 def narrowed(ranges: dict, guards) -> dict | None:
