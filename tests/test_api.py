@@ -112,6 +112,33 @@ def test_a_buffer_returned_twice_is_two_outputs():
     torch.testing.assert_close(c, X)
 
 
+def test_nones_and_numbers_among_the_outputs_come_back_as_the_module_returns_them(tmp_path):
+    """A decoder returns None where it keeps no cache, a dict with a None entry, or a count: those
+    leaves are returned as they are, around the computed tensors (torch.export hands them over as
+    constant outputs; the program crashed on them), and survive save and load."""
+
+    class Decoder(torch.nn.Module):
+        def forward(self, x):
+            return x.relu(), None, (x.sum(), None), 3
+
+    class Dict(torch.nn.Module):
+        def forward(self, x):
+            return {"logits": x * 2, "past": None, "layers": 2}
+
+    program = emmy.optimize(Decoder(), X)
+    hidden, nothing, (total, empty), count = program(X)
+    torch.testing.assert_close(hidden, X.relu())
+    torch.testing.assert_close(total, X.sum(), rtol=1e-5, atol=1e-5)
+    assert nothing is None and empty is None and count == 3
+    assert program.signature.output_names == ("out0", "out1")
+    program.save(tmp_path / "decoder.emmy")
+    again = emmy.load(tmp_path / "decoder.emmy")(X)
+    assert again[1] is None and again[2][1] is None and again[3] == 3
+    out = emmy.optimize(Dict(), X)(X)
+    assert set(out) == {"logits", "past", "layers"} and out["past"] is None and out["layers"] == 2
+    torch.testing.assert_close(out["logits"], X * 2)
+
+
 def test_nested_inputs_are_taken_as_the_module_takes_them():
     # An LSTM cell takes (x, (h, c)): capture refused the tuple ("example input 1 is a tuple").
     cell = torch.nn.LSTMCell(12, 20)

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class OutputStructure:
     spec: str | None  # torch.utils._pytree.treespec_dumps of the returned structure; None: flat tuple
-    names: tuple[str, ...]
+    names: tuple[str, ...]  # the output tensors'
+    # leaves that are no tensor (a None in place of a cache, a count): (leaf position, value), returned as they are
+    constants: tuple[tuple[int, object], ...] = ()
 
     @classmethod
     def flat(cls, count: int) -> OutputStructure:
@@ -24,16 +26,20 @@ class OutputStructure:
     def of_exported(cls, exported) -> OutputStructure:
         import torch.utils._pytree as pytree
 
+        user = [s for s in exported.graph_signature.output_specs if s.kind.name in ("USER_OUTPUT", "LOSS_OUTPUT")]
+        constants = tuple((k, s.arg.value) for k, s in enumerate(user) if type(s.arg).__name__ == "ConstantArgument")
         spec = exported.call_spec.out_spec
         if spec is None:
-            return cls.flat(len(exported.graph_signature.user_outputs))
+            return cls.flat(len(user) - len(constants))
         try:
             text = pytree.treespec_dumps(spec)
         except Exception:  # a container pytree cannot serialize: hand back a flat tuple
-            return cls.flat(spec.num_leaves)
+            return cls.flat(spec.num_leaves - len(constants))
         paths = [path for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(range(spec.num_leaves),
                                                                                            spec))[0]]
-        return cls(text, tuple(_name(path, k) for k, path in enumerate(paths)))
+        fixed = {k for k, _ in constants}
+        tensors = [k for k in range(len(paths)) if k not in fixed]
+        return cls(text, tuple(_name(paths[k], n) for n, k in enumerate(tensors)), constants)
 
     def pack(self, tensors: list):
         """The outputs in the structure the program returned them: a lone tensor as itself."""
@@ -41,7 +47,10 @@ class OutputStructure:
             return tensors[0] if len(tensors) == 1 else tuple(tensors)
         import torch.utils._pytree as pytree
 
-        return pytree.tree_unflatten(list(tensors), pytree.treespec_loads(self.spec))
+        leaves, given, fixed = [], iter(tensors), dict(self.constants)
+        for k in range(len(tensors) + len(fixed)):
+            leaves.append(fixed[k] if k in fixed else next(given))
+        return pytree.tree_unflatten(leaves, pytree.treespec_loads(self.spec))
 
 
 def _name(path: tuple, position: int) -> str:

@@ -95,6 +95,8 @@ def to_tensor_ir(captured) -> TensorProgram:
         elif node.op == "output":
             results = node.args[0]
             for r in results if isinstance(results, (list, tuple)) else [results]:
+                if not hasattr(r, "op"):  # a None or a number the module returns: returned as it is
+                    continue
                 _refuse_empty(captured, r)
                 value = env[r.name]
                 if value in pairs:
@@ -122,6 +124,8 @@ def _returned_then_updates(program, outputs: list[str]) -> tuple[list, list, tup
     """The graph's outputs as (returned ones, in-place updates, what each update changes): torch.export
     lists a module's changes to its inputs and buffers first, as outputs of their new values."""
     specs = getattr(getattr(program, "graph_signature", None), "output_specs", None)
+    if specs is not None:  # constants (a None, a number) are no tensor of the graph
+        specs = [s for s in specs if type(s.arg).__name__ != "ConstantArgument"]
     if specs is None or len(specs) != len(outputs):
         return outputs, [], ()
     returned, updates, mutations = [], [], []
