@@ -15,9 +15,10 @@ def multilabel_margin_loss_forward(scores: torch.Tensor, target: torch.Tensor, r
     """(loss, is_target) of aten.multilabel_margin_loss_forward.
 
     A sample's labels are the target slots before its first -1. torch 2.13's decomposition gathers
-    slot 0's score into every slot after that -1 and keeps their margins in the sum (eager torch
-    gives 0.69 where it gives 1.99); here a margin counts only for a label slot j and a class i that
-    is not a label: sum over j, i of max(0, 1 - (x[label_j] - x[i])) / classes."""
+    slot 0's score into every slot after that -1 and keeps their margins in the sum (on one random
+    5x6 example eager torch gave 0.69, the decomposition 1.99); here a margin counts only for a
+    label slot j and a class i that is not a label: sum over j, i of max(0, 1 - (x[label_j] - x[i]))
+    / classes."""
     vector = scores.dim() < 2
     x = scores.reshape(1, -1) if vector else scores
     labels = target.reshape(1, -1) if vector else target

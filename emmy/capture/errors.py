@@ -24,7 +24,8 @@ def _user_file(filename: str) -> bool:
         return False
     path = os.path.abspath(filename)
     library = {os.path.dirname(os.path.abspath(__file__)).rsplit(os.sep, 1)[0]}  # the emmy package
-    library |= {os.path.abspath(p) for k, p in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    library |= {os.path.abspath(p) for k, p in sysconfig.get_paths().items()
+                if k in ("stdlib", "platstdlib", "purelib", "platlib")}
     return not any(path.startswith(root + os.sep) for root in library)
 
 
@@ -38,7 +39,8 @@ def _location(err: BaseException, source: Source) -> Location | None:
         return Location(CODE_FILENAME, line, source.line_text(CODE_FILENAME, line))
     user = [f for f in frames if _user_file(f.filename)]
     if user:
-        return Location(user[-1].filename, user[-1].lineno or 0, source.line_text(user[-1].filename, user[-1].lineno or 0))
+        frame = user[-1]
+        return Location(frame.filename, frame.lineno or 0, source.line_text(frame.filename, frame.lineno or 0))
     for filename, line in reversed(_FRAME.findall(str(err))):
         if filename == CODE_FILENAME or not filename.startswith("/"):
             return Location(filename, int(line), source.line_text(filename, int(line)))

@@ -277,8 +277,8 @@ _LOGICAL = {"logical_and": "logical_and", "logical_or": "logical_or", "logical_x
 
 def _on_integers(ctx: Context) -> bool:
     """On bools, bitwise ops are logical ops; on integers they twiddle bits."""
-    return "bitwise" in str(ctx.node.target) and ctx.out_type().dtype not in (DType.BOOL,) \
-        and not ctx.out_type().dtype.is_float
+    dtype = ctx.out_type().dtype
+    return "bitwise" in str(ctx.node.target) and dtype is not DType.BOOL and not dtype.is_float
 
 
 @lowers("aten.logical_and.default", "aten.logical_or.default", "aten.logical_xor.default", "aten.bitwise_and.Tensor",

@@ -334,9 +334,9 @@ class Kernels:
         roots = self.live_roots()
         names = self.buffer_names(roots)
         kernels = []
-        tables = {name: names[cid] for cid, name in chosen.kept}
+        kept = {name: names[cid] for cid, name in chosen.kept}
         for root in self.kernel_order(roots):
-            lowering = KernelLowering(chosen.view, chosen.choice, {c: names[c] for c in roots}, tables=tables)
+            lowering = KernelLowering(chosen.view, chosen.choice, {c: names[c] for c in roots}, tables=kept)
             kernels.append(lowering.lower(root, f"k_{names[root]}", names[root]))
         # index tensors are read inside index expressions (Gathered atoms), not as e-nodes
         tables = set().union(*(kernel_index_tensors(k) for k in kernels)) if kernels else set()
