@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import traceback
@@ -16,17 +17,23 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _CAUSE = re.compile(r"Caused by: \(([^)]+?):(\d+) in (\w+)\)")
 
 
-def _user_file(filename: str) -> bool:
-    """A file of the user's program: not torch, emmy, Python's own library or generated code."""
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> tuple[str, ...]:
+    """The emmy package and Python's own and installed libraries."""
     import sysconfig
 
+    roots = {os.path.dirname(os.path.abspath(__file__)).rsplit(os.sep, 1)[0]}
+    roots |= {os.path.abspath(p) for k, p in sysconfig.get_paths().items()
+              if k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(roots)
+
+
+def _user_file(filename: str) -> bool:
+    """A file of the user's program: not torch, emmy, Python's own library or generated code."""
     if filename.startswith("<") or _inside_torch(filename):
         return False
     path = os.path.abspath(filename)
-    library = {os.path.dirname(os.path.abspath(__file__)).rsplit(os.sep, 1)[0]}  # the emmy package
-    library |= {os.path.abspath(p) for k, p in sysconfig.get_paths().items()
-                if k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return not any(path.startswith(root + os.sep) for root in library)
+    return not any(path.startswith(root + os.sep) for root in _library_roots())
 
 
 def _location(err: BaseException, source: Source) -> Location | None:

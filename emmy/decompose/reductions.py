@@ -268,10 +268,10 @@ def running_extreme(ctx: Context, x, dim):
     upto = Guard(Affine.dim(rank) - Affine.dim(axis), hi=1)
     earlier = b.index_map(x, (*shape, n), index, guards=[upto], fill=0, suffix="earlier")  # x[.., j, ..], j <= i
     held = b.index_map(values, (*shape, n), [Affine.dim(k) for k in range(rank)], suffix="held")
-    positions = b.index_map(ctx.constant(np.arange(n), DType.I64), (*shape, n), [Affine.dim(rank)], suffix="j")
-    hit = b.elementwise("logical_and", b.elementwise("equal", earlier, held, dtype=DType.BOOL),
-                        b.index_map(b.fill(True, (), DType.BOOL), (*shape, n), [], guards=[upto], fill=False),
-                        dtype=DType.BOOL)
+    # j where j <= i, else -1 (so a j past i never wins, whatever its x)
+    positions = b.index_map(ctx.constant(np.arange(n), DType.I64), (*shape, n), [Affine.dim(rank)], guards=[upto],
+                            fill=-1, suffix="j")
+    hit = b.elementwise("equal", earlier, held, dtype=DType.BOOL)
     last = b.reduce_axes("max", b.elementwise("where", hit, positions, -1, dtype=DType.I64), [rank], False)
     return values, last
 

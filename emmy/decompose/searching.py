@@ -14,19 +14,12 @@ from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
 
 
-def _common(ctx: Context, a: str, b: str) -> DType:
-    da, db = ctx.b.dtype(a), ctx.b.dtype(b)
-    if da is db:
-        return da
-    return DType.F32 if da.is_float or db.is_float else DType.I64
-
-
 def _count_passed(ctx: Context, values: str, boundaries: str, right: bool, name: str | None) -> str:
     """out[..., i] = the boundaries (along the last axis of `boundaries`, whose other axes broadcast
     against `values`' leading ones) that values[..., i] passes."""
     b = ctx.b
     out = ctx.out_type()
-    dtype = _common(ctx, values, boundaries)
+    dtype = ctx.promoted(*ctx.node.args[:2])  # the type torch compares the two in
     count = b.shape(boundaries)[-1]
     shape = (*b.shape(values), count)
     along = b.reshape(boundaries, (*b.shape(boundaries)[:-1], 1, count), suffix="boundaries")

@@ -284,7 +284,6 @@ class Kernels:
 
     def types_of(self, kernel: Kernel) -> dict[str, TensorType]:
         """Buffer name -> type for the buffers a kernel reads and writes, index tensors included."""
-        from emmy.loop_ir.nodes import kernel_index_tensors
         from emmy.loop_ir.signature import buffers_of
 
         types = {name: self.chosen.view.type(name[1:]) if name.startswith("%") else self.chosen.leaf_types[name]

@@ -56,6 +56,13 @@ class KernelLowering:
         self.max_statements = max_statements  # KernelTooLarge past it (None: no limit)
         # computed index tensors: Tensor IR name (as the layouts' Gathered atoms say) -> buffer name
         self.tables = tables or {}
+        self._layouts: dict[str, object] = {}  # layout text -> its Layout reading those buffers
+
+    def _layout(self, text: str):
+        found = self._layouts.get(text)
+        if found is None:
+            found = self._layouts[text] = _with_tables(decode_layout(text), self.tables)
+        return found
 
     def lower(self, root: str, name: str, output: str) -> Kernel:
         self.root = root
@@ -227,7 +234,7 @@ class KernelLowering:
         if kind == "softmax_wsum":
             return (yield from self._softmax_wsum(cid, a[0], a[1], a[2], coords))
         if kind == "reindex":
-            layout = _with_tables(decode_layout(a[1]), self.tables)
+            layout = self._layout(a[1])
             sub = tuple(e.substitute(coords, self.extents) for e in layout.index)
             if self.shortcut and self.shortcut[:2] == (node.id, coords):  # the reshape the loops run over
                 sub = self.shortcut[2]

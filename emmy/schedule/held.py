@@ -35,7 +35,8 @@ def held_loads(body) -> dict[str, str]:
         seen: dict[tuple, str] = {}  # (extent, buffer, index over `walker`) -> the fold load that reads it
         for loop in (s for s in stmts if isinstance(s, Loop)):
             bounds[walker] = loop.extent
-            mapping = _Renaming(identity, loop.var, identity[walker])
+            mapping = list(identity)  # pointers copied: the Affines themselves are built once
+            mapping[loop.var] = identity[walker]
             for stmt in _plain_loads(loop.body):
                 key = (loop.extent, stmt.expr.buffer, tuple(e.substitute(mapping, bounds) for e in stmt.expr.index))
                 if key in seen:
@@ -43,16 +44,6 @@ def held_loads(body) -> dict[str, str]:
                 elif loop.reduction:
                     seen[key] = stmt.name
     return found
-
-
-class _Renaming:
-    """`base` with one position replaced, without copying it (Affine.substitute only indexes it)."""
-
-    def __init__(self, base: list, position: int, value) -> None:
-        self.base, self.position, self.value = base, position, value
-
-    def __getitem__(self, index: int):
-        return self.value if index == self.position else self.base[index]
 
 
 def _plain_loads(stmts):
