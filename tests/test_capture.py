@@ -73,6 +73,17 @@ def test_code_names_inputs_after_their_variables_and_hoists_inline_factories():
     assert [tuple(t.shape) for t in program.example_inputs] == [(3, 4), (4, 2)]
 
 
+def test_code_takes_random_permutations_and_normals_as_inputs():
+    """torch.randperm, torch.normal and torch.randint_like make example inputs as randn does; they
+    are not ops to compile."""
+    program = emmy.optimize("x=torch.normal(0.0, 2.0, (3,5)); p=torch.randperm(5); "
+                            "k=torch.randint_like(x, 0, 3).long(); x[:, p] + k")
+    inputs, _ = _kinds(program.tensor_ir)
+    assert inputs == ["x", "p", "k"]
+    assert sorted(program.example_inputs[1].tolist()) == list(range(5))
+    check_against_torch(program)
+
+
 def test_code_modules_keep_their_parameters():
     program = emmy.optimize("x=torch.randn(2,8); lin=nn.Linear(8,4); norm=nn.LayerNorm(4); norm(lin(x))")
     _, weights = _kinds(program.tensor_ir)

@@ -169,6 +169,17 @@ CASES = [
     ("aten.cummin.default", I + "torch.cummin(a // 5, 0)"),
     ("aten.bucketize.Tensor", X + "torch.bucketize(x, torch.tensor([-1.0, 0.0, 0.0, 0.5]), right=True)"),
     ("aten.searchsorted.Tensor", I + "torch.searchsorted(b.cumsum(-1), a + 20)"),
+    ("aten.sort.default", X + "torch.sort(torch.where(x > 1.2, float('nan'), x.round()), -1)"),  # stable, NaN last
+    ("aten.sort.stable", X + "torch.sort(x.round(), dim=0, descending=True, stable=True)"),
+    ("aten.sort.stable", I + "torch.sort(a // 4, dim=1, stable=True, descending=True)[1]"),
+    ("aten.topk.default", X + "torch.topk(x, 3, dim=-1)"),
+    ("aten.topk.default", H + "torch.topk(x, 2, dim=0, largest=False)"),
+    ("aten.kthvalue.default", X + "torch.kthvalue(x, 2, dim=1, keepdim=True)"),
+    ("aten.median.dim", X + "torch.median(torch.where(x > 1.5, float('nan'), x), dim=-1)"),  # NaN at its first
+    ("aten.median.default", X + "torch.median(x)"),
+    ("aten.nanmedian.dim", X + "torch.nanmedian(torch.where(x > 0.3, float('nan'), x), 0)"),
+    ("aten.logcumsumexp.default", X + "torch.logcumsumexp(x * 30, -1)"),
+    ("aten.unfold.default", X + "x.unfold(1, 3, 2)"),
     ("aten._trilinear.default", X + "F.bilinear(x, y, torch.randn(3, 6, 6), torch.randn(3))"),
     ("aten.cumsum.default", X + "x.cumsum(-1)"),
     ("aten.cumsum.default", H + "torch.cumsum(x, 0)"),
@@ -354,6 +365,27 @@ def test_arg_reductions_and_scans_run_right_in_the_simulator(dtype):
             "(x.argmax(-1), y.argmin(1), x.max(0).indices, x.cumsum(-1), (x * 0.2 + 1).cumprod(1), "
             "torch.cummax(y.round(), -1), torch.cummin(x.round(), 1), torch.cummax((x * 3).long(), -1))")
     _runs_right_in_the_simulator(code)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
+def test_orderings_run_right_in_the_simulator(dtype):
+    """sort (stable, both directions, ties and NaNs), argsort, topk, kthvalue, median and
+    nanmedian, quantile (torch's own decomposition over a sort), Tensor.unfold windows and
+    logcumsumexp, compiled to CUDA and run with ASan on: every index each ordering reads by is a
+    position it computed. Ties only where torch's order is defined (sort is stable): which of equal
+    values topk, kthvalue and median return torch leaves open."""
+    make = (f"x=(torch.randn(3,40) * 4).round().to(torch.{dtype}); y=torch.randperm(45).reshape(5,9) - 20; "
+            if dtype == "int64" else
+            f"x=(torch.randn(3,40) * 4).round().to(torch.{dtype}); y=torch.randn(5,9,dtype=torch.{dtype}); "
+            "x = torch.where(x > 6, float('nan'), x); ")
+    code = make + ("(torch.sort(x, dim=-1, stable=True), torch.sort(x, dim=0, descending=True, stable=True), "
+                   "torch.argsort(y, dim=0), torch.topk(y, 3), torch.topk(y, 2, dim=0, largest=False), "
+                   "torch.kthvalue(y, 4, dim=1), torch.median(y, dim=0), torch.median(y), "
+                   "y.unfold(1, 4, 2).sum(-1)")
+    if dtype != "int64":
+        code += (", torch.nanmedian(x, dim=-1).values, torch.quantile(y.float(), 0.3, dim=-1), "
+                 "torch.logcumsumexp(x.float(), -1), torch.logcumsumexp(y, 0)")
+    _runs_right_in_the_simulator(code + ")")
 
 
 def test_searches_bilinear_forms_and_grid_sampling_run_right_in_the_simulator():

@@ -34,7 +34,7 @@ from emmy.errors import CodeError, EmmyError
 
 FACTORIES = frozenset(
     {
-        "randn", "rand", "randint", "ones", "zeros", "full", "empty", "tensor",
+        "randn", "rand", "randint", "randperm", "randint_like", "normal", "ones", "zeros", "full", "empty", "tensor",
         "arange", "linspace", "eye", "randn_like", "rand_like", "ones_like",
         "zeros_like", "full_like", "empty_like", "as_tensor", "from_numpy",
     }
@@ -74,7 +74,8 @@ def _is_construction(func: ast.expr) -> bool:
 # Methods that keep a fresh tensor or module what it is (a dtype, a device, a mode): a factory or
 # construction followed by them is one site, run for real, so `nn.Linear(8, 16).half()` converts
 # real parameters and `torch.randn(4, 8).half()` is an f16 input.
-CHAINED = frozenset({"half", "bfloat16", "float", "double", "to", "cuda", "cpu", "contiguous", "eval", "requires_grad_"})
+CHAINED = frozenset({"half", "bfloat16", "float", "double", "long", "int", "short", "bool", "byte", "char", "to", "cuda",
+                     "cpu", "contiguous", "eval", "requires_grad_"})
 
 
 def _receiver(call: ast.Call) -> ast.Call | None:

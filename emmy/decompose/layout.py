@@ -168,6 +168,20 @@ def flip(ctx: Context, x, dims):
     return ctx.b.index_map(x, shape, index, name=ctx.name)
 
 
+@lowers("aten.unfold.default")
+def unfold(ctx: Context, x, dim, size, step):
+    """Tensor.unfold: the windows of `size` every `step` along `dim`, counted along `dim`, each
+    window's elements on a new last axis: out[.., w, .., j] = x[.., w*step + j, ..]."""
+    shape = ctx.b.shape(x)
+    if not shape:  # a rank-0 tensor unfolds into one window of itself
+        return ctx.b.reshape(x, (1,), name=ctx.name)
+    dim %= len(shape)
+    out = ctx.out_type().shape
+    index = [Affine.dim(k) for k in range(len(shape))]
+    index[dim] = Affine.dim(dim) * int(step) + Affine.dim(len(shape))
+    return ctx.b.index_map(x, out, index, name=ctx.name)
+
+
 @lowers("aten.diagonal.default")
 def diagonal(ctx: Context, x, offset=0, dim1=0, dim2=1):
     """The diagonal of dims (dim1, dim2), `offset` above (below, if negative) the main one: the

@@ -238,6 +238,28 @@ def running(ctx: Context, op: str, x: str, axis: int, name: str | None = None) -
     return ctx.b.reduce_axes(op, tri, [rank], False, name=name)
 
 
+@lowers("aten.logcumsumexp.default")
+def logcumsumexp(ctx: Context, x, dim):
+    """out[..i..] = log(sum over j <= i of exp(x[..j..])), shifted by the running maximum m_i so
+    no exp overflows: m_i + log(sum exp(x_j - m_i)), a triangular fold per element (O(n^2) per
+    row). Where m_i is infinite the shift is 0, so -inf rows stay -inf and +inf gives +inf."""
+    b = ctx.b
+    out = ctx.out_type()
+    xf = ctx.tensor(x, out.dtype.accumulator)
+    shape = b.shape(xf)
+    if not shape:
+        return b.cast(xf, out.dtype)
+    axis, rank = dim % len(shape), len(shape)
+    most = running(ctx, "max", xf, axis)
+    shift = b.elementwise("where", b.elementwise("isinf", most), 0.0, most, suffix="shift")
+    index = [Affine.dim(rank) if k == axis else Affine.dim(k) for k in range(rank)]
+    upto = Guard(Affine.dim(rank) - Affine.dim(axis), hi=1)  # j - i < 1
+    earlier = b.index_map(xf, (*shape, shape[axis]), index, guards=[upto], fill=-np.inf, suffix="prefix")
+    shifted = b.elementwise("subtract", earlier, b.index_map(shift, b.shape(earlier), [Affine.dim(k) for k in range(rank)]))
+    total = b.reduce_axes("sum", b.elementwise("exp", shifted), [rank], False, suffix="sumexp")
+    return b.cast(b.elementwise("add", shift, b.elementwise("log", total)), out.dtype)
+
+
 @lowers("aten.cummax.default", "aten.cummin.default")
 def running_extreme(ctx: Context, x, dim):
     """(values, indices) of torch.cummax (cummin): the extreme so far and the last position holding
