@@ -244,6 +244,9 @@ CASES = [
     ("aten.index_put.default", "k=torch.randn(1,2,8); p=torch.tensor([3,15]); c=torch.zeros(1,16,8); c.index_copy_(1, p, k); c"),
     ("aten.scatter.value", "t=torch.randint(0,7,(4,)); torch.zeros(4,7).scatter(1, t[:, None], 1.0)"),
     ("aten.scatter_add.default", X + "t=torch.randint(0,5,(4,6)); torch.zeros(5,6).scatter_add(0, t, x)"),
+    ("aten.scatter_reduce.two", X + "t=torch.randint(0,6,(4,9)); x.scatter_reduce(1, t, torch.randn(4,9), 'amax')"),
+    ("aten.scatter_reduce.two", X + "t=torch.randint(0,4,(7,6)); x.scatter_reduce(0, t, torch.randn(7,6), 'mean', "
+                                    "include_self=False)"),
     ("aten.scatter.src",  # repeated ids: the last write wins, as torch's CPU kernel
      X + "t=torch.tensor([[0,0,1,4,2,2]]).expand(4,6); torch.ones(4,5).scatter(1, t[:, :4], x[:, :4])"),
     # reads by index tensors
@@ -431,6 +434,27 @@ def test_writes_into_part_of_a_tensor_run_right_in_the_simulator(dtype):
             "(z, c, torch.zeros(6, 10, dtype=x.dtype).scatter_add(1, t, x[:, :4]), "
             "torch.zeros(6, 10, dtype=x.dtype).scatter(1, t, 1.0))")
     _runs_right_in_the_simulator(code)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "int32"])
+def test_scatter_reductions_run_right_in_the_simulator(dtype):
+    """scatter_reduce by every reduction, with and without the old values, positions no id hits
+    kept (a GNN's per-node max and mean of its messages), compiled to CUDA (ASan on). int64's
+    amin starts from 2**63 - 1, which no f64 holds: the optimizer must carry it exactly."""
+    make = (f"x=(torch.randn(5,7) * 9).to(torch.{dtype}); s=(torch.randn(5,11) * 9).to(torch.{dtype}); "
+            "t=torch.randint(0,7,(5,11)); ")
+    code = make + "(" + ", ".join(f"x.scatter_reduce(1, t, s, '{r}', include_self={inc})"
+                                   for r in ("sum", "prod", "mean", "amax", "amin") for inc in (True, False)) + ")"
+    _runs_right_in_the_simulator(code)
+
+
+def test_integer_literals_keep_every_bit_or_are_refused():
+    """Literals ride the e-graph as f64s: int64's extremes come back exact (a clamp to them, a
+    fold's identity), and an integer an f64 would round is a clear error, never a changed value."""
+    _runs_right_in_the_simulator("a=torch.randint(-9,9,(4,40)); "
+                                 "(a.clamp(max=2**63-1) - 1, a.clamp(min=-2**63) + 1, a.amin(1), torch.cummin(a, 1))")
+    with pytest.raises(emmy.EmmyError, match=r"4611686018427387905 in aten.mul.Tensor \(line 1.*53 bits"):
+        emmy.optimize("a=torch.randint(-9,9,(4,40)); a * (2**62 + 1)", stop_after="loop")
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
@@ -678,3 +702,22 @@ def test_byte_and_short_integers_run_right_in_the_simulator():
             "((img.float() / 255 - 0.5) / 0.2, img.amax(-1), img.amin((1, 2)), img.argmax(-1), a + a, a // 3, a.abs(), "
             "m.byte() * 7, s * 300, s.sum(-1), s.amax(-1), (img & 0x0F) | 0x80)")
     _runs_right_in_the_simulator(code)
+
+
+def test_random_numbers_drawn_inside_a_program_are_one_clear_error():
+    """torch.randn in a forward, or dropout in training mode: the error names the op, its line, and
+    what to do instead."""
+    with pytest.raises(emmy.EmmyError, match=r"aten.native_dropout.default \(line 1.*draws random numbers.*eval"):
+        emmy.optimize("x=torch.randn(3,4); F.dropout(x, 0.3, training=True)", stop_after="tensor")
+
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.randn(x.shape)
+
+    with pytest.raises(emmy.EmmyError, match=r"aten.randn.default .*test_ops.py.*draws random numbers.*input"):
+        emmy.optimize(Noisy(), torch.randn(2, 3), stop_after="tensor")
+
+
+def test_triangle_indices_are_constants_of_the_program():
+    _runs_right_in_the_simulator("x=torch.randn(2,4,5); (x[:, torch.tril_indices(4, 5, -1)[0], torch.tril_indices(4, 5, -1)[1]], "
+                                 "torch.triu_indices(3, 6, 2) * 2)")

@@ -256,3 +256,12 @@ def arange(ctx: Context, *args, **kwargs):
     out = ctx.out_type()
     values = np.arange(start, end, step, dtype=np.float64)[:out.shape[0]]
     return ctx.constant(values, out.dtype)
+
+
+@lowers("aten.tril_indices.default", "aten.triu_indices.default")
+def triangle_indices(ctx: Context, row, col, offset=0, **kwargs):
+    """The (2, count) coordinates of a matrix's lower (upper) triangle, row by row: a constant."""
+    import numpy as np
+
+    pick = np.tril_indices if "tril" in str(ctx.node.target) else np.triu_indices
+    return ctx.constant(np.stack(pick(int(row), int(offset), int(col))), ctx.out_type().dtype)

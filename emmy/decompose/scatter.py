@@ -97,12 +97,20 @@ def _masked_put(ctx: Context, x, dim: int, mask, values, accumulate: bool) -> st
 @lowers("aten.scatter.value", "aten.scatter_add.default", "aten.scatter.src")
 def scatter(ctx: Context, x, dim, index, src):
     """Along `dim`, index[.., k, ..] = j writes src[.., k, ..] (or the one value) to out[.., j, ..]:
-    added (scatter_add), else the last write wins. Index's other dimensions must be x's."""
+    added (scatter_add), else the last write wins."""
+    dim %= len(ctx.out_type().shape)
+    ids_full, values_full = _writes(ctx, dim, index, src)
+    return _scattered(ctx, x, dim, ids_full, values_full, "scatter_add" in str(ctx.node.target))
+
+
+def _writes(ctx: Context, dim: int, index, src) -> tuple[str, str]:
+    """(ids, values) of a scatter along `dim` over the output's shape plus the writes' axis k:
+    entry k of each row targets ids[.., k] and writes values[.., k]. Index's other dimensions must
+    be the output's."""
     b = ctx.b
     out = ctx.out_type()
     shape = out.shape
     rank = len(shape)
-    dim %= rank
     index_shape = b.shape(index)
     if any(n != s for a, (n, s) in enumerate(zip(index_shape, shape)) if a != dim):
         raise UnsupportedOpError(f"unsupported op {ctx.where}: index of shape {list(index_shape)} over "
@@ -115,7 +123,44 @@ def scatter(ctx: Context, x, dim, index, src):
         values_full = b.index_map(ctx.tensor(src, out.dtype), full, at, suffix="values")
     else:
         values_full = b.fill(src, full, out.dtype)
-    return _scattered(ctx, x, dim, ids_full, values_full, "scatter_add" in str(ctx.node.target))
+    return ids_full, values_full
+
+
+_REDUCED = {"sum": ("sum", "add"), "prod": ("prod", "multiply"), "amax": ("max", "maximum"),
+            "amin": ("min", "minimum")}  # scatter_reduce's name -> (the fold, how it meets x)
+
+
+@lowers("aten.scatter_reduce.two")
+def scatter_reduce(ctx: Context, x, dim, index, src, reduce, include_self=True):
+    """Each output position folds the values written to it (sum, prod, amax, amin or mean), with
+    its old value when include_self; a position nothing writes keeps its old value."""
+    from emmy.decompose.reductions import _identity
+
+    b = ctx.b
+    out = ctx.out_type()
+    rank = len(out.shape)
+    dim %= rank
+    ids_full, values_full = _writes(ctx, dim, index, src)
+    full = b.shape(ids_full)
+    here = b.index_map(ctx.constant(_arange(out.shape[dim]), DType.I64), full, [Affine.dim(dim)], suffix="positions")
+    hits = b.elementwise("equal", ids_full, here, suffix="hits")
+    old = ctx.tensor(x, out.dtype)
+    count = b.reduce_axes("sum", b.cast(hits, DType.I64), [rank], False, suffix="writes")
+    fold, meet = _REDUCED.get(reduce, ("sum", "add"))
+    folded = b.reduce_axes(fold, b.elementwise("where", hits, values_full, _identity(fold, out.dtype), dtype=out.dtype),
+                           [rank], False, suffix=reduce)
+    if reduce == "mean":
+        total = b.elementwise("add", old, folded) if include_self else folded
+        many = b.elementwise("add", count, 1) if include_self else b.elementwise("maximum", count, 1)
+        divide = "divide" if out.dtype.is_float else "floor_divide"
+        folded = b.elementwise(divide, total, b.cast(many, out.dtype), suffix="mean")
+        written = folded
+    elif reduce in _REDUCED:
+        written = b.elementwise(meet, old, folded) if include_self else folded
+    else:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: reduce={reduce!r} "
+                                 "(torch's are 'sum', 'prod', 'mean', 'amax', 'amin')")
+    return b.elementwise("where", b.elementwise("greater", count, 0), written, old, dtype=out.dtype, name=ctx.name)
 
 
 def _scattered(ctx: Context, x, dim: int, ids_full: str, values_full: str, adding: bool) -> str:
