@@ -67,8 +67,11 @@ def to_tensor_ir(captured) -> TensorProgram:
     weight_arrays: dict[str, np.ndarray] = {}
     outputs: list[str] = []
     pairs: set[str] = set()
+    tokens = _effect_tokens(program)
     for node in program.graph.nodes:
-        if node.op == "placeholder":
+        if node.name in tokens:  # torch.export's ordering of side effects: nothing to compute
+            env[node.name] = _TOKEN
+        elif node.op == "placeholder":
             _refuse_empty(captured, node)
             val = node.meta["val"]
             builder.origin = ""
@@ -95,8 +98,8 @@ def to_tensor_ir(captured) -> TensorProgram:
         elif node.op == "output":
             results = node.args[0]
             for r in results if isinstance(results, (list, tuple)) else [results]:
-                if not hasattr(r, "op"):  # a None or a number the module returns: returned as it is
-                    continue
+                if not hasattr(r, "op") or env.get(r.name) is _TOKEN:  # a None or a number the module returns
+                    continue  # (returned as it is), or an effect token
                 _refuse_empty(captured, r)
                 value = env[r.name]
                 if value in pairs:
@@ -107,6 +110,28 @@ def to_tensor_ir(captured) -> TensorProgram:
                 outputs.append(value)
     returned, updates, mutations = _returned_then_updates(program, outputs)
     return TensorProgram(builder.finish(returned + updates), weight_arrays, mutations)
+
+
+_TOKEN = object()  # the value of torch.export's effect tokens
+CHECKS_ONLY = frozenset({"_linalg_check_errors"})  # effectful ops that only check, and compute nothing
+
+
+def _effect_tokens(program) -> set[str]:
+    """The names of torch.export's effect tokens: placeholders and outputs that order side effects
+    (a linear-algebra op's error check), and the `with_effects` results that hand them on."""
+    signature = getattr(program, "graph_signature", None)
+    specs = [*getattr(signature, "input_specs", ()), *getattr(signature, "output_specs", ())]
+    return {spec.arg.name for spec in specs if spec.kind.name == "TOKEN"}
+
+
+def _with_effects(ctx_where: str, node):
+    """A `with_effects(token, op, ...)` node: (token, nothing) for an op that only checks; else refused."""
+    op = node.args[1]
+    name = getattr(op, "_opname", None) or getattr(op, "__name__", str(op))
+    if name in CHECKS_ONLY:
+        return (_TOKEN, None)
+    raise UnsupportedOpError(f"unsupported op {ctx_where}: {op} has side effects, which a compiled program "
+                             "does not run")
 
 
 def _refuse_empty(captured, node) -> None:
@@ -125,7 +150,7 @@ def _returned_then_updates(program, outputs: list[str]) -> tuple[list, list, tup
     lists a module's changes to its inputs and buffers first, as outputs of their new values."""
     specs = getattr(getattr(program, "graph_signature", None), "output_specs", None)
     if specs is not None:  # constants (a None, a number) are no tensor of the graph
-        specs = [s for s in specs if type(s.arg).__name__ != "ConstantArgument"]
+        specs = [s for s in specs if type(s.arg).__name__ != "ConstantArgument" and s.kind.name != "TOKEN"]
     if specs is None or len(specs) != len(outputs):
         return outputs, [], ()
     returned, updates, mutations = [], [], []
@@ -153,16 +178,27 @@ def _resolve(value, env):
     return value
 
 
+RANDOM_OPS = frozenset({"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
+                        "uniform", "bernoulli", "multinomial", "exponential", "poisson", "native_dropout",
+                        "random", "cauchy", "log_normal", "geometric"})  # ATen ops that draw random numbers
+
+
 def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict, pairs: set):
     if node.target is operator.getitem:
         source, index = node.args
         return env[source.name][index]
     key = str(node.target)
     where = _located(captured, node)
+    if key == "with_effects":
+        return _with_effects(where, node)
     fn = LOWERINGS.get(key)
     on_complex = is_complex(node.meta.get("val")) or any(isinstance(a, str) and a in pairs
                                                          for a in _flat_args(node, env))
     if fn is None and not on_complex:
+        if key.split(".")[1] in RANDOM_OPS:
+            raise UnsupportedOpError(f"unsupported op {where}: {key} draws random numbers, which a compiled "
+                                     "program does not; pass the random tensor in as an input (dropout: "
+                                     "call model.eval())")
         raise UnsupportedOpError(f"unsupported op {where}: emmy has no decomposition for {key}")
     builder.origin = where
     builder.base = builder.fresh(_short_stem(node.name))

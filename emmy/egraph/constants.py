@@ -24,6 +24,8 @@ def folded(op: str, a: str, b: str, dtype: str) -> str:
     kind = DType.parse(dtype)
     if kind is DType.BOOL:
         return ""
+    if not kind.is_float and not all(np.isfinite(float(v)) for v in (a, b)):
+        return ""  # an integer type's extreme riding as an infinity (encode.literal_value)
     with np.errstate(all="ignore"):  # operands beyond the dtype's range become infinities, as in the program
         x, y = (to_storage(np.asarray(float(v)).astype(kind.numpy), kind) for v in (a, b))
         result = to_storage(np.asarray(_OPS[op](x, y)), kind)

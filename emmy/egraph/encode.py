@@ -19,22 +19,53 @@ costs more than the whole saturation of a big program.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
+import numpy as np
 from egglog import EGraph
 from egglog import bindings as egg
 
+from emmy.dtypes import DType
 from emmy.egraph.layout import Layout, encode_layout
 from emmy.egraph.shapes import shape_text
 from emmy.egraph.terms import Term, shape_of
-from emmy.tensor_ir.nodes import Constant, Elementwise, IndexMap, Input, Reduce, TensorGraph, Weight
+from emmy.errors import UnsupportedOpError
+from emmy.tensor_ir.nodes import Constant, Elementwise, IndexMap, Input, Reduce, TensorGraph, Weight, operands_of
 
 BATCH = 1024  # union commands per egglog call
 _SPAN = egg.RustSpan("", 0, 0)
 
 
-def literal_value(value) -> float:
-    return float(value)  # booleans and integers ride as floats; the dtype literal says which
+def literal_value(node: Constant, graph: TensorGraph | None = None) -> float:
+    """The f64 a literal rides as in the e-graph (booleans and integers too: the dtype says which).
+    An integer type's extremes (a max or min fold's identity: 2**63 - 1 is no f64) ride as
+    infinities, which the lowering reads back as those extremes; any other integer an f64 would
+    round is refused, never changed."""
+    value = node.value
+    if isinstance(value, bool) or not isinstance(value, int) or float(value) == value:
+        return float(value)
+    info = np.iinfo(node.type.dtype.numpy)
+    if value in (int(info.max), int(info.min)):
+        return math.inf if value > 0 else -math.inf
+    users = [n for n in (graph.nodes if graph is not None else ()) if node.name in operands_of(n)]
+    origin = node.origin or next((n.origin for n in users if n.origin), "")
+    where = f" in {origin}" if origin else ""
+    raise UnsupportedOpError(f"the integer literal {value}{where} needs more than an f64's 53 bits, which "
+                             "emmy's optimizer carries literals in; pass it as an input tensor instead")
+
+
+def literal_of(value: float, dtype: DType):
+    """A literal's value read back from its f64: a bool, an int within its type (an infinity
+    is the type's extreme), or the float."""
+    if dtype is DType.BOOL:
+        return bool(value)
+    if dtype.is_float:
+        return value
+    if math.isinf(value):
+        info = np.iinfo(dtype.numpy)
+        return int(info.max) if value > 0 else int(info.min)
+    return int(value)
 
 
 class ValueTerms(Mapping):
@@ -79,7 +110,7 @@ def encode(egraph: EGraph, graph: TensorGraph) -> ValueTerms:
         if isinstance(node, (Input, Weight)):
             term = call("buffer", text(node.name), text(shape_text(node.type.shape)), dtype)
         elif isinstance(node, Constant):
-            term = call("literal", egg.Lit(_SPAN, egg.Float(literal_value(node.value))), dtype)
+            term = call("literal", egg.Lit(_SPAN, egg.Float(literal_value(node, graph))), dtype)
         elif isinstance(node, Elementwise):
             args = [ref(o) for o in node.operands]
             if node.op == "where":

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from emmy.affine import Affine, Guard, gathered_buffers, recombined, row_major_offset, row_major_strides
 from emmy.dtypes import DType
+from emmy.egraph.encode import literal_of
 from emmy.egraph.layout import decode_layout
 from emmy.egraph.view import EGraphView, ENode, reaches
 from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop, Masked, Op, Store, Update
@@ -216,8 +217,7 @@ class KernelLowering:
             return self._load(a[0], coords, self.view.type(cid), guards)
         if kind == "literal":
             dtype = DType(a[1])
-            value = bool(a[0]) if dtype is DType.BOOL else a[0]
-            return Lit(value, dtype), frozenset()
+            return Lit(literal_of(a[0], dtype), dtype), frozenset()
         if kind == "mat":  # a boundary that cannot be fused away: read the child's buffer
             return (yield a[0], coords)
         if kind in ("unary", "binary", "select"):

@@ -68,9 +68,11 @@ def literal(value, dtype: DType) -> str:
         if isinstance(value, float) and math.isinf(value):  # a max or min fold's identity
             info = np.iinfo(dtype.numpy)
             value = int(info.max) if value > 0 else int(info.min)
-            if value == -(1 << 63) or value == -(1 << 31):  # the most negative literal is an expression in C
-                return f"({value + 1}{'LL' if dtype == DType.I64 else ''} - 1)"
-        return f"{int(value)}{'LL' if dtype == DType.I64 else ''}"
+        value = int(value)
+        suffix = "LL" if dtype == DType.I64 else ""
+        if value in (-(1 << 63), -(1 << 31)):  # the most negative literal is an expression in C
+            return f"({value + 1}{suffix} - 1)"
+        return f"{value}{suffix}"
     v = float(value)
     if math.isnan(v):
         return "NAN"
