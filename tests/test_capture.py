@@ -167,15 +167,14 @@ def _line_of(marker: str) -> int:
 
 def test_a_branch_on_tensor_values_in_a_module_names_the_users_line_and_torchs_function():
     """The error names the user's own line (their file, not -c code) and, where torch's library
-    branched for them, which function did (gaussian_nll_loss checks its variances with an if)."""
+    branched for them, which function did (a distribution validates its arguments with an if)."""
     import torch
-    import torch.nn.functional as F
 
     from emmy.errors import CodeError
 
     class GaussianLoss(torch.nn.Module):
         def forward(self, a, b):
-            return F.gaussian_nll_loss(a, b, torch.ones_like(a))  # marker: library branch
+            return torch.distributions.Normal(a, b.abs() + 1, validate_args=True).log_prob(a)  # marker: library branch
 
     def branch(x):
         if x.sum() > 0:  # marker: own branch
@@ -185,10 +184,29 @@ def test_a_branch_on_tensor_values_in_a_module_names_the_users_line_and_torchs_f
     with pytest.raises(CodeError) as library:
         emmy.optimize(GaussianLoss(), torch.randn(3, 4), torch.randn(3, 4))
     text = str(library.value)
-    assert f"at {__file__}:{_line_of('marker: library branch')}: `return F.gaussian_nll_loss(" in text, text
-    assert "(inside torch's gaussian_nll_loss, nn/functional.py:" in text, text
+    assert f"at {__file__}:{_line_of('marker: library branch')}: `return torch.distributions.Normal(" in text, text
+    assert "(inside torch's __init__, distributions/distribution.py:" in text, text
     with pytest.raises(CodeError) as own:
         emmy.optimize(branch, torch.randn(3))
     text = str(own.value)
     assert f"at {__file__}:{_line_of('marker: own branch')}: `if x.sum() > 0:" in text, text
     assert "inside torch" not in text, text
+
+
+def test_torch_functions_that_test_values_are_captured_through_stand_ins():
+    """torch.cov, Tensor.corrcoef and F.gaussian_nll_loss test their inputs' values while they
+    compute, which a traced program cannot; emmy captures stand-ins with torch's values (checked
+    against torch's own functions) and puts torch's back afterwards."""
+    originals = (torch.cov, torch.Tensor.corrcoef, F.gaussian_nll_loss)
+    program = emmy.optimize("x=torch.randn(3,7); v=torch.rand(4,1); a=torch.randn(4,5); "
+                            "(torch.cov(x), torch.cov(x[0], correction=0), x.T.corrcoef(), "
+                            "F.gaussian_nll_loss(a, a.flip(0), v + 0.1, full=True), "
+                            "nn.GaussianNLLLoss(reduction='none', eps=0.2)(a, a * 2, v[:, 0]))")
+    check_against_torch(program)
+
+    class Whitening(torch.nn.Module):
+        def forward(self, z):
+            return torch.cov(z.T).diagonal().sum()
+
+    check_against_torch(emmy.optimize(Whitening(), torch.randn(16, 5)))
+    assert (torch.cov, torch.Tensor.corrcoef, F.gaussian_nll_loss) == originals

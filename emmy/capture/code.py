@@ -300,8 +300,10 @@ def capture_code(code: str, label: str = "-c code") -> CodeCapture:
     namespace[_INPUT] = eager_input
     namespace[_CONSTRUCT] = eager_construct
     torch.manual_seed(0)
+    from emmy.capture.substitutes import substituted
+
     try:
-        with quiet_torch(), FakeTensorMode(allow_non_fake_inputs=True):
+        with quiet_torch(), substituted(), FakeTensorMode(allow_non_fake_inputs=True):
             exec(compile(eager_tree, CODE_FILENAME, "exec"), namespace)
     except EmmyError:
         raise

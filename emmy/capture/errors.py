@@ -60,15 +60,40 @@ def is_data_dependent(err: BaseException) -> bool:
     return bool(names & set(_DATA_DEPENDENT[:2])) or "data-dependent" in text or "data dependent" in text
 
 
+def _public(path: str, function: str) -> bool:
+    """A function of torch's library, not the tracing machinery (private modules, fx) that met a
+    branch: a dunder such as __init__ counts, a _private function does not."""
+    dunder = function.startswith("__") and function.endswith("__")
+    return not (function.startswith("_") and not dunder) and \
+        not any(part.startswith("_") or part == "fx" for part in path.split("/"))
+
+
+def _library_branch(err: BaseException) -> str | None:
+    """"function, file:line" of torch's own function that branched on a value for the user, from
+    torch's message or else the innermost such frame of the traceback; None for the user's own."""
+    cause = _CAUSE.search(str(err))
+    if cause and _public(cause.group(1), cause.group(3)):
+        return f"{cause.group(3)}, {cause.group(1)}:{cause.group(2)}"
+    import sys
+
+    torch = sys.modules.get("torch")
+    root = os.path.dirname(os.path.abspath(torch.__file__)) if torch is not None else None
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        if _user_file(frame.filename) or frame.filename == CODE_FILENAME:
+            return None  # the user's frame comes first: their own branch
+        path = os.path.abspath(frame.filename)
+        if root and path.startswith(root + os.sep) and _public(path[len(root) + 1:], frame.name):
+            return f"{frame.name}, {path[len(root) + 1:]}:{frame.lineno}"
+    return None
+
+
 def explain_export_failure(err: BaseException, source: Source) -> EmmyError:
     where = _location(err, source)
     at = f" at {where}" if where else ""
     if is_data_dependent(err):
-        cause = _CAUSE.search(str(err))  # the library function that branched (torch says which)
-        internal = cause and (cause.group(3).startswith("_") or
-                              any(part.startswith("_") or part == "fx" for part in cause.group(1).split("/")))
-        if cause and not internal:  # not the tracing machinery that met the user's own branch
-            at += f" (inside torch's {cause.group(3)}, {cause.group(1)}:{cause.group(2)})"
+        branched = _library_branch(err)
+        if branched:
+            at += f" (inside torch's {branched})"
         return CodeError(
             f"data-dependent control flow{at}: the program branches or loops on tensor values, "
             "which a compiled kernel cannot do; make control flow depend on shapes only"

@@ -67,7 +67,9 @@ def decomposition_table() -> dict:
 
 
 def export_module(module: torch.nn.Module, args: tuple) -> "torch.export.ExportedProgram":
-    with quiet_torch():
+    from emmy.capture.substitutes import substituted
+
+    with quiet_torch(), substituted():
         return torch.export.export(module, args, strict=False)
 
 
