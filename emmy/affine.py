@@ -102,13 +102,18 @@ def gathered_buffers(exprs) -> set[str]:
 def gathered_reads(exprs) -> list[str]:
     """The index tensor of each Gathered atom in `exprs`, nested ones included: one entry per
     read, so a tensor read twice is listed twice."""
-    found: list[str] = []
+    return [atom.buffer for atom in gathered_atoms(exprs)]
+
+
+def gathered_atoms(exprs) -> list["Gathered"]:
+    """Every Gathered atom in `exprs`, nested ones (an index read through another) included."""
+    found: list[Gathered] = []
     todo = list(exprs)
     while todo:
         expr = todo.pop()
         for atom, _ in expr.terms:
             if isinstance(atom, Gathered):
-                found.append(atom.buffer)
+                found.append(atom)
                 todo.extend(atom.index)
             elif not isinstance(atom, Dim):
                 todo.append(atom.expr)

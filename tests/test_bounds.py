@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import emmy
-from emmy.affine import Affine, Guard
+from emmy.affine import Affine, Gathered, Guard
 from emmy.dtypes import DType
 from emmy.loop_ir.bounds import out_of_bounds
 from emmy.loop_ir.nodes import Assign, Kernel, Load, Loop, Store
@@ -70,6 +70,32 @@ def test_an_index_made_of_guarded_parts_is_bounded_by_their_guards():
     assert "outside 0..35" in problem
     assert out_of_bounds(kernel([Guard(row, 0, 6), Guard(column, 0, 7)]), shapes)
     assert out_of_bounds(kernel([Guard(row, 0, 6)]), shapes)
+
+
+def test_the_proof_checks_where_an_index_tensor_is_read():
+    """x[ids[a0 - 16]]: whatever ids holds, compiled code clamps it into x; its own position
+    a0 - 16 must stay inside ids (0..15), which only a guard a0 >= 16 proves."""
+    shapes = {"x": (16,), "out": (32,), "ids": (16,)}
+    gathered = Affine(((Gathered("ids", (Affine.dim(0) - 16,), (16,), 16), 1),), 0)
+    (problem,) = out_of_bounds(_kernel(gathered), shapes)
+    assert "its index tensor ids" in problem and "reaches -16..15, outside 0..15" in problem
+    assert out_of_bounds(_kernel(gathered, [Guard(Affine.dim(0), 16, None)]), shapes) == []
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_an_upsampling_read_by_a_padded_convolution_reads_its_tables_only_inside(mode):
+    """An FPN's `conv(c1 + interpolate(p2))`: the upsampling's position tables were read at the
+    padded convolution's coordinates -1 and n, outside the tables (ASan: heap-buffer-overflow)."""
+    import torch.nn.functional as F
+
+    conv = torch.nn.Conv2d(8, 4, 3, padding=1).eval()
+    options = {} if mode == "nearest" else {"align_corners": False}
+
+    def fpn_level(p2, c1):
+        return conv(c1 + F.interpolate(p2, size=c1.shape[-2:], mode=mode, **options))
+
+    program = emmy.optimize(fpn_level, torch.randn(1, 8, 4, 4), torch.randn(1, 8, 8, 8), target="sm_90")
+    assert all(c.ok for c in check_program(program, mode="asan"))
 
 
 def test_f_fold_sums_its_windows_in_bounds():

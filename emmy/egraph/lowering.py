@@ -17,7 +17,7 @@ import math
 import heapq
 from dataclasses import dataclass, field
 
-from emmy.affine import Affine, Guard, gathered_buffers, recombined, row_major_offset, row_major_strides
+from emmy.affine import Affine, Guard, gathered_atoms, gathered_buffers, recombined, row_major_offset, row_major_strides
 from emmy.dtypes import DType
 from emmy.egraph.encode import literal_of
 from emmy.egraph.layout import decode_layout
@@ -650,8 +650,12 @@ def _needed(guards: tuple, coords: tuple, shape: tuple[int, ...], extents) -> tu
     without repeats."""
     if not guards:
         return ()
-    if shape and len(shape) == len(coords) and all(
-            0 <= lo and hi < size for (lo, hi), size in ((c.bounds(extents), n) for c, n in zip(coords, shape))):
+    inside = all(0 <= lo and hi < size for (lo, hi), size in ((c.bounds(extents), n) for c, n in zip(coords, shape)))
+    # an index tensor is read at its own positions, which must stay inside it too (an upsampling's
+    # table read at a padded convolution's coordinates)
+    tables_inside = all(0 <= e.bounds(extents)[0] and e.bounds(extents)[1] < n
+                        for atom in gathered_atoms(coords) for e, n in zip(atom.index, atom.shape))
+    if shape and len(shape) == len(coords) and inside and tables_inside:
         return ()
     unique = []
     for g in guards:

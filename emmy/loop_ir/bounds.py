@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from math import ceil, floor
 
-from emmy.affine import Affine, Dim, FloorDiv, Gathered
+from emmy.affine import Affine, Dim, FloorDiv, Gathered, gathered_atoms
 from emmy.loop_ir.nodes import Assign, Kernel, Load, Loop, Store
 
 
@@ -45,6 +45,12 @@ def _check(what: str, buffer: str, index, ranges: dict, shapes: dict, guards=())
         lo, hi = through_guards(expr, guards, ranges)
         if lo < 0 or hi >= size:
             out.append(f"{what}[...{expr}...]: axis {axis} reaches {lo}..{hi}, outside 0..{size - 1}")
+    for atom in gathered_atoms(index):  # each index tensor read at its own positions
+        for axis, (expr, size) in enumerate(zip(atom.index, atom.shape)):
+            lo, hi = through_guards(expr, guards, ranges)
+            if lo < 0 or hi >= size:
+                out.append(f"{what}: its index tensor {atom.buffer}[...{expr}...]: axis {axis} reaches "
+                           f"{lo}..{hi}, outside 0..{size - 1}")
     return out
 
 
