@@ -210,3 +210,25 @@ def test_torch_functions_that_test_values_are_captured_through_stand_ins():
 
     check_against_torch(emmy.optimize(Whitening(), torch.randn(16, 5)))
     assert (torch.cov, torch.Tensor.corrcoef, F.gaussian_nll_loss) == originals
+
+
+def test_a_policy_s_distributions_capture_without_value_validation():
+    """An RL policy's Categorical and Normal validate their arguments with an `if` by default;
+    capture turns the default off (and back on), so log_prob and entropy compile."""
+    from torch.distributions import Categorical, Distribution, Normal
+
+    class Policy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(6, 4)
+            self.log_std = torch.nn.Parameter(torch.full((2,), -0.5))
+
+        def forward(self, obs, action, move):
+            logits = self.net(obs)
+            choice, spread = Categorical(logits=logits), Normal(logits[:, :2], self.log_std.exp())
+            return choice.log_prob(action), choice.entropy(), spread.log_prob(move).sum(-1), spread.entropy().sum(-1)
+
+    validating = Distribution._validate_args
+    program = emmy.optimize(Policy(), torch.randn(5, 6), torch.randint(0, 4, (5,)), torch.randn(5, 2))
+    check_against_torch(program)
+    assert Distribution._validate_args == validating

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import emmy
+from emmy.runtime import check_program
 from tests.conftest import check_against_torch
 
 X = "x=torch.randn(4,6); y=torch.randn(4,6); "
@@ -389,6 +390,20 @@ def test_orderings_run_right_in_the_simulator(dtype):
         code += (", torch.nanmedian(x, dim=-1).values, torch.quantile(y.float(), 0.3, dim=-1), "
                  "torch.logcumsumexp(x.float(), -1), torch.logcumsumexp(y, 0)")
     _runs_right_in_the_simulator(code + ")")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_top_k_of_long_rows_are_k_folds_and_run_right_in_the_simulator(dtype):
+    """A vocabulary-long row's top k (sampling, beam search) is k folds of (value, position) keys,
+    not n^2 comparisons: NaN the largest, values and positions as torch's (distinct values: which
+    of equal ones torch returns is unspecified)."""
+    code = (f"p=torch.randperm(900); z=(p.reshape(3,300) - 450).to(torch.{dtype}); "
+            "(torch.topk(z, 5), torch.topk(torch.where(z > 400, float('nan'), z), 4).values, "
+            "torch.topk(z.transpose(0, 1), 2, dim=0))")
+    program = emmy.optimize(code, target="sm_90")
+    folds = [n for n in program.tensor_ir.nodes if type(n).__name__ == "Reduce"]
+    assert sum(n.op == "max" for n in folds) == 5 + 4 + 2 and not any(n.op == "sum" for n in folds)
+    assert all(c.ok for c in check_program(program, mode="asan"))
 
 
 def test_searches_bilinear_forms_and_grid_sampling_run_right_in_the_simulator():

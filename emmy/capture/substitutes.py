@@ -4,6 +4,9 @@ F.gaussian_nll_loss (`any(var < 0)`, to raise). While emmy captures a program th
 versions built from plain tensor ops that compute the same values for the inputs torch accepts;
 what torch would reject by value (a negative variance) is not detected. Calls torch's own version
 where an argument takes a path the stand-in does not (cov's frequency or analytic weights).
+Likewise torch.distributions' default argument validation (an RL policy's Categorical checks its
+probabilities with an `if`) is off while capturing; a distribution made with validate_args=True
+still validates, and so fails to capture.
 """
 
 from __future__ import annotations
@@ -59,10 +62,15 @@ def gaussian_nll(input, target, var, full: bool = False, eps: float = 1e-6, redu
 @contextlib.contextmanager
 def substituted():
     """torch's value-testing functions replaced by the stand-ins, for the length of a capture."""
+    from torch.distributions import Distribution
+
+    validating = Distribution._validate_args
     torch.cov, torch.corrcoef, F.gaussian_nll_loss = covariance, correlation, gaussian_nll
     torch.Tensor.cov, torch.Tensor.corrcoef = covariance, correlation
+    Distribution.set_default_validate_args(False)
     try:
         yield
     finally:
         torch.cov, torch.corrcoef, F.gaussian_nll_loss = _TORCH_COV, _TORCH_CORRCOEF, _TORCH_GAUSSIAN_NLL
         torch.Tensor.cov, torch.Tensor.corrcoef = _TENSOR_COV, _TENSOR_CORRCOEF
+        Distribution.set_default_validate_args(validating)

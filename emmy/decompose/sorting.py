@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from emmy.affine import Affine, Gathered
+from emmy.affine import Affine, Gathered, Guard
 from emmy.decompose.registry import Context, lowers
 from emmy.dtypes import DType
 
@@ -117,8 +117,43 @@ def sort(ctx: Context, x, *args, stable=None, dim=-1, descending=False):
 @lowers("aten.topk.default")
 def topk(ctx: Context, x, k, dim=-1, largest=True, sorted=True):
     """The k largest (smallest) along `dim`, in order (an unsorted topk may return them in any
-    order; this one always sorts them)."""
+    order; this one always sorts them). The k largest of a long float row (a vocabulary's top 50)
+    are k folds of the row (`_largest_by_passes`), not a rank per element."""
+    shape = ctx.b.shape(x)
+    if largest and shape and ctx.b.dtype(x).is_float and int(k) <= PASSES_UP_TO \
+            and shape[dim % len(shape)] > RANKS_UP_TO:
+        return _largest_by_passes(ctx, x, dim % len(shape), int(k))
     return _ordered(ctx, x, dim, bool(largest), int(k))
+
+
+RANKS_UP_TO = 64  # rows of up to this many elements are ranked (n^2 comparisons) ...
+PASSES_UP_TO = 64  # ... longer ones give their k largest, for k up to this, by k folds (n*k)
+
+
+def _largest_by_passes(ctx: Context, x: str, axis: int, k: int):
+    """(values, indices) of the k largest along `axis` of a float tensor: pass t folds the row's
+    (value, position) keys (tensor_ir.scalar_ops' max_key: NaN the greatest, the earlier of equal
+    values first, as the stable order) below the key pass t - 1 found, keeping the greatest."""
+    b = ctx.b
+    shape = b.shape(x)
+    rank = len(shape)
+    keys = b.elementwise("max_key", b.cast(x, DType.F32), _along(ctx, shape, axis, shape[axis]), dtype=DType.I64,
+                         suffix="key")
+    kept = (*shape[:axis], 1, *shape[axis + 1:])
+    out_shape = (*shape[:axis], k, *shape[axis + 1:])
+    indices = None
+    found = None
+    for t in range(k):
+        below = keys if found is None else b.elementwise(
+            "where", b.elementwise("less", keys, b.broadcast_to(found, shape)), keys, -(2 ** 63), dtype=DType.I64)
+        found = b.reduce_axes("max", below, [axis], True, suffix=f"top{t}")
+        position = b.elementwise("max_key_position", found, dtype=DType.I64, suffix="position")
+        at = [Affine.constant(0) if a == axis else Affine.dim(a) for a in range(rank)]
+        column = b.index_map(position, out_shape, at, guards=(Guard(Affine.dim(axis), lo=t, hi=t + 1),), fill=0,
+                             suffix="column")
+        indices = column if indices is None else b.elementwise("add", indices, column, dtype=DType.I64)
+    assert b.shape(found) == kept
+    return read_at(ctx, x, axis, indices), indices
 
 
 def _picked(ctx: Context, x: str, dim, place, keepdim: bool):
