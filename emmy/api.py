@@ -9,11 +9,15 @@ from emmy.program import STAGES, Program
 
 
 def optimize(graph, *example_inputs, target: str | None = None, stop_after: str = "tensor",
-             rules: tuple = (), budget=None, knobs=None, capture_cache: bool = False, exact: bool = False) -> Program:
+             rules: tuple = (), budget=None, knobs=None, capture_cache: bool = False, exact: bool = False,
+             example_kwargs: dict | None = None) -> Program:
     """Compile a PyTorch program.
 
     `graph` is `-c`-style code (a string) or a file of it (a pathlib.Path), an `nn.Module` or `fx.GraphModule`
-    or plain function (with example inputs), or an ExportedProgram. The target
+    or plain function (with example inputs), or an ExportedProgram. A module or function called with
+    keyword arguments (`model(ids, attention_mask=mask)`) takes them as `example_kwargs`, a dict
+    (not as keywords of optimize, whose own names a model's could meet); the program is then
+    called the same way, `program(ids, attention_mask=mask)`. The target
     defaults to EMMY_TARGET, else sm_90. Every stage up to `stop_after` (one of emmy.program.STAGES:
     torch, tensor, loop, tile, kernel, cuda) is built now, so its errors surface here; later stages
     build when asked (calling the program builds them all).
@@ -49,7 +53,7 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
         code = program_text(graph)[0]
         _wait_for_capture_ahead(code)
         cached = lookup(code, config.cache_dir)
-    program = Program(cached or capture(graph, *example_inputs), chosen, groups, budget, pins,
+    program = Program(cached or capture(graph, *example_inputs, example_kwargs=example_kwargs), chosen, groups, budget, pins,
                       schedule_rules=schedule_rules)
     if code is not None and cached is None:
         from emmy.capture.cache import store

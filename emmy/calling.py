@@ -51,6 +51,21 @@ def kernel_infos(program) -> tuple[KernelInfo, ...]:
     return tuple(infos)
 
 
+def with_keywords(signature, inputs: tuple, keywords: dict) -> tuple:
+    """A call's positional inputs followed by its keyword ones, as the program takes them: one dict,
+    in the order they were captured in."""
+    expected = tuple(getattr(signature, "keywords", ()))
+    if not expected and not keywords:
+        return inputs
+    if set(keywords) != set(expected):
+        missing, extra = [k for k in expected if k not in keywords], sorted(set(keywords) - set(expected))
+        said = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
+                                            f"unexpected {', '.join(extra)}" if extra else "") if part)
+        takes = f"takes the keywords {', '.join(expected)}" if expected else "was captured without keywords"
+        raise InputMismatchError(f"the program {takes}: {said}")
+    return (*inputs, {k: keywords[k] for k in expected})
+
+
 def call(program, inputs: tuple, device: str | None, sim_mode: str | None):
     """program(*inputs): see emmy.program.Program.__call__."""
     import torch

@@ -22,6 +22,7 @@ class Signature:
     structure: OutputStructure  # the returned nesting and each output's name
     # what the outputs after the returned ones update in place (emmy.decompose.from_aten.TensorProgram)
     mutations: tuple = ()
+    keywords: tuple[str, ...] = ()  # the keyword arguments a call passes, in the order the inputs take them
 
     @property
     def output_names(self) -> tuple[str, ...]:

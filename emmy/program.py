@@ -118,7 +118,8 @@ class Program:
         graph = self.tensor_ir
         mutations = self.tensor_program.mutations
         structure = getattr(self.captured, "outputs", None) or OutputStructure.flat(len(graph.outputs) - len(mutations))
-        return Signature(tuple((n.name, n.type) for n in graph.inputs), structure, mutations)
+        return Signature(tuple((n.name, n.type) for n in graph.inputs), structure, mutations,
+                         getattr(self.captured, "keywords", ()))
 
     @cached_property
     def plan(self):
@@ -135,14 +136,15 @@ class Program:
 
         return kernel_infos(self)
 
-    def __call__(self, *inputs, device: str | None = None, sim_mode: str | None = None):
+    def __call__(self, *inputs, device: str | None = None, sim_mode: str | None = None, **keywords):
         """Run the program on torch tensors; returns torch tensors shaped and nested as the captured
         program returned them. CUDA tensors run the built kernels on their GPU. CPU tensors run the
         CUDA in the CPU simulator (a checking path, thousands of times slower than a GPU;
-        `sim_mode`: plain, asan or racecheck) or, with device="interpret", Tensor IR in numpy."""
-        from emmy.calling import call
+        `sim_mode`: plain, asan or racecheck) or, with device="interpret", Tensor IR in numpy.
+        A program captured with example_kwargs takes those keywords again."""
+        from emmy.calling import call, with_keywords
 
-        return call(self, inputs, device, sim_mode)
+        return call(self, with_keywords(self.signature, inputs, keywords), device, sim_mode)
 
     def __repr__(self) -> str:
         """One line; builds nothing (the stages built so far say what is known)."""

@@ -143,11 +143,11 @@ class LoadedProgram:
         """The explanation of the program, as it was when saved."""
         return self._explanation
 
-    def __call__(self, *inputs, device: str | None = None, sim_mode: str | None = None):
+    def __call__(self, *inputs, device: str | None = None, sim_mode: str | None = None, **keywords):
         """As emmy.program.Program.__call__ (no device="interpret": a saved program has no Tensor IR)."""
-        from emmy.calling import call
+        from emmy.calling import call, with_keywords
 
-        return call(self, inputs, device, sim_mode)
+        return call(self, with_keywords(self.signature, inputs, keywords), device, sim_mode)
 
     def gpu_library(self, device=None) -> Path:
         """The saved GPU library, written once into EMMY_CACHE_DIR/gpu (named by its content)."""

@@ -157,6 +157,41 @@ def test_nested_inputs_are_taken_as_the_module_takes_them():
     assert all(c.ok for c in check_program(program, mode="asan"))  # torch's reference takes them nested too
 
 
+class MaskedEncoder(torch.nn.Module):
+    """Called as a Hugging Face model is: ids positionally, the rest by keyword, past an optional
+    argument the call leaves out."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(30, 16)
+        self.layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+
+    def forward(self, ids, past=None, attention_mask=None, temperature=1.0):
+        hidden = self.layer(self.embed(ids), src_key_padding_mask=attention_mask == 0)
+        return {"logits": hidden @ self.embed.weight.T / temperature}
+
+
+def test_keyword_inputs_are_taken_and_called_as_the_module_takes_them(tmp_path):
+    model = MaskedEncoder().eval()
+    ids, mask = torch.randint(0, 30, (2, 7)), torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    program = emmy.optimize(model, ids, example_kwargs={"temperature": 0.5, "attention_mask": mask})
+    assert [name for name, _ in program.signature.inputs] == ["ids", "temperature", "attention_mask"]
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask, temperature=2.0)["logits"]
+    for device in ("sim", "interpret"):  # keywords in another order than captured, another temperature
+        got = program(ids, attention_mask=mask, temperature=2.0, device=device)["logits"]
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputMismatchError, match="takes the keywords temperature, attention_mask: missing temperature"):
+        program(ids, attention_mask=mask)
+    with pytest.raises(InputMismatchError, match="unexpected past"):
+        program(ids, attention_mask=mask, temperature=1.0, past=mask)
+    program.save(tmp_path / "encoder.emmy")
+    loaded = emmy.load(tmp_path / "encoder.emmy")
+    torch.testing.assert_close(loaded(ids, temperature=2.0, attention_mask=mask)["logits"], expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(EmmyError, match="example_kwargs are for an nn.Module or a function"):
+        emmy.optimize("x=torch.randn(3); x * 2", example_kwargs={"y": torch.randn(3)})
+
+
 class RunningTotal(torch.nn.Module):
     """Changes its input and a buffer in place, as a KV cache or a running statistic does."""
 

@@ -25,6 +25,9 @@ class Captured:
     source: Source
     example_inputs: tuple | None  # torch tensors, in the order of the user inputs
     outputs: OutputStructure | None = None  # what the program returns; set by `capture`
+    # the keyword arguments the program takes, in the order captured: their values come last in
+    # example_inputs, as one dict
+    keywords: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.outputs is None:
@@ -45,10 +48,13 @@ def program_text(graph) -> tuple[str, str]:
         raise EmmyError(f"the program file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
 
 
-def capture(graph, *example_inputs) -> Captured:
+def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captured:
     import torch
 
     from emmy.capture import exporting
+
+    if example_kwargs:
+        return _capture_with_keywords(graph, example_inputs, dict(example_kwargs))
 
     if isinstance(graph, (str, os.PathLike)):
         from emmy.capture.code import capture_code
@@ -89,6 +95,29 @@ def capture(graph, *example_inputs) -> Captured:
         )
     program = _export(module, tuple(example_inputs), Source())
     return Captured(exporting.decompose(program), Source(), tuple(example_inputs))
+
+
+def _capture_with_keywords(graph, args: tuple, keywords: dict) -> Captured:
+    """A module or function called with keyword arguments (`model(ids, attention_mask=mask)`):
+    torch.export takes them as they are; the program takes them last, in the order given here."""
+    import torch
+
+    from emmy.capture import exporting
+
+    if isinstance(graph, (str, os.PathLike)) or not callable(graph) or isinstance(graph, torch.export.ExportedProgram):
+        raise EmmyError(f"example_kwargs are for an nn.Module or a function, not a {type(graph).__name__}")
+    if not all(isinstance(k, str) and k.isidentifier() for k in keywords):
+        raise EmmyError(f"example_kwargs must be named by identifiers, not {sorted(map(repr, keywords))}")
+    args = tuple(_map_leaves(scalar_tensor, v) for v in args)
+    keywords = {k: _map_leaves(scalar_tensor, v) for k, v in keywords.items()}
+    _check_inputs(flat_inputs((*args, keywords)))
+    if isinstance(graph, torch.nn.Module):
+        with _in_eval_mode(graph):
+            program = _export(graph, args, Source(), keywords)
+    else:
+        module = type("FunctionProgram", (torch.nn.Module,), {"forward": staticmethod(graph)})()
+        program = _export(module, args, Source(), keywords)
+    return Captured(exporting.decompose(program), Source(), (*args, keywords), keywords=tuple(keywords))
 
 
 @contextlib.contextmanager
@@ -163,12 +192,12 @@ def _check_inputs(inputs) -> None:
             raise EmmyError(f"example input {k} is a {type(value).__name__}, not a torch.Tensor")
 
 
-def _export(module, args: tuple, source: Source):
+def _export(module, args: tuple, source: Source, keywords: dict | None = None):
     from emmy.capture import exporting
     from emmy.capture.errors import explain_export_failure
 
     try:
-        return exporting.export_module(module, args)
+        return exporting.export_module(module, args, keywords)
     except EmmyError:
         raise
     except Exception as err:

@@ -66,11 +66,11 @@ def decomposition_table() -> dict:
     return table
 
 
-def export_module(module: torch.nn.Module, args: tuple) -> "torch.export.ExportedProgram":
+def export_module(module: torch.nn.Module, args: tuple, keywords: dict | None = None) -> "torch.export.ExportedProgram":
     from emmy.capture.substitutes import substituted
 
     with quiet_torch(), substituted():
-        return torch.export.export(module, args, strict=False)
+        return torch.export.export(module, args, keywords, strict=False)
 
 
 def decompose(program: "torch.export.ExportedProgram") -> "torch.export.ExportedProgram":
