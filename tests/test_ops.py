@@ -736,3 +736,13 @@ def test_random_numbers_drawn_inside_a_program_are_one_clear_error():
 def test_triangle_indices_are_constants_of_the_program():
     _runs_right_in_the_simulator("x=torch.randn(2,4,5); (x[:, torch.tril_indices(4, 5, -1)[0], torch.tril_indices(4, 5, -1)[1]], "
                                  "torch.triu_indices(3, 6, 2) * 2)")
+
+
+@pytest.mark.parametrize("shapes", [((8, 8), (8, 8)), ((40, 24), (24, 33))])
+def test_a_product_of_triangular_matrices_lowers_and_runs_right(shapes):
+    """triu(triu(a) @ triu(b)): the fold reads each operand's row and column positions, which were
+    computed before it; the contraction lowering refused that (NotLoweredError) until the fold
+    computed them itself."""
+    (m, k), (_, n) = shapes
+    _runs_right_in_the_simulator(f"a=torch.randn({m},{k}); b=torch.randn({k},{n}); "
+                                 "(torch.triu(torch.triu(a) @ torch.triu(b)), torch.tril(torch.tril(a, -1) @ b, 2))")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from emmy.errors import EmmyError
-from emmy.loop_ir.nodes import Accumulate, Init, Kernel, Loop, LoopProgram, Update, buffer_types, row_nest
+from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Loop, LoopProgram, Masked, Op, Update, buffer_types,
+                                row_nest)
 from emmy.loop_ir.signature import signature
 from emmy.schedule.choose import no_row_message
 from emmy.schedule.geometry import Geometry, geometry
@@ -85,6 +88,8 @@ def _placement(shape: KernelShape, row: Schedule, g: Geometry) -> Placement:
 def _parts(kernel: Kernel, shape: KernelShape):
     """The statements inside the free loops, grouped into folds, epilogues and sweeps."""
     _, body = row_nest(kernel.body, shape.free_vars)
+    if shape.kind == "contraction":
+        body = _fold_reads_inside(body)
     inits, pending = [], []
     for stmt in body:
         if isinstance(stmt, Init):
@@ -108,6 +113,64 @@ def _parts(kernel: Kernel, shape: KernelShape):
             pending.append(stmt)
     if pending:
         yield Epilogue(tuple(pending))
+
+
+def _fold_reads_inside(body: tuple) -> tuple:
+    """A contraction's body with the statements before its fold that the fold reads (a triangular
+    mask's row and column positions) computed inside the fold as well: a contraction lowers its
+    fold from the operand panels alone. A statement also used after the fold stays before it; the
+    fold's copy is renamed."""
+    at = next((k for k, s in enumerate(body) if isinstance(s, Loop) and s.reduction), None)
+    if at is None:
+        return body
+    fold = body[at]
+    before = {s.name: s for s in body[:at] if isinstance(s, Assign)}
+    needed, todo = set(), [n for s in fold.body for n in _reads(s) if n in before]
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            needed.add(name)
+            todo += [n for n in _reads(before[name]) if n in before]
+    if not needed:
+        return body
+    later = {n for s in body[at + 1:] for n in _reads_nested(s)}
+    kept = {n for n in needed if n in later}
+    renamed = {n: f"{n}_f" if n in kept else n for n in needed}
+    copies = tuple(_renamed(before[n], renamed) for n in before if n in needed)  # in their order
+    inner = copies + tuple(_renamed(s, renamed) for s in fold.body)
+    head = tuple(s for s in body[:at] if not (isinstance(s, Assign) and s.name in needed and s.name not in kept))
+    return (*head, dataclasses.replace(fold, body=inner), *body[at + 1:])
+
+
+def _reads(stmt) -> tuple[str, ...]:
+    """The values a statement reads by name."""
+    expr = getattr(stmt, "expr", None)
+    names = [a for a in getattr(expr, "args", ()) if isinstance(a, str)]
+    if isinstance(expr, Masked) and isinstance(expr.value, str):
+        names.append(expr.value)
+    value = getattr(stmt, "value", None)
+    return (*names, *([value] if isinstance(value, str) else []))
+
+
+def _reads_nested(stmt) -> tuple[str, ...]:
+    if isinstance(stmt, Loop):
+        return tuple(n for s in stmt.body for n in _reads_nested(s))
+    return _reads(stmt)
+
+
+def _renamed(stmt, names: dict):
+    """`stmt` with the values in `names` (old -> new) renamed where it defines or reads them."""
+    swap = lambda v: names.get(v, v) if isinstance(v, str) else v  # noqa: E731
+    if isinstance(stmt, Assign):
+        expr = stmt.expr
+        if isinstance(expr, Op):
+            expr = dataclasses.replace(expr, args=tuple(swap(a) for a in expr.args))
+        elif isinstance(expr, Masked):
+            expr = dataclasses.replace(expr, value=swap(expr.value))
+        return dataclasses.replace(stmt, name=swap(stmt.name), expr=expr)
+    if isinstance(stmt, (Accumulate, Update)):
+        return dataclasses.replace(stmt, value=swap(stmt.value))
+    return stmt
 
 
 def _twist(combine, inits) -> str:
