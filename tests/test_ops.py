@@ -511,6 +511,38 @@ def test_a_bad_index_is_a_clear_error_and_never_read():
         run_program(program, [x, torch.tensor([3, -10, -11])])
 
 
+def test_a_write_through_an_id_outside_its_axis_is_reported_not_dropped():
+    """torch raises for a scatter or an index_put by an id outside the axis; emmy's writes compare
+    ids with positions, so such a write hit nothing, silently. Each id is now also read as a
+    gather's index is, so the interpreter and the compiled kernels report it."""
+    import torch
+
+    from emmy.errors import IndexOutOfRangeError
+
+    def spread(x, ids, src):
+        return x.scatter_add(1, ids, src)
+
+    x, ids, src = torch.zeros(3, 5), torch.tensor([[0, 4, 4, 1]] * 3), torch.randn(3, 4)
+    program = emmy.optimize(spread, x, ids, src)
+    torch.testing.assert_close(program(x, ids, src), spread(x, ids, src))
+    bad = ids.clone()
+    bad[1, 2] = 5
+    for device in ("interpret", "sim"):
+        with pytest.raises(IndexOutOfRangeError, match=r"input 1 \(ids\): index 5 at \[1, 2\] is outside \[0, 5\)"):
+            program(x, bad, src, device=device)
+
+    def cache_write(cache, positions, values):  # index_put: negative positions count from the end
+        cache = cache.clone()
+        cache[positions] = values
+        return cache
+
+    cache, positions, values = torch.zeros(8, 4), torch.tensor([5, 0, -1]), torch.randn(3, 4)
+    program = emmy.optimize(cache_write, cache, positions, values)
+    torch.testing.assert_close(program(cache, positions, values), cache_write(cache, positions, values))
+    with pytest.raises(IndexOutOfRangeError, match=r"input 1 \(positions\): index -9 at \[2\] is outside \[-8, 8\)"):
+        program(cache, torch.tensor([5, 0, -9]), values)
+
+
 def test_positions_made_in_the_program_become_rotary_angles():
     """arange inside a module (not a -c factory, which becomes an input): positions -> cos/sin."""
     import torch

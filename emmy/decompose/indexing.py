@@ -19,7 +19,7 @@ from emmy.errors import UnsupportedOpError
 from emmy.tensor_ir.nodes import Constant, Elementwise, IndexMap, Input, Weight
 
 
-def _gathered(ctx: Context, indices: str, at: list[Affine], extent: int, out_shape, what: str,
+def gathered_index(ctx: Context, indices: str, at: list[Affine], extent: int, out_shape, what: str,
               wrap: bool = False) -> Affine:
     """The Gathered atom reading `indices` at `at` (over the output's coordinates), followed back
     through views, slices and integer casts of it to the input or weight that holds the values."""
@@ -80,7 +80,7 @@ def embedding(ctx: Context, weight, indices, padding_idx=-1, scale_grad_by_freq=
     rows, width = ctx.b.shape(weight)
     k = len(ids_shape)
     out = (*ids_shape, width)
-    index = [_gathered(ctx, indices, [Affine.dim(i) for i in range(k)], rows, out, "embedding ids"), Affine.dim(k)]
+    index = [gathered_index(ctx, indices, [Affine.dim(i) for i in range(k)], rows, out, "embedding ids"), Affine.dim(k)]
     return ctx.b.index_map(weight, out, index, name=ctx.name)
 
 
@@ -92,7 +92,7 @@ def index_select(ctx: Context, x, dim, indices):
     shape = ctx.b.shape(x)
     dim %= max(len(shape), 1)
     out = (*shape[:dim], count, *shape[dim + 1:])
-    picked = _gathered(ctx, indices, [Affine.dim(dim)] if ids_shape else [], shape[dim], out, "index_select indices")
+    picked = gathered_index(ctx, indices, [Affine.dim(dim)] if ids_shape else [], shape[dim], out, "index_select indices")
     index = [picked if k == dim else Affine.dim(k) for k in range(len(shape))]
     return ctx.b.index_map(x, out, index, name=ctx.name)
 
@@ -104,7 +104,7 @@ def gather(ctx: Context, x, dim, indices, sparse_grad=False):
     shape = ctx.b.shape(x)
     dim %= max(len(shape), 1)
     at = [Affine.dim(k) for k in range(len(ids_shape))]
-    picked = _gathered(ctx, indices, at, shape[dim], ids_shape, "gather indices")
+    picked = gathered_index(ctx, indices, at, shape[dim], ids_shape, "gather indices")
     index = [picked if k == dim else Affine.dim(k) for k in range(len(shape))]
     return ctx.b.index_map(x, ids_shape, index, name=ctx.name)
 
@@ -140,7 +140,7 @@ def index(ctx: Context, x, indices):
         ids_shape = ctx.b.shape(ids)
         lead = first + len(common) - len(ids_shape)  # an index tensor aligns with the common shape's end
         at = [Affine.dim(lead + j) if n != 1 else Affine.constant(0) for j, n in enumerate(ids_shape)]
-        picked[k] = _gathered(ctx, ids, at, shape[k], out, "indices", wrap=True)
+        picked[k] = gathered_index(ctx, ids, at, shape[k], out, "indices", wrap=True)
     index = [picked[k] if k in picked else Affine.dim(place[k]) for k in range(len(shape))]
     return ctx.b.index_map(x, out, index, name=ctx.name)
 
@@ -166,7 +166,7 @@ def embedding_bag(ctx: Context, weight, indices, offsets, scale_grad_by_freq=Fal
     bags = b.shape(offsets)[0] - (1 if include_last_offset else 0)
     acc = out.dtype.accumulator
     n = Affine.dim(1)
-    rows = b.index_map(weight, (count, width), [_gathered(ctx, indices, [Affine.dim(0)], rows_count, (count, width),
+    rows = b.index_map(weight, (count, width), [gathered_index(ctx, indices, [Affine.dim(0)], rows_count, (count, width),
                                                           "embedding_bag ids"), Affine.dim(1)], suffix="rows")
     rows = ctx.tensor(rows, acc)
     if per_sample_weights is not None:

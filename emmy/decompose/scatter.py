@@ -8,6 +8,7 @@ guard on the position, the mask, or the ids that hit it), else the old one.
 from __future__ import annotations
 
 from emmy.affine import Affine, Guard
+from emmy.decompose.indexing import gathered_index
 from emmy.decompose.registry import Context, lowers
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
@@ -68,7 +69,7 @@ def index_put(ctx: Context, x, indices, values, accumulate=False):
     count = b.shape(ids)[0]
     full = (*shape, count)
     k = Affine.dim(rank)
-    ids_full = b.index_map(ctx.tensor(ids, DType.I64), full, [k], suffix="ids")
+    ids_full = _checked(ctx, ids, [k], shape[dim], full, wrap=True)
     ids_full = b.elementwise("remainder", ids_full, shape[dim], dtype=DType.I64, suffix="wrapped")  # -1: the last
     written = (*shape[:dim], count, *shape[dim + 1:])
     at = [Affine.dim(a) if a != dim else k for a in range(rank)]
@@ -118,7 +119,7 @@ def _writes(ctx: Context, dim: int, index, src) -> tuple[str, str]:
     full = (*shape, index_shape[dim])
     k = Affine.dim(rank)
     at = [Affine.dim(a) if a != dim else k for a in range(rank)]
-    ids_full = b.index_map(ctx.tensor(index, DType.I64), full, at, suffix="ids")
+    ids_full = _checked(ctx, index, at, shape[dim], full, wrap=False)
     if isinstance(src, str):  # src has x's rank, at least index's extents: read where index is
         values_full = b.index_map(ctx.tensor(src, out.dtype), full, at, suffix="values")
     else:
@@ -161,6 +162,20 @@ def scatter_reduce(ctx: Context, x, dim, index, src, reduce, include_self=True):
         raise UnsupportedOpError(f"unsupported op {ctx.where}: reduce={reduce!r} "
                                  "(torch's are 'sum', 'prod', 'mean', 'amax', 'amin')")
     return b.elementwise("where", b.elementwise("greater", count, 0), written, old, dtype=out.dtype, name=ctx.name)
+
+
+def _checked(ctx: Context, ids: str, at: list[Affine], extent: int, full, wrap: bool) -> str:
+    """ids read at `at` over `full`, as int64, each also read as an index into an axis of `extent`
+    (a table of zeros added to it): an id outside the axis is then reported as a gather's is
+    (IndexOutOfRangeError, naming the ids' tensor), not silently written nowhere. `wrap`: negative
+    ids count from the end (index_put's Python indexing; scatter takes none)."""
+    import numpy as np
+
+    b = ctx.b
+    values = b.index_map(ctx.tensor(ids, DType.I64), full, at, suffix="ids")
+    probe = b.index_map(ctx.constant(np.zeros(extent, dtype=np.int64), DType.I64), full,
+                        [gathered_index(ctx, ids, at, extent, full, "written ids", wrap=wrap)], suffix="checked")
+    return b.elementwise("add", values, probe, dtype=DType.I64)
 
 
 def _scattered(ctx: Context, x, dim: int, ids_full: str, values_full: str, adding: bool) -> str:
