@@ -151,6 +151,17 @@ EMMY_DEVICE I negated(I a) { return (I)(0ULL - (unsigned long long)a); }  // wra
   }
 EMMY_INTEGER_DIVISION(long long)
 EMMY_INTEGER_DIVISION(int)
+
+// Shifts as torch's (and numpy's): a count outside [0, the type's bits) shifts every bit out, leaving
+// 0 (or -1, a negative value shifted right). The left shift is done unsigned (no signed overflow).
+template <typename I, typename J> EMMY_DEVICE I shift_left(I a, J b) {
+  if (b < 0 || b >= J(8 * sizeof(I))) return I(0);
+  return I((unsigned long long)a << b);
+}
+template <typename I, typename J> EMMY_DEVICE I shift_right(I a, J b) {
+  if (b < 0 || b >= J(8 * sizeof(I))) return a < I(0) ? I(-1) : I(0);
+  return I(a >> b);
+}
 #undef EMMY_INTEGER_DIVISION
 
 // An arg-reduction's (value, position) as one int64 ordered by value, then by the earlier position:

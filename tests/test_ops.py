@@ -181,6 +181,7 @@ CASES = [
     ("aten.nanmedian.dim", X + "torch.nanmedian(torch.where(x > 0.3, float('nan'), x), 0)"),
     ("aten.logcumsumexp.default", X + "torch.logcumsumexp(x * 30, -1)"),
     ("aten.unfold.default", X + "x.unfold(1, 3, 2)"),
+    ("aten.__rshift__.Scalar", I + "(a >> 2, a << 3, (a + 20) >> b)"),
     ("aten._trilinear.default", X + "F.bilinear(x, y, torch.randn(3, 6, 6), torch.randn(3))"),
     ("aten.cumsum.default", X + "x.cumsum(-1)"),
     ("aten.cumsum.default", H + "torch.cumsum(x, 0)"),
@@ -541,6 +542,19 @@ def test_a_write_through_an_id_outside_its_axis_is_reported_not_dropped():
     torch.testing.assert_close(program(cache, positions, values), cache_write(cache, positions, values))
     with pytest.raises(IndexOutOfRangeError, match=r"input 1 \(positions\): index -9 at \[2\] is outside \[-8, 8\)"):
         program(cache, torch.tensor([5, 0, -9]), values)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int32", "int64"])
+def test_bit_shifts_unpack_int4_weights_in_the_simulator(dtype):
+    """<< and >> as torch's: counts of 0 to past the type's bits and negative ones (every bit
+    shifted out), negative values shifted right (the sign kept), and a GPTQ-style dequantization
+    unpacking two 4-bit weights from each byte."""
+    low = 0 if dtype == "uint8" else -100
+    code = (f"a=torch.randint({low},100,(4,16),dtype=torch.{dtype}); s=torch.randint(-2,70,(4,16)).to(torch.{dtype}); "
+            "packed=torch.randint(0,256,(8,4),dtype=torch.uint8); scale=torch.rand(8,1); "
+            "(a << s, a >> s, a << 3, a >> 1, torch.bitwise_right_shift(a, 2), "
+            "(torch.stack([packed & 15, packed >> 4], -1).reshape(8, 8).float() - 8) * scale)")
+    _runs_right_in_the_simulator(code)
 
 
 def test_positions_made_in_the_program_become_rotary_angles():

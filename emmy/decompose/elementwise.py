@@ -296,6 +296,17 @@ def logical_binary(ctx: Context, a, b):
     return ctx.b.elementwise(op, x, y, dtype=DType.BOOL, name=ctx.name)
 
 
+@lowers("aten.__lshift__.Scalar", "aten.__lshift__.Tensor", "aten.bitwise_left_shift.Tensor",
+        "aten.bitwise_left_shift.Tensor_Scalar", "aten.__rshift__.Scalar", "aten.__rshift__.Tensor",
+        "aten.bitwise_right_shift.Tensor", "aten.bitwise_right_shift.Tensor_Scalar")
+def shift(ctx: Context, a, b):
+    """Bit shifts of integers (int4 weights unpacked from bytes: (packed >> 4) & 15)."""
+    if ctx.out_type().dtype.is_float or ctx.out_type().dtype is DType.BOOL:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: shifts of {ctx.out_type().dtype} (torch shifts integers)")
+    left = "lshift" in str(ctx.node.target) or "left" in str(ctx.node.target)
+    return _arith(ctx, "left_shift" if left else "right_shift", a, b)
+
+
 @lowers("aten.logical_not.default", "aten.bitwise_not.default")
 def logical_not(ctx: Context, a):
     if _on_integers(ctx):

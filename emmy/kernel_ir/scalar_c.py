@@ -40,7 +40,8 @@ _BINARY = {"add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * 
            "remainder": "emmy::remainder({0}, {1})", "fmod": "emmy::fmod({0}, {1})",
            "atan2": "atan2f({0}, {1})", "hypot": "hypotf({0}, {1})", "copysign": "copysignf({0}, {1})",
            "logical_xor": "({0} != {1})", "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})",
-           "bitwise_xor": "({0} ^ {1})"}
+           "bitwise_xor": "({0} ^ {1})", "left_shift": "emmy::shift_left({0}, {1})",
+           "right_shift": "emmy::shift_right({0}, {1})"}
 _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "rescale_exp": "emmy::rescale_exp({0})",
           "log": "logf({0})", "sqrt": "sqrtf({0})",
           "rsqrt": "rsqrtf({0})", "reciprocal": "(1.0f / {0})", "sigmoid": "(1.0f / (1.0f + expf(-{0})))",

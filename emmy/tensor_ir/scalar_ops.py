@@ -173,6 +173,8 @@ _TABLE = [
     ScalarOp("bitwise_or", 2, "arith", np.bitwise_or, on_floats=False),
     ScalarOp("bitwise_xor", 2, "arith", np.bitwise_xor, on_floats=False),
     ScalarOp("bitwise_not", 1, "arith", np.invert, on_floats=False),
+    ScalarOp("left_shift", 2, "arith", np.left_shift, on_floats=False),  # a count past the bits: 0
+    ScalarOp("right_shift", 2, "arith", np.right_shift, on_floats=False),  # arithmetic for signed types
     ScalarOp("floor", 1, "arith", np.floor),
     ScalarOp("ceil", 1, "arith", np.ceil),
     ScalarOp("trunc", 1, "arith", np.trunc),
