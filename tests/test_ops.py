@@ -557,6 +557,38 @@ def test_bit_shifts_unpack_int4_weights_in_the_simulator(dtype):
     _runs_right_in_the_simulator(code)
 
 
+@pytest.mark.parametrize("shape", [(3, 50), (2, 5, 8)])
+def test_a_long_scan_of_a_flattened_tensor_is_proven_in_bounds(shape):
+    """x.flatten().cumsum(0): the blocked scan reads row (start + j) // width, which only the guard
+    start + j <= i keeps inside x; the bounds proof bounded a division by the ranges alone and
+    refused the kernel (NotLoweredError)."""
+    dims = ",".join(map(str, shape))
+    _runs_right_in_the_simulator(f"x=torch.randn({dims}); "
+                                 "(x.flatten().cumsum(0), x.reshape(-1).cummax(0).values, x.flatten().flip(0).cumsum(0))")
+
+
+def test_masked_scatter_puts_features_at_their_tokens():
+    """A multimodal model's inputs_embeds.masked_scatter(image_mask, features): the k-th masked
+    element takes the k-th feature value; a mask broadcast over rows; too few features is a bad
+    index, reported."""
+    import torch
+
+    from emmy.errors import IndexOutOfRangeError
+
+    _runs_right_in_the_simulator("ids=torch.tensor([[1,3,3,5,3],[3,2,2,3,9]]); e=torch.randn(2,5,8); f=torch.randn(5,8); "
+                                 "x=torch.randn(3,40); m=torch.randn(40) > 0; s=torch.randn(130); "
+                                 "(e.masked_scatter((ids == 3).unsqueeze(-1).expand_as(e), f), x.masked_scatter(m, s))")
+
+    def place(x, mask, source):
+        return x.masked_scatter(mask, source)
+
+    x, mask = torch.zeros(2, 4), torch.tensor([[True, False, True, True], [False, True, False, False]])
+    program = emmy.optimize(place, x, mask, torch.arange(4.0))
+    torch.testing.assert_close(program(x, mask, torch.arange(4.0)), place(x, mask, torch.arange(4.0)))
+    with pytest.raises(IndexOutOfRangeError, match="outside \\[0, 4\\)"):
+        program(x, torch.ones(2, 4, dtype=torch.bool), torch.arange(4.0))
+
+
 def test_positions_made_in_the_program_become_rotary_angles():
     """arange inside a module (not a -c factory, which becomes an input): positions -> cos/sin."""
     import torch

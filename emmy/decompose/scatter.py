@@ -205,3 +205,26 @@ def _arange(n: int):
     import numpy as np
 
     return np.arange(n)
+
+
+@lowers("aten.masked_scatter.default")
+def masked_scatter(ctx: Context, x, mask, source):
+    """x with the elements where `mask` holds (broadcast to x) replaced by source's elements in
+    order (a multimodal model's image features put at its image tokens): the k-th hit, counted
+    along x read flat, takes source's k-th element. A source with fewer elements than hits is
+    reported as a gather's bad index is."""
+    b = ctx.b
+    out = ctx.out_type()
+    count = max(b.type(x).numel, 1)
+    hits = b.reshape(ctx.tensor(mask, DType.BOOL, out.shape), (count,), suffix="hits")
+    from emmy.decompose.reductions import running
+
+    before = running(ctx, "sum", b.cast(hits, DType.I64), 0)  # hits up to and including each element
+    slot = b.elementwise("where", hits, b.elementwise("subtract", before, 1, dtype=DType.I64), 0, dtype=DType.I64,
+                         suffix="slot")
+    flat_source = b.reshape(source, (max(b.type(source).numel, 1),), suffix="source")
+    picked = b.index_map(ctx.tensor(flat_source, out.dtype), (count,),
+                         [gathered_index(ctx, slot, [Affine.dim(0)], b.shape(flat_source)[0], (count,),
+                                         "masked_scatter positions")], suffix="picked")
+    flat = b.elementwise("where", hits, picked, b.reshape(ctx.tensor(x, out.dtype), (count,)), dtype=out.dtype)
+    return b.reshape(flat, out.shape, name=ctx.name)

@@ -57,19 +57,19 @@ def _check(what: str, buffer: str, index, ranges: dict, shapes: dict, guards=())
 GUARDS_COMBINED = 3  # guards one index is written through at most (F.fold's row * width + column: two)
 
 
-def through_guards(expr: Affine, guards, ranges: dict) -> tuple[int, int]:
+def through_guards(expr: Affine, guards, ranges: dict, depth: int = 0) -> tuple[int, int]:
     """Inclusive bounds of `expr` where the guards hold. Besides each variable's range, `expr` is
     written as sum(c_k * guard_k) + rest wherever a term of a guard divides expr's term of the same
     atom, so an index made of guarded parts is bounded by their guards (a scan's `start + j <= i`;
     a flipped read `n - 1 - position`; a fold's `row * width + column`, each part guarded inside
     its axis)."""
-    lo, hi = interval(expr, ranges)
+    lo, hi = interval(expr, ranges, guards, depth)
     pending = [(expr, 0, 0, 0)]  # (rest, least and greatest value of the guarded parts, guards used)
     seen = set()
     while pending:
         rest, part_lo, part_hi, used = pending.pop()
         if used:
-            rest_lo, rest_hi = interval(rest, ranges)
+            rest_lo, rest_hi = interval(rest, ranges, guards, depth)
             if part_lo is not None:
                 lo = max(lo, part_lo + rest_lo)
             if part_hi is not None:
@@ -127,21 +127,24 @@ def _single_variable(expr: Affine):
     return None
 
 
-def interval(expr: Affine, ranges: dict) -> tuple[int, int]:
-    """Inclusive bounds of `expr` with each variable in its range."""
+def interval(expr: Affine, ranges: dict, guards=(), depth: int = 0) -> tuple[int, int]:
+    """Inclusive bounds of `expr` with each variable in its range; the expression inside a floor
+    division or remainder is bounded through the guards too (a flattened tensor's blocked scan reads
+    row (start + j) // width, where the guard start + j <= i keeps it inside), one level deep: a
+    guard's own divisions are bounded by the ranges alone."""
     lo = hi = expr.const
     for atom, coeff in expr.terms:
-        alo, ahi = _atom_interval(atom, ranges)
+        alo, ahi = _atom_interval(atom, ranges, guards if depth == 0 else (), depth)
         lo, hi = (lo + coeff * alo, hi + coeff * ahi) if coeff > 0 else (lo + coeff * ahi, hi + coeff * alo)
     return lo, hi
 
 
-def _atom_interval(atom, ranges: dict) -> tuple[int, int]:
+def _atom_interval(atom, ranges: dict, guards=(), depth: int = 0) -> tuple[int, int]:
     if isinstance(atom, Dim):
         return ranges.get(atom.index, (0, 0))
     if isinstance(atom, Gathered):  # compiled code clamps an index value into its axis
         return 0, max(atom.extent - 1, 0)
-    lo, hi = interval(atom.expr, ranges)
+    lo, hi = through_guards(atom.expr, guards, ranges, depth + 1) if guards else interval(atom.expr, ranges)
     if isinstance(atom, FloorDiv):
         return lo // atom.divisor, hi // atom.divisor
     if 0 <= lo and hi < atom.divisor:
