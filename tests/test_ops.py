@@ -249,6 +249,8 @@ CASES = [
     ("aten.scatter_reduce.two", X + "t=torch.randint(0,6,(4,9)); x.scatter_reduce(1, t, torch.randn(4,9), 'amax')"),
     ("aten.scatter_reduce.two", X + "t=torch.randint(0,4,(7,6)); x.scatter_reduce(0, t, torch.randn(7,6), 'mean', "
                                     "include_self=False)"),
+    ("aten.diagonal_scatter.default", X + "y = x.clone(); y.diagonal().add_(5); y[:, :4].diagonal(-1).mul_(y[0, :3]); "
+                                          "y.unsqueeze(0).diagonal(1, 1, 2).zero_(); y"),
     ("aten.scatter.src",  # repeated ids: the last write wins, as torch's CPU kernel
      X + "t=torch.tensor([[0,0,1,4,2,2]]).expand(4,6); torch.ones(4,5).scatter(1, t[:, :4], x[:, :4])"),
     # reads by index tensors
@@ -441,11 +443,11 @@ def test_advanced_indexing_and_resampling_run_right_in_the_simulator(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_writes_into_part_of_a_tensor_run_right_in_the_simulator(dtype):
-    """Slice and select assignment, x[mask] = v, a KV cache written at positions (repeats: the last
-    write wins), scatter_add and a one-hot, compiled to CUDA (ASan on)."""
+    """Slice and select assignment, x[mask] = v, a diagonal added to in place, a KV cache written at
+    positions (repeats: the last write wins), scatter_add and a one-hot, compiled to CUDA (ASan on)."""
     code = (f"x=torch.randn(6,10,dtype=torch.{dtype}); k=torch.randn(3,10,dtype=torch.{dtype}); "
             "p=torch.tensor([5,0,5]); t=torch.randint(0,10,(6,4)); "
-            "z = x.clone(); z[:, 2:8:2] = k[0, :3]; z[z < -1] = 0; z[3] = 2.0; "
+            "z = x.clone(); z[:, 2:8:2] = k[0, :3]; z[z < -1] = 0; z[3] = 2.0; z.diagonal(2).add_(3); "
             "c = torch.zeros(8, 10, dtype=x.dtype); c[p] = k; "
             "(z, c, torch.zeros(6, 10, dtype=x.dtype).scatter_add(1, t, x[:, :4]), "
             "torch.zeros(6, 10, dtype=x.dtype).scatter(1, t, 1.0))")

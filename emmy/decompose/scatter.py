@@ -37,6 +37,20 @@ def slice_scatter(ctx: Context, x, src, dim=0, start=None, end=None, step=1):
     return _written_over(ctx, x, src, index, written)
 
 
+@lowers("aten.diagonal_scatter.default")
+def diagonal_scatter(ctx: Context, x, src, offset=0, dim1=0, dim2=1):
+    """x with its diagonal of (dim1, dim2), `offset` above the main one, set to src (whose last axis
+    runs along the diagonal): `A.diagonal().add_(eps)` as functionalized graphs spell it."""
+    shape = ctx.out_type().shape
+    rank = len(shape)
+    dim1, dim2 = dim1 % rank, dim2 % rank
+    others = [d for d in range(rank) if d not in (dim1, dim2)]
+    along = Affine.dim(dim1) - max(-offset, 0)  # the position along the diagonal
+    index = [Affine.dim(d) for d in others] + [along]
+    on_diagonal = [Guard(Affine.dim(dim2) - Affine.dim(dim1), offset, offset + 1)]
+    return _written_over(ctx, x, src, index, on_diagonal)
+
+
 def _written_over(ctx: Context, x, src, index, written: list[Guard]) -> str:
     """x where the guards fail, src read at `index` where they hold."""
     b = ctx.b
