@@ -7,6 +7,7 @@ assigned in one canonical order, so equal terms print identically.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Union
 
@@ -187,3 +188,27 @@ def index_tensors(body) -> set[str]:
         elif isinstance(stmt, Store):
             exprs += list(stmt.index)
     return gathered_buffers(exprs)
+
+
+def renamed(stmt, rename: dict[str, str]):
+    """`stmt` with the values and accumulators in `rename` (old -> new) renamed where it defines or
+    reads them (nested loops too)."""
+    def value(v):
+        return rename.get(v, v) if isinstance(v, str) else v
+
+    if isinstance(stmt, Assign):
+        expr = stmt.expr
+        if isinstance(expr, Op):
+            expr = dataclasses.replace(expr, args=tuple(value(x) for x in expr.args))
+        elif isinstance(expr, Masked):
+            expr = dataclasses.replace(expr, value=value(expr.value))
+        return dataclasses.replace(stmt, name=rename.get(stmt.name, stmt.name), expr=expr)
+    if isinstance(stmt, Init):
+        return dataclasses.replace(stmt, acc=rename.get(stmt.acc, stmt.acc))
+    if isinstance(stmt, (Accumulate, Update)):
+        return dataclasses.replace(stmt, acc=rename.get(stmt.acc, stmt.acc), value=value(stmt.value))
+    if isinstance(stmt, Store):
+        return dataclasses.replace(stmt, value=value(stmt.value))
+    if isinstance(stmt, Loop):
+        return dataclasses.replace(stmt, body=tuple(renamed(s, rename) for s in stmt.body))
+    raise TypeError(f"no renaming for {type(stmt).__name__}")

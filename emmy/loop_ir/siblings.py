@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Load, Loop, LoopProgram, Masked, Op, Store, Update,
-                                index_tensors, statements)
+from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Load, Loop, LoopProgram, Update, index_tensors,
+                                renamed, statements)
 
 WINDOW = 8  # later kernels of the same loop nest each kernel is tried against (siblings sit close)
 
@@ -106,35 +106,13 @@ def _merged(first: Kernel, second: Kernel, a: _Fold, b: _Fold) -> Kernel:
             rename[s.name] = known[(s.expr.buffer, s.expr.index, s.expr.guards)]
             continue
         fold_body.append(s)
-    renamed = [_renamed(s, rename) for s in fold_body]
-    fold = dataclasses.replace(a.fold, body=(*a.fold.body, *renamed))
-    inner = (*a.before, *(_renamed(s, rename) for s in b.before), fold, *a.after,
-             *(_renamed(s, rename) for s in b.after))
+    second_fold = [renamed(s, rename) for s in fold_body]
+    fold = dataclasses.replace(a.fold, body=(*a.fold.body, *second_fold))
+    inner = (*a.before, *(renamed(s, rename) for s in b.before), fold, *a.after,
+             *(renamed(s, rename) for s in b.after))
     for var, extent in reversed(a.free):
         inner = (Loop(var, extent, inner),)
     return Kernel(first.name, first.output, first.type, inner, (*first.more_outputs, *second.outputs))
-
-
-def _renamed(stmt, rename: dict[str, str]):
-    def value(v):
-        return rename.get(v, v) if isinstance(v, str) else v
-
-    if isinstance(stmt, Assign):
-        expr = stmt.expr
-        if isinstance(expr, Op):
-            expr = dataclasses.replace(expr, args=tuple(value(x) for x in expr.args))
-        elif isinstance(expr, Masked):
-            expr = dataclasses.replace(expr, value=value(expr.value))
-        return dataclasses.replace(stmt, name=rename.get(stmt.name, stmt.name), expr=expr)
-    if isinstance(stmt, Init):
-        return dataclasses.replace(stmt, acc=rename.get(stmt.acc, stmt.acc))
-    if isinstance(stmt, (Accumulate, Update)):
-        return dataclasses.replace(stmt, acc=rename.get(stmt.acc, stmt.acc), value=value(stmt.value))
-    if isinstance(stmt, Store):
-        return dataclasses.replace(stmt, value=value(stmt.value))
-    if isinstance(stmt, Loop):  # a later fold of the second kernel (its folds nest one deep)
-        return dataclasses.replace(stmt, body=tuple(_renamed(s, rename) for s in stmt.body))
-    raise TypeError(f"no renaming for {type(stmt).__name__}")
 
 
 def _names(body) -> set[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from emmy.errors import EmmyError
-from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Loop, LoopProgram, Masked, Op, Update, buffer_types,
-                                row_nest)
+from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Loop, LoopProgram, Masked, Update, buffer_types,
+                                renamed, row_nest)
 from emmy.loop_ir.signature import signature
 from emmy.schedule.choose import no_row_message
 from emmy.schedule.geometry import Geometry, geometry
@@ -135,9 +135,9 @@ def _fold_reads_inside(body: tuple) -> tuple:
         return body
     later = {n for s in body[at + 1:] for n in _reads_nested(s)}
     kept = {n for n in needed if n in later}
-    renamed = {n: f"{n}_f" if n in kept else n for n in needed}
-    copies = tuple(_renamed(before[n], renamed) for n in before if n in needed)  # in their order
-    inner = copies + tuple(_renamed(s, renamed) for s in fold.body)
+    names = {n: f"{n}_f" if n in kept else n for n in needed}
+    copies = tuple(renamed(before[n], names) for n in before if n in needed)  # in their order
+    inner = copies + tuple(renamed(s, names) for s in fold.body)
     head = tuple(s for s in body[:at] if not (isinstance(s, Assign) and s.name in needed and s.name not in kept))
     return (*head, dataclasses.replace(fold, body=inner), *body[at + 1:])
 
@@ -156,21 +156,6 @@ def _reads_nested(stmt) -> tuple[str, ...]:
     if isinstance(stmt, Loop):
         return tuple(n for s in stmt.body for n in _reads_nested(s))
     return _reads(stmt)
-
-
-def _renamed(stmt, names: dict):
-    """`stmt` with the values in `names` (old -> new) renamed where it defines or reads them."""
-    swap = lambda v: names.get(v, v) if isinstance(v, str) else v  # noqa: E731
-    if isinstance(stmt, Assign):
-        expr = stmt.expr
-        if isinstance(expr, Op):
-            expr = dataclasses.replace(expr, args=tuple(swap(a) for a in expr.args))
-        elif isinstance(expr, Masked):
-            expr = dataclasses.replace(expr, value=swap(expr.value))
-        return dataclasses.replace(stmt, name=swap(stmt.name), expr=expr)
-    if isinstance(stmt, (Accumulate, Update)):
-        return dataclasses.replace(stmt, value=swap(stmt.value))
-    return stmt
 
 
 def _twist(combine, inits) -> str:
