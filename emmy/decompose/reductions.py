@@ -233,7 +233,7 @@ def running(ctx: Context, op: str, x: str, axis: int, name: str | None = None) -
     rank = len(shape)
     index = [Affine.dim(rank) if k == axis else Affine.dim(k) for k in range(rank)]
     upto = Guard(Affine.dim(rank) - Affine.dim(axis), hi=1)  # j - i < 1
-    tri = ctx.b.index_map(x, (*shape, shape[axis]), index, guards=[upto], fill=_identity(op, ctx.b.dtype(x)),
+    tri = ctx.b.index_map(x, (*shape, shape[axis]), index, guards=[upto], fill=fold_identity(op, ctx.b.dtype(x)),
                           suffix="prefix")
     return ctx.b.reduce_axes(op, tri, [rank], False, name=name)
 
@@ -301,7 +301,7 @@ def running_extreme(ctx: Context, x, dim):
 BLOCKED_SCAN_FROM = 32  # scanned extents from here on take the blocked form
 
 
-def _identity(op: str, dtype: DType) -> float | int:
+def fold_identity(op: str, dtype: DType) -> float | int:
     """The fold's identity in `dtype`: 0, 1, or the least (greatest) value for a maximum (minimum)."""
     if dtype.is_float or op in ("sum", "prod"):
         return REDUCE_OPS[op] if dtype.is_float else int(REDUCE_OPS[op])
@@ -320,7 +320,7 @@ def _blocked_scan(ctx: Context, op: str, x: str, axis: int, name: str | None) ->
     rank, n = len(shape), shape[axis]
     block = math.isqrt(n - 1) + 1
     chunks = -(-n // block)
-    identity = _identity(op, b.dtype(x))
+    identity = fold_identity(op, b.dtype(x))
     combine = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}[op]
     at = [Affine.dim(k) for k in range(rank)]  # output coordinates, axis replaced below
     # (1) totals[.., c] = fold over j < B of x[.., c*B + j], where c*B + j < n

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from emmy.affine import Affine, Guard
 from emmy.decompose.indexing import gathered_index
+from emmy.decompose.reductions import fold_identity, running
 from emmy.decompose.registry import Context, lowers
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
@@ -149,8 +150,6 @@ _REDUCED = {"sum": ("sum", "add"), "prod": ("prod", "multiply"), "amax": ("max",
 def scatter_reduce(ctx: Context, x, dim, index, src, reduce, include_self=True):
     """Each output position folds the values written to it (sum, prod, amax, amin or mean), with
     its old value when include_self; a position nothing writes keeps its old value."""
-    from emmy.decompose.reductions import _identity
-
     b = ctx.b
     out = ctx.out_type()
     rank = len(out.shape)
@@ -162,7 +161,7 @@ def scatter_reduce(ctx: Context, x, dim, index, src, reduce, include_self=True):
     old = ctx.tensor(x, out.dtype)
     count = b.reduce_axes("sum", b.cast(hits, DType.I64), [rank], False, suffix="writes")
     fold, meet = _REDUCED.get(reduce, ("sum", "add"))
-    folded = b.reduce_axes(fold, b.elementwise("where", hits, values_full, _identity(fold, out.dtype), dtype=out.dtype),
+    folded = b.reduce_axes(fold, b.elementwise("where", hits, values_full, fold_identity(fold, out.dtype), dtype=out.dtype),
                            [rank], False, suffix=reduce)
     if reduce == "mean":
         total = b.elementwise("add", old, folded) if include_self else folded
@@ -231,8 +230,6 @@ def masked_scatter(ctx: Context, x, mask, source):
     out = ctx.out_type()
     count = max(b.type(x).numel, 1)
     hits = b.reshape(ctx.tensor(mask, DType.BOOL, out.shape), (count,), suffix="hits")
-    from emmy.decompose.reductions import running
-
     before = running(ctx, "sum", b.cast(hits, DType.I64), 0)  # hits up to and including each element
     slot = b.elementwise("where", hits, b.elementwise("subtract", before, 1, dtype=DType.I64), 0, dtype=DType.I64,
                          suffix="slot")
