@@ -21,7 +21,9 @@ sum, so one rounding of that sum moves the whole row the same way. The noise a m
 against is therefore measured over groups of outputs as well as over single ones: per output axis
 and per run of leading or trailing axes, the spread of the groups' means (`_noise`). Over 64 rows
 the shared roundings alone make a mean of a few tenths of an ulp of either sign; a lean is a mean
-that every grouping finds far beyond its spread.
+that every grouping finds far beyond its spread. A scan's outputs share more: each one's error is
+the one before's plus a rounding, so along the scanned axis the errors walk and their mean wanders
+by ulps; where neighbouring errors are that alike, the walk's spread is the noise (`_walk_noise`).
 """
 
 from __future__ import annotations
@@ -151,7 +153,30 @@ def _noise(z: np.ndarray) -> float:
         means = means[~np.isnan(means)]
         if means.size >= 2:
             noises.append(float(np.std(means, ddof=1)) / np.sqrt(means.size))
+    noises += [_walk_noise(z, axis) for axis in range(rank) if z.shape[axis] >= WALK_FROM]
     return max(noises)
+
+
+WALK_FROM = 32  # outputs along an axis before its errors can be seen to walk (independent errors: alike ~ 0 +- 0.18)
+WALK_CORRELATION = 0.5  # neighbours' errors this alike along an axis: they accumulate (a scan)
+
+
+def _walk_noise(z: np.ndarray, axis: int) -> float:
+    """The spread of the mean of `z` when its errors walk along `axis`, as a scan's do (each output's
+    error is the one before's plus a rounding: cumsum, cumprod): the mean of an n-step walk spreads
+    as a step times the root of n / 3, over the root of the walks' count. 0 where neighbours' errors
+    are not alike (independent errors, or a lean the same everywhere: its rows' means are removed
+    first), so a planted lean is still caught."""
+    n = z.shape[axis]
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        centred = z - np.nanmean(z, axis=axis, keepdims=True)
+        later, earlier = np.take(centred, range(1, n), axis), np.take(centred, range(n - 1), axis)
+        alike = float(np.nansum(later * earlier)) / max(float(np.nansum(centred * centred)), 1e-300)
+        if alike < WALK_CORRELATION:
+            return 0.0
+        step = float(np.nanstd(np.diff(z, axis=axis)))
+    return step * np.sqrt(n / 3) / np.sqrt(max(z.size // n, 1))
 
 
 def reference_outputs(captured, inputs=None, mode: str = "float64", device: str = "cpu") -> list:

@@ -134,3 +134,34 @@ def test_a_lean_beneath_rows_sharing_one_rounded_sum_is_still_caught():
     leaning = (want * (1 + 2.0 ** -24)).astype(np.float32).astype(np.float64)  # every output a little high
     result = compare(leaning, want, DType.F32, 1000, None, theirs)
     assert not result.ok and result.why == "bias" and result.bias_ulps > 0.5
+
+
+def _scan_in_blocks(seed: int, rows: int, n: int, product: bool):
+    """Running products (sums) of values near 1 in f32 computed in blocks of 13 (a blocked scan's
+    order) and sequentially (torch's), with the float64 reference: each output's error is the one
+    before's plus a rounding, so the errors walk."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, n)) * 0.1 + 1).astype(np.float32)
+    scan = np.cumprod if product else np.cumsum
+    want, sequential = scan(x.astype(np.float64), -1), scan(x, -1, dtype=np.float32)
+    carried, parts = np.full((rows, 1), 1.0 if product else 0.0, np.float32), []
+    for k in range(0, n, 13):
+        block = scan(x[:, k:k + 13], -1, dtype=np.float32)
+        parts.append((carried * block if product else carried + block).astype(np.float32))
+        carried = parts[-1][:, -1:]
+    return np.concatenate(parts, -1).astype(np.float64), want, sequential.astype(np.float64)
+
+
+def test_a_scan_s_walking_rounding_is_not_a_lean_but_a_lean_on_it_is():
+    """A long scan's errors accumulate along it, so their mean wanders by ulps either way; held
+    against single outputs' spread, 3 of these 10 cumprods of values near 1 (1-D, 150 long) were
+    reported as a bias. Over the walk's spread none is; one ulp planted on every output still is."""
+    results = []
+    for seed in range(10):
+        actual, want, theirs = _scan_in_blocks(seed, 1, 150, product=True)
+        results.append(compare(actual, want, DType.F32, 150, None, theirs))
+    assert all(r.ok for r in results), [(r.why, round(r.bias_ulps, 2)) for r in results]
+    actual, want, theirs = _scan_in_blocks(0, 64, 40, product=False)
+    leaning = np.nextafter(want.astype(np.float32), np.float32(np.inf)).astype(np.float64)
+    result = compare(leaning, want, DType.F32, 40, None, theirs)
+    assert not result.ok and result.why == "bias", result
