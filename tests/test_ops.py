@@ -251,6 +251,8 @@ CASES = [
                                     "include_self=False)"),
     ("aten.diagonal_scatter.default", X + "y = x.clone(); y.diagonal().add_(5); y[:, :4].diagonal(-1).mul_(y[0, :3]); "
                                           "y.unsqueeze(0).diagonal(1, 1, 2).zero_(); y"),
+    ("aten.index_reduce.default", X + "x.index_reduce(1, torch.tensor([0, 4, 4, 1]), y[:, :4], 'amax', include_self=False)"),
+    ("aten.put.default", X + "x.put(torch.tensor([[0, 23], [-1, 5]]), y[:2, :2], accumulate=True)"),
     ("aten.scatter.src",  # repeated ids: the last write wins, as torch's CPU kernel
      X + "t=torch.tensor([[0,0,1,4,2,2]]).expand(4,6); torch.ones(4,5).scatter(1, t[:, :4], x[:, :4])"),
     # reads by index tensors
@@ -456,13 +458,17 @@ def test_writes_into_part_of_a_tensor_run_right_in_the_simulator(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "int32"])
 def test_scatter_reductions_run_right_in_the_simulator(dtype):
-    """scatter_reduce by every reduction, with and without the old values, positions no id hits
-    kept (a GNN's per-node max and mean of its messages), compiled to CUDA (ASan on). int64's
+    """scatter_reduce and index_reduce by every reduction, with and without the old values,
+    positions no id hits kept (a GNN's per-node max and mean of its messages), and put (x read
+    flat; negative indices from the end), compiled to CUDA (ASan on). int64's
     amin starts from 2**63 - 1, which no f64 holds: the optimizer must carry it exactly."""
     make = (f"x=(torch.randn(5,7) * 9).to(torch.{dtype}); s=(torch.randn(5,11) * 9).to(torch.{dtype}); "
             "t=torch.randint(0,7,(5,11)); ")
     code = make + "(" + ", ".join(f"x.scatter_reduce(1, t, s, '{r}', include_self={inc})"
-                                   for r in ("sum", "prod", "mean", "amax", "amin") for inc in (True, False)) + ")"
+                                   for r in ("sum", "prod", "mean", "amax", "amin") for inc in (True, False))
+    code += ", " + ", ".join(f"x.index_reduce(1, t[0], s, '{r}', include_self={inc})"
+                             for r in ("prod", "mean", "amax", "amin") for inc in (True, False))
+    code += ", x.put(t[:2], s[:2]), x.put(t[:2] - 7, s[:2], accumulate=True))"
     _runs_right_in_the_simulator(code)
 
 

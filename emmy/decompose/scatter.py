@@ -150,11 +150,33 @@ _REDUCED = {"sum": ("sum", "add"), "prod": ("prod", "multiply"), "amax": ("max",
 def scatter_reduce(ctx: Context, x, dim, index, src, reduce, include_self=True):
     """Each output position folds the values written to it (sum, prod, amax, amin or mean), with
     its old value when include_self; a position nothing writes keeps its old value."""
+    dim %= len(ctx.out_type().shape)
+    ids_full, values_full = _writes(ctx, dim, index, src)
+    return _folded_writes(ctx, x, dim, ids_full, values_full, reduce, include_self)
+
+
+@lowers("aten.index_reduce.default")
+def index_reduce(ctx: Context, x, dim, index, source, reduce, include_self=True):
+    """x.index_reduce(dim, index, source, reduce): source's slice k along `dim` folded into x's
+    slice index[k] (prod, mean, amax, amin), as scatter_reduce by the index spread over source."""
     b = ctx.b
     out = ctx.out_type()
     rank = len(out.shape)
     dim %= rank
-    ids_full, values_full = _writes(ctx, dim, index, src)
+    count = b.shape(index)[0] if b.shape(index) else 1
+    full = (*out.shape, count)
+    at = [Affine.dim(a) if a != dim else Affine.dim(rank) for a in range(rank)]
+    ids_full = _checked(ctx, index, [Affine.dim(rank)] if b.shape(index) else [], out.shape[dim], full, wrap=False)
+    values_full = b.index_map(ctx.tensor(source, out.dtype), full, at, suffix="values")
+    return _folded_writes(ctx, x, dim, ids_full, values_full, reduce, include_self)
+
+
+def _folded_writes(ctx: Context, x, dim: int, ids_full: str, values_full: str, reduce: str, include_self) -> str:
+    """x with each position along `dim` folding the writes that hit it by `reduce` (entry k of the
+    last axis of `ids_full` and `values_full` targets ids_full[.., k]); untouched ones unchanged."""
+    b = ctx.b
+    out = ctx.out_type()
+    rank = len(out.shape)
     full = b.shape(ids_full)
     here = b.index_map(ctx.constant(_arange(out.shape[dim]), DType.I64), full, [Affine.dim(dim)], suffix="positions")
     hits = b.elementwise("equal", ids_full, here, suffix="hits")
@@ -177,6 +199,22 @@ def scatter_reduce(ctx: Context, x, dim, index, src, reduce, include_self=True):
     return b.elementwise("where", b.elementwise("greater", count, 0), written, old, dtype=out.dtype, name=ctx.name)
 
 
+@lowers("aten.put.default")
+def put(ctx: Context, x, index, source, accumulate=False):
+    """x.put(index, source): x read flat, x_flat[index[k]] = source[k] (negative indices count from
+    the end; repeats: the last write wins, or all add up with accumulate), in x's shape again."""
+    b = ctx.b
+    out = ctx.out_type()
+    n, m = max(b.type(x).numel, 1), max(b.type(index).numel, 1)
+    full = (n, m)
+    flat_ids = b.reshape(index, (m,), suffix="flat_ids")
+    ids_full = _checked(ctx, flat_ids, [Affine.dim(1)], n, full, wrap=True)
+    ids_full = b.elementwise("remainder", ids_full, n, dtype=DType.I64, suffix="wrapped")
+    values_full = b.index_map(b.reshape(ctx.tensor(source, out.dtype), (m,)), full, [Affine.dim(1)], suffix="values")
+    flat = _scattered(ctx, b.reshape(x, (n,)), 0, ids_full, values_full, bool(accumulate), shape=(n,))
+    return b.reshape(flat, out.shape, name=ctx.name)
+
+
 def _checked(ctx: Context, ids: str, at: list[Affine], extent: int, full, wrap: bool) -> str:
     """ids read at `at` over `full`, as int64, each also read as an index into an axis of `extent`
     (a table of zeros added to it): an id outside the axis is then reported as a gather's is
@@ -191,12 +229,14 @@ def _checked(ctx: Context, ids: str, at: list[Affine], extent: int, full, wrap: 
     return b.elementwise("add", values, probe, dtype=DType.I64)
 
 
-def _scattered(ctx: Context, x, dim: int, ids_full: str, values_full: str, adding: bool) -> str:
+def _scattered(ctx: Context, x, dim: int, ids_full: str, values_full: str, adding: bool, shape=None) -> str:
     """x with writes read back as gathers over the writes' axis k (the last of `ids_full`'s and
-    `values_full`'s): entry k targets position ids_full[.., k] along `dim`."""
+    `values_full`'s): entry k targets position ids_full[.., k] along `dim`. `shape`: x's, where it
+    is not the op's result's (put writes its result read flat)."""
     b = ctx.b
     out = ctx.out_type()
-    shape = out.shape
+    shape = out.shape if shape is None else tuple(shape)
+    name = ctx.name if shape == out.shape else None
     rank = len(shape)
     full = b.shape(ids_full)
     here = b.index_map(ctx.constant(_arange(shape[dim]), DType.I64), full, [Affine.dim(dim)], suffix="positions")
@@ -204,14 +244,14 @@ def _scattered(ctx: Context, x, dim: int, ids_full: str, values_full: str, addin
     old = ctx.tensor(x, out.dtype)
     if adding:
         added = b.reduce_axes("sum", b.elementwise("where", hits, values_full, 0, dtype=out.dtype), [rank], False)
-        return b.elementwise("add", old, added, name=ctx.name)
+        return b.elementwise("add", old, added, name=name)
     # the last write to each position: the largest k that hits it (-1: none), and its value
     order = b.index_map(ctx.constant(_arange(full[-1]), DType.I64), full, [Affine.dim(rank)], suffix="order")
     last = b.reduce_axes("max", b.elementwise("where", hits, order, -1, dtype=DType.I64), [rank], True)
     chosen = b.elementwise("equal", order, ctx.tensor(last, DType.I64, full), dtype=DType.BOOL, suffix="chosen")
     value = b.reduce_axes("sum", b.elementwise("where", chosen, values_full, 0, dtype=out.dtype), [rank], False)
     hit = b.elementwise("greater_equal", b.reshape(last, shape), 0, dtype=DType.BOOL, suffix="hit")
-    return b.elementwise("where", hit, value, old, dtype=out.dtype, name=ctx.name)
+    return b.elementwise("where", hit, value, old, dtype=out.dtype, name=name)
 
 
 def _arange(n: int):
