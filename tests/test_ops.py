@@ -253,6 +253,7 @@ CASES = [
                                           "y.unsqueeze(0).diagonal(1, 1, 2).zero_(); y"),
     ("aten.index_reduce.default", X + "x.index_reduce(1, torch.tensor([0, 4, 4, 1]), y[:, :4], 'amax', include_self=False)"),
     ("aten.put.default", X + "x.put(torch.tensor([[0, 23], [-1, 5]]), y[:2, :2], accumulate=True)"),
+    ("aten.as_strided_scatter.default", X + "y = x.clone(); y.fill_diagonal_(0.5); (y, torch.as_strided(y, (3, 2), (4, 1), 1))"),
     ("aten.scatter.src",  # repeated ids: the last write wins, as torch's CPU kernel
      X + "t=torch.tensor([[0,0,1,4,2,2]]).expand(4,6); torch.ones(4,5).scatter(1, t[:, :4], x[:, :4])"),
     # reads by index tensors
@@ -445,11 +446,12 @@ def test_advanced_indexing_and_resampling_run_right_in_the_simulator(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_writes_into_part_of_a_tensor_run_right_in_the_simulator(dtype):
-    """Slice and select assignment, x[mask] = v, a diagonal added to in place, a KV cache written at
-    positions (repeats: the last write wins), scatter_add and a one-hot, compiled to CUDA (ASan on)."""
+    """Slice and select assignment, x[mask] = v, a diagonal added to in place and filled (as_strided),
+    a KV cache written at positions (repeats: the last write wins), scatter_add and a one-hot,
+    compiled to CUDA (ASan on)."""
     code = (f"x=torch.randn(6,10,dtype=torch.{dtype}); k=torch.randn(3,10,dtype=torch.{dtype}); "
             "p=torch.tensor([5,0,5]); t=torch.randint(0,10,(6,4)); "
-            "z = x.clone(); z[:, 2:8:2] = k[0, :3]; z[z < -1] = 0; z[3] = 2.0; z.diagonal(2).add_(3); "
+            "z = x.clone(); z[:, 2:8:2] = k[0, :3]; z[z < -1] = 0; z[3] = 2.0; z.diagonal(2).add_(3); z.fill_diagonal_(1.5); "
             "c = torch.zeros(8, 10, dtype=x.dtype); c[p] = k; "
             "(z, c, torch.zeros(6, 10, dtype=x.dtype).scatter_add(1, t, x[:, :4]), "
             "torch.zeros(6, 10, dtype=x.dtype).scatter(1, t, 1.0))")

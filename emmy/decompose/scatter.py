@@ -279,3 +279,55 @@ def masked_scatter(ctx: Context, x, mask, source):
                                          "masked_scatter positions")], suffix="picked")
     flat = b.elementwise("where", hits, picked, b.reshape(ctx.tensor(x, out.dtype), (count,)), dtype=out.dtype)
     return b.reshape(flat, out.shape, name=ctx.name)
+
+
+def _strided_positions(ctx: Context, size, stride, storage_offset) -> "np.ndarray":
+    """The flat positions an as_strided view of the op's first argument reads, in the view's order;
+    refused unless that argument is laid out row-major from its storage's start (emmy's tensors
+    are: a view of a view's storage is not)."""
+    import numpy as np
+
+    val = ctx.node.args[0].meta.get("val")
+    if val is None or not val.is_contiguous() or val.storage_offset() != 0:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: as_strided of a tensor that is not laid out "
+                                 "row-major from its storage's start")
+    grid = np.indices(tuple(int(s) for s in size), dtype=np.int64).reshape(len(size), -1)
+    steps = np.asarray([int(s) for s in stride], dtype=np.int64).reshape(-1, 1)
+    return int(storage_offset or 0) + (grid * steps).sum(0) if len(size) else np.asarray([int(storage_offset or 0)])
+
+
+@lowers("aten.as_strided.default")
+def as_strided(ctx: Context, x, size, stride, storage_offset=None):
+    """A strided view of x's elements read flat (fill_diagonal_ views the diagonal as stride n + 1):
+    one index map, offset + sum(i_k * stride_k)."""
+    b = ctx.b
+    _strided_positions(ctx, size, stride, storage_offset)  # refuses a layout emmy does not hold
+    flat = b.reshape(x, (max(b.type(x).numel, 1),), suffix="flat")
+    at = Affine.constant(int(storage_offset or 0))
+    for k, step in enumerate(stride):
+        at = at + Affine.dim(k) * int(step)
+    return b.index_map(flat, tuple(int(s) for s in size), [at], name=ctx.name)
+
+
+@lowers("aten.as_strided_scatter.default")
+def as_strided_scatter(ctx: Context, x, src, size, stride, storage_offset=None):
+    """x with the elements of its as_strided view replaced by src's: each flat position of x reads
+    src at the view index that lands on it (a constant table), or keeps its value. Overlapping
+    views (two view elements on one position) are refused."""
+    import numpy as np
+
+    b = ctx.b
+    out = ctx.out_type()
+    positions = _strided_positions(ctx, size, stride, storage_offset)
+    n = max(b.type(x).numel, 1)
+    if len(np.unique(positions)) != len(positions):
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: an as_strided view whose elements overlap")
+    source = np.full(n, -1, dtype=np.int64)
+    source[positions] = np.arange(len(positions))
+    table = ctx.constant(np.maximum(source, 0), DType.I64)
+    written = ctx.constant(source >= 0, DType.BOOL)
+    flat_src = b.reshape(ctx.tensor(src, out.dtype), (max(len(positions), 1),), suffix="flat_src")
+    picked = b.index_map(flat_src, (n,), [gathered_index(ctx, table, [Affine.dim(0)], len(positions), (n,),
+                                                         "as_strided positions")], suffix="picked")
+    flat = b.elementwise("where", written, picked, b.reshape(ctx.tensor(x, out.dtype), (n,)), dtype=out.dtype)
+    return b.reshape(flat, out.shape, name=ctx.name)
