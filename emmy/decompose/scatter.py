@@ -281,7 +281,7 @@ def masked_scatter(ctx: Context, x, mask, source):
     return b.reshape(flat, out.shape, name=ctx.name)
 
 
-def _strided_positions(ctx: Context, size, stride, storage_offset) -> "np.ndarray":
+def _strided_positions(ctx: Context, size, stride, storage_offset):
     """The flat positions an as_strided view of the op's first argument reads, in the view's order;
     refused unless that argument is laid out row-major from its storage's start (emmy's tensors
     are: a view of a view's storage is not)."""
