@@ -117,8 +117,8 @@ CHECKS_ONLY = frozenset({"_linalg_check_errors"})  # effectful ops that only che
 
 
 def _effect_tokens(program) -> set[str]:
-    """The names of torch.export's effect tokens: placeholders and outputs that order side effects
-    (a linear-algebra op's error check), and the `with_effects` results that hand them on."""
+    """The names of torch.export's effect tokens, the placeholder and output that order side effects
+    (a linear-algebra op's error check); the `with_effects` nodes between hand them on."""
     signature = getattr(program, "graph_signature", None)
     specs = [*getattr(signature, "input_specs", ()), *getattr(signature, "output_specs", ())]
     return {spec.arg.name for spec in specs if spec.kind.name == "TOKEN"}
