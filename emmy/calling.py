@@ -54,7 +54,7 @@ def kernel_infos(program) -> tuple[KernelInfo, ...]:
 def with_keywords(signature, inputs: tuple, keywords: dict) -> tuple:
     """A call's positional inputs followed by its keyword ones, as the program takes them: one dict,
     in the order they were captured in."""
-    expected = tuple(getattr(signature, "keywords", ()))
+    expected = signature.keywords
     if not expected and not keywords:
         return inputs
     if set(keywords) != set(expected):

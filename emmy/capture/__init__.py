@@ -52,9 +52,16 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
     import torch
 
     from emmy.capture import exporting
+    from emmy.capture.aten_graph import AtenGraph
 
-    if example_kwargs:
-        return _capture_with_keywords(graph, example_inputs, dict(example_kwargs))
+    # keyword arguments (`model(ids, attention_mask=mask)`): torch.export takes them as they are, the
+    # program takes them last, as one dict in the order given here
+    keywords = dict(example_kwargs or {})
+    if keywords and (isinstance(graph, (str, os.PathLike, AtenGraph, torch.export.ExportedProgram))
+                     or not callable(graph)):
+        raise EmmyError(f"example_kwargs are for an nn.Module or a function, not a {type(graph).__name__}")
+    if not all(isinstance(k, str) and k.isidentifier() for k in keywords):
+        raise EmmyError(f"example_kwargs must be named by identifiers, not {sorted(map(repr, keywords))}")
 
     if isinstance(graph, (str, os.PathLike)):
         from emmy.capture.code import capture_code
@@ -65,8 +72,6 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
         program = _export(code.module, code.example_inputs.shaped(), code.source)
         return Captured(exporting.decompose(program), code.source, code.example_inputs)
 
-    from emmy.capture.aten_graph import AtenGraph
-
     if isinstance(graph, AtenGraph):  # torch.compile's ATen graph: nothing to export or decompose
         if not example_inputs:
             raise EmmyError("emmy.optimize needs the example inputs of an ATen graph")
@@ -76,15 +81,17 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
         inputs = example_inputs or _stored_inputs(graph)
         return Captured(exporting.decompose(graph), Source(), tuple(inputs) if inputs else None)
 
-    if not example_inputs:
+    if not example_inputs and not keywords:
         raise EmmyError(f"emmy.optimize needs example inputs to capture a {type(graph).__name__}")
     # inputs may nest (an LSTM cell's (h, c)): torch.export takes the structure, the program its leaves
     example_inputs = tuple(_map_leaves(scalar_tensor, v) for v in example_inputs)
-    _check_inputs(flat_inputs(example_inputs))
+    keywords = {k: _map_leaves(scalar_tensor, v) for k, v in keywords.items()}
+    taken = (*example_inputs, keywords) if keywords else example_inputs
+    _check_inputs(flat_inputs(taken))
     if isinstance(graph, torch.nn.Module):
         with _in_eval_mode(graph):
-            program = _export(graph, tuple(example_inputs), Source())
-        return Captured(exporting.decompose(program), Source(), tuple(example_inputs))
+            program = _export(graph, example_inputs, Source(), keywords or None)
+        return Captured(exporting.decompose(program), Source(), taken, keywords=tuple(keywords))
     if callable(graph):
         # staticmethod keeps the function's own signature, so inputs keep their names.
         module = type("FunctionProgram", (torch.nn.Module,), {"forward": staticmethod(graph)})()
@@ -93,31 +100,8 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
             f"emmy.optimize cannot capture a {type(graph).__name__}; give -c code, an nn.Module, "
             "a function, an fx.GraphModule or an ExportedProgram"
         )
-    program = _export(module, tuple(example_inputs), Source())
-    return Captured(exporting.decompose(program), Source(), tuple(example_inputs))
-
-
-def _capture_with_keywords(graph, args: tuple, keywords: dict) -> Captured:
-    """A module or function called with keyword arguments (`model(ids, attention_mask=mask)`):
-    torch.export takes them as they are; the program takes them last, in the order given here."""
-    import torch
-
-    from emmy.capture import exporting
-
-    if isinstance(graph, (str, os.PathLike)) or not callable(graph) or isinstance(graph, torch.export.ExportedProgram):
-        raise EmmyError(f"example_kwargs are for an nn.Module or a function, not a {type(graph).__name__}")
-    if not all(isinstance(k, str) and k.isidentifier() for k in keywords):
-        raise EmmyError(f"example_kwargs must be named by identifiers, not {sorted(map(repr, keywords))}")
-    args = tuple(_map_leaves(scalar_tensor, v) for v in args)
-    keywords = {k: _map_leaves(scalar_tensor, v) for k, v in keywords.items()}
-    _check_inputs(flat_inputs((*args, keywords)))
-    if isinstance(graph, torch.nn.Module):
-        with _in_eval_mode(graph):
-            program = _export(graph, args, Source(), keywords)
-    else:
-        module = type("FunctionProgram", (torch.nn.Module,), {"forward": staticmethod(graph)})()
-        program = _export(module, args, Source(), keywords)
-    return Captured(exporting.decompose(program), Source(), (*args, keywords), keywords=tuple(keywords))
+    program = _export(module, example_inputs, Source(), keywords or None)
+    return Captured(exporting.decompose(program), Source(), taken, keywords=tuple(keywords))
 
 
 @contextlib.contextmanager

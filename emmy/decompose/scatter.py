@@ -281,16 +281,19 @@ def masked_scatter(ctx: Context, x, mask, source):
     return b.reshape(flat, out.shape, name=ctx.name)
 
 
-def _strided_positions(ctx: Context, size, stride, storage_offset):
-    """The flat positions an as_strided view of the op's first argument reads, in the view's order;
-    refused unless that argument is laid out row-major from its storage's start (emmy's tensors
-    are: a view of a view's storage is not)."""
-    import numpy as np
-
+def _refuse_unless_row_major(ctx: Context) -> None:
+    """as_strided reads its first argument's storage: emmy holds a tensor as its elements in
+    row-major order, so a tensor laid out otherwise (a view of a view's storage) is refused."""
     val = ctx.node.args[0].meta.get("val")
     if val is None or not val.is_contiguous() or val.storage_offset() != 0:
         raise UnsupportedOpError(f"unsupported op {ctx.where}: as_strided of a tensor that is not laid out "
                                  "row-major from its storage's start")
+
+
+def _strided_positions(size, stride, storage_offset):
+    """The flat positions an as_strided view reads, in the view's order."""
+    import numpy as np
+
     grid = np.indices(tuple(int(s) for s in size), dtype=np.int64).reshape(len(size), -1)
     steps = np.asarray([int(s) for s in stride], dtype=np.int64).reshape(-1, 1)
     return int(storage_offset or 0) + (grid * steps).sum(0) if len(size) else np.asarray([int(storage_offset or 0)])
@@ -301,7 +304,7 @@ def as_strided(ctx: Context, x, size, stride, storage_offset=None):
     """A strided view of x's elements read flat (fill_diagonal_ views the diagonal as stride n + 1):
     one index map, offset + sum(i_k * stride_k)."""
     b = ctx.b
-    _strided_positions(ctx, size, stride, storage_offset)  # refuses a layout emmy does not hold
+    _refuse_unless_row_major(ctx)
     flat = b.reshape(x, (max(b.type(x).numel, 1),), suffix="flat")
     at = Affine.constant(int(storage_offset or 0))
     for k, step in enumerate(stride):
@@ -318,7 +321,8 @@ def as_strided_scatter(ctx: Context, x, src, size, stride, storage_offset=None):
 
     b = ctx.b
     out = ctx.out_type()
-    positions = _strided_positions(ctx, size, stride, storage_offset)
+    _refuse_unless_row_major(ctx)
+    positions = _strided_positions(size, stride, storage_offset)
     n = max(b.type(x).numel, 1)
     if len(np.unique(positions)) != len(positions):
         raise UnsupportedOpError(f"unsupported op {ctx.where}: an as_strided view whose elements overlap")

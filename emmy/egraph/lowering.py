@@ -650,18 +650,21 @@ def _needed(guards: tuple, coords: tuple, shape: tuple[int, ...], extents) -> tu
     without repeats."""
     if not guards:
         return ()
-    inside = all(0 <= lo and hi < size for (lo, hi), size in ((c.bounds(extents), n) for c, n in zip(coords, shape)))
-    # an index tensor is read at its own positions, which must stay inside it too (an upsampling's
-    # table read at a padded convolution's coordinates)
-    tables_inside = all(0 <= e.bounds(extents)[0] and e.bounds(extents)[1] < n
-                        for atom in gathered_atoms(coords) for e, n in zip(atom.index, atom.shape))
-    if shape and len(shape) == len(coords) and inside and tables_inside:
+    if shape and len(shape) == len(coords) and _within(coords, shape, extents) and all(
+            # an index tensor is read at its own positions, which must stay inside it too (an
+            # upsampling's table read at a padded convolution's coordinates)
+            _within(atom.index, atom.shape, extents) for atom in gathered_atoms(coords)):
         return ()
     unique = []
     for g in guards:
         if g not in unique:
             unique.append(g)
     return tuple(unique)
+
+
+def _within(index, shape, extents) -> bool:
+    """Whether `index` stays inside `shape` over every coordinate the loops reach."""
+    return all(0 <= lo and hi < n for (lo, hi), n in ((e.bounds(extents), n) for e, n in zip(index, shape)))
 
 
 def _is_reshape(layout, source_shape) -> bool:

@@ -212,3 +212,17 @@ def renamed(stmt, rename: dict[str, str]):
     if isinstance(stmt, Loop):
         return dataclasses.replace(stmt, body=tuple(renamed(s, rename) for s in stmt.body))
     raise TypeError(f"no renaming for {type(stmt).__name__}")
+
+
+def values_read(stmt) -> set[str]:
+    """The values (and accumulators) a statement reads by name: an op's operands, a masked value,
+    what a fold step or a store takes."""
+    if isinstance(stmt, (Accumulate, Update, Store)):
+        values = (stmt.value,)
+    elif isinstance(stmt, Assign) and isinstance(stmt.expr, Op):
+        values = stmt.expr.args
+    elif isinstance(stmt, Assign) and isinstance(stmt.expr, Masked):
+        values = (stmt.expr.value,)
+    else:
+        values = ()
+    return {v for v in values if isinstance(v, str)}

@@ -10,7 +10,7 @@ the interpreter would vouch for.
 
 from __future__ import annotations
 
-from emmy.loop_ir.nodes import Accumulate, Assign, Loop, Masked, Op, Store, Update
+from emmy.loop_ir.nodes import Accumulate, Assign, Loop, Store, Update, values_read
 
 
 class FoldReadError(RuntimeError):
@@ -31,22 +31,10 @@ def _walk(kernel_name: str, body: tuple, folding: frozenset) -> None:
             here = frozenset() if in_order else frozenset(s.acc for s in stmt.body if isinstance(s, Accumulate))
             _walk(kernel_name, stmt.body, folding | here)
             continue
-        read = folding.intersection(_reads(stmt))
+        read = folding.intersection(values_read(stmt))
         if read:
             raise FoldReadError(f"kernel {kernel_name}: {_describe(stmt)} reads {', '.join(sorted(read))} inside "
                                 f"the loop that folds it (an emmy lowering bug)")
-
-
-def _reads(stmt) -> set[str]:
-    if isinstance(stmt, (Accumulate, Update, Store)):
-        values = (stmt.value,)
-    elif isinstance(stmt, Assign) and isinstance(stmt.expr, Op):
-        values = stmt.expr.args
-    elif isinstance(stmt, Assign) and isinstance(stmt.expr, Masked):
-        values = (stmt.expr.value,)
-    else:
-        values = ()
-    return {v for v in values if isinstance(v, str)}
 
 
 def _describe(stmt) -> str:

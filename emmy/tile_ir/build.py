@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from emmy.errors import EmmyError
-from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Loop, LoopProgram, Masked, Update, buffer_types,
-                                renamed, row_nest)
+from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Loop, LoopProgram, Update, buffer_types, renamed,
+                                row_nest, statements, values_read)
 from emmy.loop_ir.signature import signature
 from emmy.schedule.choose import no_row_message
 from emmy.schedule.geometry import Geometry, geometry
@@ -125,37 +125,21 @@ def _fold_reads_inside(body: tuple) -> tuple:
         return body
     fold = body[at]
     before = {s.name: s for s in body[:at] if isinstance(s, Assign)}
-    needed, todo = set(), [n for s in fold.body for n in _reads(s) if n in before]
+    needed, todo = set(), [n for s in fold.body for n in values_read(s) if n in before]
     while todo:
         name = todo.pop()
         if name not in needed:
             needed.add(name)
-            todo += [n for n in _reads(before[name]) if n in before]
+            todo += [n for n in values_read(before[name]) if n in before]
     if not needed:
         return body
-    later = {n for s in body[at + 1:] for n in _reads_nested(s)}
+    later = {n for s in statements(body[at + 1:]) for n in values_read(s)}
     kept = {n for n in needed if n in later}
     names = {n: f"{n}_f" if n in kept else n for n in needed}
     copies = tuple(renamed(before[n], names) for n in before if n in needed)  # in their order
     inner = copies + tuple(renamed(s, names) for s in fold.body)
     head = tuple(s for s in body[:at] if not (isinstance(s, Assign) and s.name in needed and s.name not in kept))
     return (*head, dataclasses.replace(fold, body=inner), *body[at + 1:])
-
-
-def _reads(stmt) -> tuple[str, ...]:
-    """The values a statement reads by name."""
-    expr = getattr(stmt, "expr", None)
-    names = [a for a in getattr(expr, "args", ()) if isinstance(a, str)]
-    if isinstance(expr, Masked) and isinstance(expr.value, str):
-        names.append(expr.value)
-    value = getattr(stmt, "value", None)
-    return (*names, *([value] if isinstance(value, str) else []))
-
-
-def _reads_nested(stmt) -> tuple[str, ...]:
-    if isinstance(stmt, Loop):
-        return tuple(n for s in stmt.body for n in _reads_nested(s))
-    return _reads(stmt)
 
 
 def _twist(combine, inits) -> str:
