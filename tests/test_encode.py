@@ -64,3 +64,22 @@ def test_encoding_binds_no_global_lets():
     assert set(terms) == {n.name for n in graph.nodes} == set(view.classes_named)
     # value nodes name classes; they are not among the nodes extraction chooses from
     assert all(n.kind != "value" for nodes in view.classes.values() for n in nodes)
+
+
+def test_a_gather_composed_with_itself_stops_at_a_bounded_depth():
+    """A one-element position table makes its gather an identity, so the e-graph can compose the
+    reindex with itself without end: nested texts once grew past what Python's parser reads
+    (as_strided_scatter of a one-element tensor). Composition stops at MAX_GATHER_NESTING."""
+    from emmy.affine import Affine, Dim, Gathered
+    from emmy.egraph.layout import MAX_GATHER_NESTING, Layout, compose, encode_layout
+
+    read = Affine(((Gathered("table", (Affine(((Dim(0), 1),)),), (1,), 1), 1),))
+    gather = encode_layout(Layout((1,), (read,)))
+    composed, depth = gather, 1
+    while True:
+        nxt = compose(composed, gather)
+        if not nxt:
+            break
+        composed, depth = nxt, depth + 1
+        assert decode_layout(composed).index[0].terms[0][0].index[0].terms[0][0].buffer == "table"
+    assert depth == MAX_GATHER_NESTING

@@ -78,6 +78,10 @@ CASES = [
     ("aten.bmm.default", "a=torch.randn(2,3,5,7); b=torch.randn(7,4); torch.matmul(a, b.expand(2,3,7,4))"),
     ("aten.mm.default", "a=torch.randn(2,3,5,7); b=torch.randn(7,4); torch.matmul(a, b)"),
     ("aten.addmm.default", "x=torch.randn(5,8); lin=nn.Linear(8,3); lin(x)"),
+    ("aten.addmm.default", "c=torch.full((3,), float('nan')); a=torch.randn(5,7); b=torch.randn(7,3); torch.addmm(c, a, b, beta=0)"),
+    ("aten.addmv.default", "c=torch.randn(5); a=torch.randn(5,7); v=torch.randn(7); torch.addmv(c, a, v, beta=0.5, alpha=2)"),
+    ("aten.addmv.default", "c=torch.randn(1); a=torch.randn(5,7); v=torch.randn(7); torch.addmv(c, a, v)"),
+    ("aten.addbmm.default", "c=torch.randn(5,3); a=torch.randn(4,5,7); b=torch.randn(4,7,3); torch.addbmm(c, a, b, beta=2, alpha=0.5)"),
     ("aten.mm.default", "x=torch.randn(2,5,8); lin=nn.Linear(8,3,bias=False); lin(x)"),
     ("aten.mm.default", "a=torch.randn(8,8,dtype=torch.float16); b=torch.randn(8,8,dtype=torch.float16); a @ b"),
     ("aten.mm.default", "a=torch.randn(8,8,dtype=torch.bfloat16); b=torch.randn(8,8,dtype=torch.bfloat16); a @ b"),
@@ -199,6 +203,11 @@ CASES = [
     ("aten.digamma.default", X + "torch.digamma(x * 5) + torch.special.psi(x.abs() + 1e-3)"),
     ("aten.atan2.default", X + "torch.atan2(x, y) + torch.hypot(x, y)"),
     ("aten.copysign.Tensor", X + "torch.copysign(x, y)"),
+    ("aten.fmax.default", "x=torch.tensor([1., float('nan'), float('nan'), -2.]); y=torch.tensor([float('nan'), 3., float('nan'), -1.]); torch.fmax(x, y) + torch.fmin(x, y)"),
+    ("aten.fmin.default", I + "torch.fmin(a, b)"),
+    ("aten.ldexp.Tensor", X + "torch.ldexp(x, torch.arange(6) - 3)"),
+    ("aten.angle.default", "x=torch.tensor([-2., 0., 3., float('nan'), -0.5]); torch.angle(x)"),
+    ("aten.angle.default", I + "torch.angle(a)"),
     ("aten.isinf.default", X + "torch.isinf(x / (y > 0).float()).float() + torch.signbit(-y).float()"),
     ("aten.bitwise_xor.Tensor", X + "((x > 0) ^ (y > 0)).float()"),
     ("aten.dist.default", X + "torch.dist(x, y) + torch.dist(x, y, 1)"),
@@ -254,6 +263,13 @@ CASES = [
     ("aten.index_reduce.default", X + "x.index_reduce(1, torch.tensor([0, 4, 4, 1]), y[:, :4], 'amax', include_self=False)"),
     ("aten.put.default", X + "x.put(torch.tensor([[0, 23], [-1, 5]]), y[:2, :2], accumulate=True)"),
     ("aten.as_strided_scatter.default", X + "y = x.clone(); y.fill_diagonal_(0.5); (y, torch.as_strided(y, (3, 2), (4, 1), 1))"),
+    # one element: its position table is a gather that is an identity, which must not compose forever
+    ("aten.as_strided_scatter.default", "x=torch.randn(1); s=torch.randn(1); torch.as_strided_scatter(x, s, (1,), (1,))"),
+    ("aten.as_strided_scatter.default", "x=torch.randn(5); s=torch.randn(()); torch.as_strided_scatter(x, s, (), (), 2)"),
+    ("aten.as_strided_copy.default", X + "torch.as_strided_copy(x, (2, 3), (6, 2), 1)"),
+    ("aten.permute_copy.default", "x=torch.randn(2,3,4); torch.permute_copy(x, (2, 0, 1))"),
+    ("aten.narrow_copy.default", X + "torch.narrow_copy(x, 1, -4, 3)"),
+    ("aten.unbind_copy.int", "x=torch.randn(2,3,4); (torch.unbind_copy(x, 1)[2], torch.unbind_copy(x, -1)[0])"),
     ("aten.scatter.src",  # repeated ids: the last write wins, as torch's CPU kernel
      X + "t=torch.tensor([[0,0,1,4,2,2]]).expand(4,6); torch.ones(4,5).scatter(1, t[:, :4], x[:, :4])"),
     # reads by index tensors
@@ -821,6 +837,13 @@ def test_random_numbers_drawn_inside_a_program_are_one_clear_error():
         emmy.optimize(Noisy(), torch.randn(2, 3), stop_after="tensor")
 
 
+def test_a_tensor_read_as_a_python_number_is_named_for_what_it_is():
+    """tensor_split by a tensor of positions reads them into Python (aten._local_scalar_dense): the
+    error says a value was read as a number, not that an internal op has no decomposition."""
+    with pytest.raises(emmy.EmmyError, match=r"_local_scalar_dense.*line 1.*read into Python.*\.item\(\)"):
+        emmy.optimize("x=torch.randn(4,6); torch.tensor_split(x, torch.tensor([1, 3]), dim=1)", stop_after="tensor")
+
+
 def test_triangle_indices_are_constants_of_the_program():
     _runs_right_in_the_simulator("x=torch.randn(2,4,5); (x[:, torch.tril_indices(4, 5, -1)[0], torch.tril_indices(4, 5, -1)[1]], "
                                  "torch.triu_indices(3, 6, 2) * 2)")
@@ -834,3 +857,45 @@ def test_a_product_of_triangular_matrices_lowers_and_runs_right(shapes):
     (m, k), (_, n) = shapes
     _runs_right_in_the_simulator(f"a=torch.randn({m},{k}); b=torch.randn({k},{n}); "
                                  "(torch.triu(torch.triu(a) @ torch.triu(b)), torch.tril(torch.tril(a, -1) @ b, 2))")
+
+
+def test_a_one_element_strided_scatter_compiles_and_runs_right():
+    """Its position table is a gather that is an identity: the e-graph composed it with itself until
+    the layout text overflowed Python's parser (a SyntaxError out of optimize)."""
+    import torch
+
+    class OneElement(torch.nn.Module):
+        def forward(self, x, s):
+            return torch.as_strided_scatter(x, s, (1,), (1,), storage_offset=0)
+
+    x, s = torch.randn(1), torch.randn(1)
+    program = emmy.optimize(OneElement(), x, s)
+    assert torch.equal(program(x, s), torch.as_strided_scatter(x, s, (1,), (1,)))
+
+
+def test_index_ops_on_a_0d_tensor_work_as_on_a_one_element_vector():
+    """torch reads a 0-d tensor as a one-element vector along dim 0 for index_select, gather and the
+    scatters; the decompositions crashed on it (IndexError, ZeroDivisionError: not an EmmyError)."""
+    import torch
+
+    class OnScalars(torch.nn.Module):
+        def forward(self, x, one, at, s):
+            return (torch.index_select(x, 0, one), torch.index_select(x, 0, at), torch.gather(x, 0, at),
+                    x.scatter_add(0, at, s), x.scatter_reduce(0, at, s, "amax", include_self=False),
+                    x.index_reduce(0, one, s, "mean"), x.index_reduce(0, one, s, "prod", include_self=False))
+
+    inputs = (torch.tensor(5.0), torch.tensor([0]), torch.tensor(0), torch.tensor(2.0))
+    program = emmy.optimize(OnScalars(), *inputs)
+    for got, want in zip(program(*inputs), OnScalars()(*inputs)):
+        assert got.shape == want.shape == ()
+        assert torch.equal(got, want)
+
+
+def test_vector_and_batch_summed_products_and_nan_ignoring_extremes_run_right_in_the_simulator():
+    """addmv, addbmm (beta 0 does not read the bias), fmax/fmin (a NaN loses to a number), ldexp,
+    angle and a view's _copy form, compiled to CUDA and run with ASan on."""
+    _runs_right_in_the_simulator(
+        "c=torch.randn(33); a=torch.randn(33,40); v=torch.randn(40); m=torch.randn(3,33,40); n=torch.randn(3,40,20); "
+        "bias=torch.randn(33,20); x=torch.randn(5,33); y=torch.where(x > 1, float('nan'), -x); "
+        "(torch.addmv(c, a, v, beta=0.5, alpha=2), torch.addbmm(bias, m, n, beta=0), torch.fmax(x, y), torch.fmin(y, x), "
+        "torch.ldexp(x, torch.arange(33) % 7 - 3), torch.angle(y), torch.narrow_copy(x, 1, 3, 20))")

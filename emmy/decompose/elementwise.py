@@ -153,6 +153,42 @@ def float_binary(ctx: Context, a, b):
     return _arith(ctx, str(ctx.node.target).split(".")[1], a, b)
 
 
+@lowers("aten.fmax.default", "aten.fmin.default")
+def nan_ignoring_extreme(ctx: Context, a, b):
+    """maximum/minimum where a NaN loses to a number (NaN only when both are)."""
+    out = ctx.out_type()
+    bld = ctx.b
+    op = "maximum" if str(ctx.node.target).split(".")[1] == "fmax" else "minimum"
+    if not out.dtype.is_float:
+        return _arith(ctx, op, a, b)
+    left, right = (ctx.operand(v, out.dtype, out.shape) for v in (a, b))
+    extreme = bld.elementwise(op, left, right, suffix=op)
+    right_nan = bld.elementwise("isnan", right, dtype=DType.BOOL, suffix="right_nan")
+    unless_right = bld.elementwise("where", right_nan, left, extreme, dtype=out.dtype, suffix="unless_right")
+    left_nan = bld.elementwise("isnan", left, dtype=DType.BOOL, suffix="left_nan")
+    return bld.elementwise("where", left_nan, right, unless_right, dtype=out.dtype, name=ctx.name)
+
+
+@lowers("aten.angle.default")
+def angle(ctx: Context, x):
+    """A real number's argument: pi below 0, else 0; NaN stays NaN (an integer's is a float)."""
+    out = ctx.out_type()
+    bld = ctx.b
+    value = ctx.tensor(x, out.dtype)
+    below = bld.elementwise("less", value, 0, dtype=DType.BOOL, suffix="below")
+    turned = bld.elementwise("where", below, math.pi, 0.0, dtype=out.dtype, suffix="turned")
+    nan = bld.elementwise("isnan", value, dtype=DType.BOOL, suffix="nan")
+    return bld.elementwise("where", nan, value, turned, dtype=out.dtype, name=ctx.name)
+
+
+@lowers("aten.ldexp.Tensor")
+def ldexp(ctx: Context, x, exponent):
+    """x * 2**exponent, in the (float) output type."""
+    out = ctx.out_type()
+    power = ctx.b.elementwise("exp2", ctx.operand(exponent, out.dtype, out.shape), suffix="power")
+    return ctx.b.elementwise("multiply", ctx.operand(x, out.dtype, out.shape), power, name=ctx.name)
+
+
 @lowers("aten.leaky_relu.default")
 def leaky_relu(ctx: Context, x, negative_slope=0.01):
     out = ctx.out_type()

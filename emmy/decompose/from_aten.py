@@ -191,14 +191,18 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
     where = _located(captured, node)
     if key == "with_effects":
         return _with_effects(where, node)
-    fn = LOWERINGS.get(key)
+    fn = LOWERINGS.get(key) or _view_behind_copy(key)
     on_complex = is_complex(node.meta.get("val")) or any(isinstance(a, str) and a in pairs
                                                          for a in _flat_args(node, env))
     if fn is None and not on_complex:
-        if key.split(".")[1] in RANDOM_OPS:
+        if (key.split(".") + [""])[1] in RANDOM_OPS:  # "aten.<packet>.<overload>"
             raise UnsupportedOpError(f"unsupported op {where}: {key} draws random numbers, which a compiled "
                                      "program does not; pass the random tensor in as an input (dropout: "
                                      "call model.eval())")
+        if key == "aten._local_scalar_dense.default":
+            raise UnsupportedOpError(f"unsupported op {where}: a tensor's value read into Python (.item(), int() "
+                                     "or a tensor used as a size or count), which a compiled program cannot "
+                                     "know before it runs; pass the number in as a Python value")
         raise UnsupportedOpError(f"unsupported op {where}: emmy has no decomposition for {key}")
     builder.origin = where
     builder.base = builder.fresh(_short_stem(node.name))
@@ -216,6 +220,15 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
         raise
     except TypeError as err:
         raise UnsupportedOpError(f"unsupported op {where}: unexpected arguments ({err})") from err
+
+
+def _view_behind_copy(key: str):
+    """A view op's `_copy` form (aten.permute_copy, narrow_copy, ...) computes the view's values:
+    the view's decomposition, which makes a new value anyway."""
+    parts = key.split(".")
+    if len(parts) != 3 or parts[0] != "aten" or not parts[1].endswith("_copy"):
+        return None
+    return LOWERINGS.get(f"aten.{parts[1][:-len('_copy')]}.{parts[2]}")
 
 
 def _flat_args(node, env) -> list:

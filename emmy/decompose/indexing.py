@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 
 from emmy.affine import Affine, Gathered, Guard, gathered_buffers
-from emmy.decompose.registry import Context, lowers
+from emmy.decompose.registry import Context, lowers, scalars_as_vectors
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
 from emmy.tensor_ir.nodes import Constant, Elementwise, IndexMap, Input, Weight
@@ -85,6 +85,7 @@ def embedding(ctx: Context, weight, indices, padding_idx=-1, scale_grad_by_freq=
 
 
 @lowers("aten.index_select.default")
+@scalars_as_vectors
 def index_select(ctx: Context, x, dim, indices):
     """out[.., j, ..] = x[.., ids[j], ..] along `dim`."""
     ids_shape = ctx.b.shape(indices)
@@ -98,6 +99,7 @@ def index_select(ctx: Context, x, dim, indices):
 
 
 @lowers("aten.gather.default")
+@scalars_as_vectors
 def gather(ctx: Context, x, dim, indices, sparse_grad=False):
     """out[i] = x[i with axis `dim` replaced by ids[i]]; out has the shape of ids."""
     ids_shape = ctx.b.shape(indices)

@@ -48,6 +48,18 @@ def slice_(ctx: Context, x, dim=0, start=None, end=None, step=1):
     return ctx.b.slice(x, dim, start, end, step, name=ctx.name)
 
 
+@lowers("aten.narrow.default")
+def narrow(ctx: Context, x, dim, start, length):
+    extent = ctx.b.shape(x)[dim]
+    start = start + extent if start < 0 else start
+    return ctx.b.slice(x, dim, start, start + length, 1, name=ctx.name)
+
+
+@lowers("aten.unbind.int")
+def unbind(ctx: Context, x, dim=0):
+    return tuple(ctx.b.select(x, dim, k, suffix=f"part{k}") for k in range(ctx.b.shape(x)[dim]))
+
+
 @lowers("aten.select.int")
 def select(ctx: Context, x, dim, index):
     return ctx.b.select(x, dim, index, name=ctx.name)

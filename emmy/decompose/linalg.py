@@ -39,12 +39,35 @@ def mm(ctx: Context, a, b):
 
 @lowers("aten.addmm.default")
 def addmm(ctx: Context, bias, a, b, beta=1, alpha=1):
+    return _scaled_sum(ctx, matmul(ctx, a, b, None), bias, beta, alpha)
+
+
+@lowers("aten.addmv.default")
+def addmv(ctx: Context, bias, mat, vec, beta=1, alpha=1):
+    """beta*bias + alpha*(mat @ vec): the vector as a one-column matrix."""
+    bld = ctx.b
+    column = bld.reshape(vec, (bld.shape(vec)[0], 1), suffix="column")
+    product = bld.reshape(matmul(ctx, mat, column, None), ctx.out_type().shape, suffix="vector")
+    return _scaled_sum(ctx, product, bias, beta, alpha)
+
+
+@lowers("aten.addbmm.default")
+def addbmm(ctx: Context, bias, a, b, beta=1, alpha=1):
+    """beta*bias + alpha*sum over the batch of a[i] @ b[i]."""
+    product = ctx.b.reduce_axes("sum", matmul(ctx, a, b, None), [0], False, suffix="batch_sum")
+    return _scaled_sum(ctx, product, bias, beta, alpha)
+
+
+def _scaled_sum(ctx: Context, product: str, bias, beta, alpha) -> str:
+    """beta*bias + alpha*product, cast to the output type; with beta 0 the bias is not read
+    (torch's rule: its NaNs and infinities do not reach the result)."""
     out = ctx.out_type()
     acc = out.dtype.accumulator
     bld = ctx.b
-    product = matmul(ctx, a, b, None)
     if alpha != 1:
         product = bld.elementwise("multiply", product, alpha, suffix="alpha")
+    if beta == 0:
+        return bld.cast(ctx.tensor(product, acc, out.shape), out.dtype)
     shift = ctx.tensor(bias, acc, out.shape)
     if beta != 1:
         shift = bld.elementwise("multiply", shift, beta, suffix="beta")

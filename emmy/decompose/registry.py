@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -30,6 +32,30 @@ def registrar(table: dict):
 lowers = registrar(LOWERINGS)  # a decomposition for ATen overloads such as "aten.add.Tensor"
 
 
+def scalars_as_vectors(fn: Callable) -> Callable:
+    """For an op over (x, dim, ...) of a 0-d x, which torch computes as on a one-element vector along
+    dim 0 (index_select, gather, the scatters): its 0-d tensor arguments viewed as (1,), the op
+    decomposed on those, the result viewed as 0-d."""
+
+    @functools.wraps(fn)
+    def on_vectors(ctx: "Context", x, *args, **kwargs):
+        if ctx.b.shape(x) != ():
+            return fn(ctx, x, *args, **kwargs)
+
+        def lifted(value, fx_arg):
+            if hasattr(fx_arg, "op") and ctx.b.shape(value) == ():  # a tensor of the graph, not a str option
+                return ctx.b.reshape(value, (1,), suffix="vector")
+            return value
+
+        fx_args = ctx.node.args
+        args = [lifted(a, fx_args[k + 1] if k + 1 < len(fx_args) else None) for k, a in enumerate(args)]
+        kwargs = {k: lifted(v, ctx.node.kwargs.get(k)) for k, v in kwargs.items()}
+        vector = fn(dataclasses.replace(ctx, out_shape=(1,)), lifted(x, fx_args[0]), *args, **kwargs)
+        return ctx.b.reshape(vector, (), suffix="scalar")
+
+    return on_vectors
+
+
 @dataclass
 class Context:
     """What a decomposition needs: the builder, the FX node, and its types."""
@@ -44,11 +70,14 @@ class Context:
     def name(self) -> str:
         return self.b.base
 
+    out_shape: tuple[int, ...] | None = None  # the output's shape, where a decomposition computes another's
+
     def out_type(self, index: int | None = None) -> TensorType:
         val = self.node.meta["val"]
         if index is not None:
             val = val[index]
-        return TensorType(tuple(int(s) for s in val.shape), from_torch(val.dtype, self.where))
+        shape = self.out_shape if self.out_shape is not None and index is None else tuple(int(s) for s in val.shape)
+        return TensorType(shape, from_torch(val.dtype, self.where))
 
     def promoted(self, *fx_args) -> DType:
         """torch's result dtype for these FX arguments (tensors or scalars)."""

@@ -7,10 +7,12 @@ guard on the position, the mask, or the ids that hit it), else the old one.
 
 from __future__ import annotations
 
+import math
+
 from emmy.affine import Affine, Guard
 from emmy.decompose.indexing import gathered_index
 from emmy.decompose.reductions import fold_identity, running
-from emmy.decompose.registry import Context, lowers
+from emmy.decompose.registry import Context, lowers, scalars_as_vectors
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
 
@@ -111,6 +113,7 @@ def _masked_put(ctx: Context, x, dim: int, mask, values, accumulate: bool) -> st
 
 
 @lowers("aten.scatter.value", "aten.scatter_add.default", "aten.scatter.src")
+@scalars_as_vectors
 def scatter(ctx: Context, x, dim, index, src):
     """Along `dim`, index[.., k, ..] = j writes src[.., k, ..] (or the one value) to out[.., j, ..]:
     added (scatter_add), else the last write wins."""
@@ -147,6 +150,7 @@ _REDUCED = {"sum": ("sum", "add"), "prod": ("prod", "multiply"), "amax": ("max",
 
 
 @lowers("aten.scatter_reduce.two")
+@scalars_as_vectors
 def scatter_reduce(ctx: Context, x, dim, index, src, reduce, include_self=True):
     """Each output position folds the values written to it (sum, prod, amax, amin or mean), with
     its old value when include_self; a position nothing writes keeps its old value."""
@@ -156,6 +160,7 @@ def scatter_reduce(ctx: Context, x, dim, index, src, reduce, include_self=True):
 
 
 @lowers("aten.index_reduce.default")
+@scalars_as_vectors
 def index_reduce(ctx: Context, x, dim, index, source, reduce, include_self=True):
     """x.index_reduce(dim, index, source, reduce): source's slice k along `dim` folded into x's
     slice index[k] (prod, mean, amax, amin), as scatter_reduce by the index spread over source."""
@@ -294,12 +299,13 @@ def _strided_positions(size, stride, storage_offset):
     """The flat positions an as_strided view reads, in the view's order."""
     import numpy as np
 
-    grid = np.indices(tuple(int(s) for s in size), dtype=np.int64).reshape(len(size), -1)
-    steps = np.asarray([int(s) for s in stride], dtype=np.int64).reshape(-1, 1)
-    return int(storage_offset or 0) + (grid * steps).sum(0) if len(size) else np.asarray([int(storage_offset or 0)])
+    extents = tuple(int(s) for s in size)
+    grid = np.indices(extents, dtype=np.int64).reshape(len(extents), math.prod(extents))  # a 0-d view: one
+    steps = np.asarray([int(s) for s in stride], dtype=np.int64).reshape(-1, 1)  # position, the offset
+    return int(storage_offset or 0) + (grid * steps).sum(0)
 
 
-@lowers("aten.as_strided.default")
+@lowers("aten.as_strided.default", "aten.as_strided_copy.default")
 def as_strided(ctx: Context, x, size, stride, storage_offset=None):
     """A strided view of x's elements read flat (fill_diagonal_ views the diagonal as stride n + 1):
     one index map, offset + sum(i_k * stride_k)."""

@@ -94,10 +94,26 @@ def compose(inner_text: str, outer_text: str) -> str:
         return ""  # both guarded: keep them apart rather than reason about nested fills
     extents = outer.shape
     index = tuple(e.substitute(outer.index, extents) for e in inner.index)
+    if max((_gather_depth(e) for e in index), default=0) > MAX_GATHER_NESTING:
+        return ""  # a gather that is an identity (a table of one 0) would compose with itself forever
     guards = tuple(Guard(g.expr.substitute(outer.index, extents), g.lo, g.hi) for g in inner.guards) + outer.guards
     guards = tuple(g for g in guards if not g.always(extents))
     fill = (inner.fill if inner.guards else outer.fill) if guards else None
     return encode_layout(Layout(outer.shape, index, guards, fill))
+
+
+MAX_GATHER_NESTING = 6  # gathers read by gathered positions (a sort's ranks, then ids): deeper is kept apart
+
+
+def _gather_depth(expr: Affine) -> int:
+    """How many gathers deep `expr` reads (0: no table read; 1: a table read at plain positions)."""
+    depth = 0
+    for atom, _ in expr.terms:
+        if isinstance(atom, Gathered):
+            depth = max(depth, 1 + max((_gather_depth(e) for e in atom.index), default=0))
+        elif isinstance(atom, (FloorDiv, Mod)):
+            depth = max(depth, _gather_depth(atom.expr))
+    return depth
 
 
 def scalar_unguarded(text: str) -> str:
