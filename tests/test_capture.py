@@ -193,6 +193,17 @@ def test_a_branch_on_tensor_values_in_a_module_names_the_users_line_and_torchs_f
     assert "inside torch" not in text, text
 
 
+def test_a_decomposition_that_branches_on_values_is_a_code_error_not_torchs_exception():
+    """torch.take of a 0-d tensor: torch's own decomposition guards on an index value while the
+    exported graph is decomposed; that escaped as torch's GuardOnDataDependentSymNode."""
+    import torch
+
+    from emmy.errors import CodeError
+
+    with pytest.raises(CodeError, match="data-dependent control flow"):
+        emmy.optimize(lambda x, i: torch.take(x, i), torch.tensor(3.0), torch.tensor(0))
+
+
 def test_torch_functions_that_test_values_are_captured_through_stand_ins():
     """torch.cov, Tensor.corrcoef and F.gaussian_nll_loss test their inputs' values while they
     compute, which a traced program cannot; emmy captures stand-ins with torch's values (checked

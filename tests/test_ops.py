@@ -62,6 +62,7 @@ CASES = [
     ("aten.mean.dim", X + "x.mean(0)"),
     ("aten.amax.default", X + "x.amax(-1, keepdim=True)"),
     ("aten.max.dim", X + "x.max(-1).values"),
+    ("aten.max.dim", "x=torch.randn(()); (torch.max(x, 0), torch.min(x, -1, keepdim=True), x.argmax(0), x.argmin(-1, keepdim=True))"),
     ("aten.max.default", X + "x.max() + y"),
     ("aten.min.dim", X + "x.min(0).values"),
     ("aten.var.correction", X + "x.var(-1)"),
@@ -174,6 +175,9 @@ CASES = [
     ("aten.cummin.default", I + "torch.cummin(a // 5, 0)"),
     ("aten.bucketize.Tensor", X + "torch.bucketize(x, torch.tensor([-1.0, 0.0, 0.0, 0.5]), right=True)"),
     ("aten.searchsorted.Tensor", I + "torch.searchsorted(b.cumsum(-1), a + 20)"),
+    ("aten.searchsorted.Tensor", "s=torch.randn(10).sort().values; v=torch.randn(()); torch.searchsorted(s, v)"),
+    ("aten.searchsorted.Tensor", "s=torch.randn(10); v=torch.randn(3,4); o=torch.argsort(s); torch.searchsorted(s, v, sorter=o, side='right')"),
+    ("aten.searchsorted.Tensor", X + "o=torch.argsort(x); torch.searchsorted(x, y[:, :3], sorter=o)"),
     ("aten.sort.default", X + "torch.sort(torch.where(x > 1.2, float('nan'), x.round()), -1)"),  # stable, NaN last
     ("aten.sort.stable", X + "torch.sort(x.round(), dim=0, descending=True, stable=True)"),
     ("aten.sort.stable", I + "torch.sort(a // 4, dim=1, stable=True, descending=True)[1]"),
@@ -250,6 +254,14 @@ CASES = [
     ("aten.index_put.default", "x=torch.randn(3,4,2); m=torch.tensor([True,False,True,False]); z=x.clone(); "
                                "z[:, m] = 5.0; z"),  # a mask over a later dimension
     ("aten.index_put.default", "x=torch.randn(4,3); i=torch.tensor([0,2,2,-1]); z=torch.zeros(5,3); z[i] = x; z"),
+    ("aten.scatter.reduce", X + "t=torch.randint(0,6,(4,3)); (x.scatter(1, t, y, reduce='add'), x.scatter(1, t, y, reduce='multiply'))"),
+    ("aten.scatter_add.default", X + "t=torch.randint(0,4,(2,3)); x.scatter_add(0, t, y[:3])"),  # index shorter than x
+    ("aten.scatter.value_reduce", X + "t=torch.randint(0,6,(4,3)); (x.scatter(1, t, 2.0, reduce='add'), x.scatter(0, torch.randint(0,4,(3,5)), 3.0, reduce='multiply'))"),
+    # values per hit, in the order x[mask] reads: a full mask, rows by a row mask, columns behind a ':'
+    ("aten.index_put.default", X + "m = torch.arange(24).reshape(4,6) % 3 == 0; z = x.clone(); z[m] = torch.randn(8) * 9; z"),
+    ("aten.index_put.default", X + "m = torch.tensor([True,False,True,True]); z = x.clone(); z[m] = y[:3] * 9; (z, x.index_put((m,), y[1:], accumulate=True))"),
+    ("aten.index_put.default", X + "m = torch.tensor([False,True,True,False,False,True]); z = x.clone(); z[:, m] = y[:, :3] * 9; z"),
+    ("aten.index_put.default", X + "m = torch.tensor([False,True,True,False,False,True]); z = x.clone(); z[:, m] = y[:, :1] * 9; z"),
     ("aten.index_put.default",
      "x=torch.randn(4,3); i=torch.tensor([0,2,2,4]); torch.zeros(5,3).index_put((i,), x, accumulate=True)"),
     ("aten.index_put.default", "k=torch.randn(1,2,8); p=torch.tensor([3,15]); c=torch.zeros(1,16,8); c.index_copy_(1, p, k); c"),
@@ -462,15 +474,18 @@ def test_advanced_indexing_and_resampling_run_right_in_the_simulator(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_writes_into_part_of_a_tensor_run_right_in_the_simulator(dtype):
-    """Slice and select assignment, x[mask] = v, a diagonal added to in place and filled (as_strided),
-    a KV cache written at positions (repeats: the last write wins), scatter_add and a one-hot,
+    """Slice and select assignment, x[mask] = v (one value, and one row or column per hit), a diagonal
+    added to in place and filled (as_strided),
+    a KV cache written at positions (repeats: the last write wins), scatter_add (by an index shorter
+    than the output too) and a one-hot,
     compiled to CUDA (ASan on)."""
     code = (f"x=torch.randn(6,10,dtype=torch.{dtype}); k=torch.randn(3,10,dtype=torch.{dtype}); "
             "p=torch.tensor([5,0,5]); t=torch.randint(0,10,(6,4)); "
             "z = x.clone(); z[:, 2:8:2] = k[0, :3]; z[z < -1] = 0; z[3] = 2.0; z.diagonal(2).add_(3); z.fill_diagonal_(1.5); "
             "c = torch.zeros(8, 10, dtype=x.dtype); c[p] = k; "
-            "(z, c, torch.zeros(6, 10, dtype=x.dtype).scatter_add(1, t, x[:, :4]), "
-            "torch.zeros(6, 10, dtype=x.dtype).scatter(1, t, 1.0))")
+            "r = x.clone(); r[torch.tensor([True,False,True,False,False,True])] = k * 2; r[:, torch.arange(10) % 4 == 1] = x[:, :3]; "
+            "(z, c, r, torch.zeros(6, 10, dtype=x.dtype).scatter_add(1, t, x[:, :4]), "
+            "torch.zeros(6, 10, dtype=x.dtype).scatter(1, t, 1.0), torch.zeros(6, 10, dtype=x.dtype).scatter_add(0, t[:3] % 6, x))")
     _runs_right_in_the_simulator(code)
 
 

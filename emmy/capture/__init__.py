@@ -51,7 +51,6 @@ def program_text(graph) -> tuple[str, str]:
 def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captured:
     import torch
 
-    from emmy.capture import exporting
     from emmy.capture.aten_graph import AtenGraph
 
     # keyword arguments (`model(ids, attention_mask=mask)`): torch.export takes them as they are, the
@@ -70,7 +69,7 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
             raise EmmyError("-c code makes its own inputs; pass no example inputs with a code string or file")
         code = capture_code(*program_text(graph))
         program = _export(code.module, code.example_inputs.shaped(), code.source)
-        return Captured(exporting.decompose(program), code.source, code.example_inputs)
+        return Captured(_decomposed(program, code.source), code.source, code.example_inputs)
 
     if isinstance(graph, AtenGraph):  # torch.compile's ATen graph: nothing to export or decompose
         if not example_inputs:
@@ -79,7 +78,7 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
 
     if isinstance(graph, torch.export.ExportedProgram):
         inputs = example_inputs or _stored_inputs(graph)
-        return Captured(exporting.decompose(graph), Source(), tuple(inputs) if inputs else None)
+        return Captured(_decomposed(graph, Source()), Source(), tuple(inputs) if inputs else None)
 
     if not example_inputs and not keywords:
         raise EmmyError(f"emmy.optimize needs example inputs to capture a {type(graph).__name__}")
@@ -91,7 +90,7 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
     if isinstance(graph, torch.nn.Module):
         with _in_eval_mode(graph):
             program = _export(graph, example_inputs, Source(), keywords or None)
-        return Captured(exporting.decompose(program), Source(), taken, keywords=tuple(keywords))
+        return Captured(_decomposed(program, Source()), Source(), taken, keywords=tuple(keywords))
     if callable(graph):
         # staticmethod keeps the function's own signature, so inputs keep their names.
         module = type("FunctionProgram", (torch.nn.Module,), {"forward": staticmethod(graph)})()
@@ -101,7 +100,7 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
             "a function, an fx.GraphModule or an ExportedProgram"
         )
     program = _export(module, example_inputs, Source(), keywords or None)
-    return Captured(exporting.decompose(program), Source(), taken, keywords=tuple(keywords))
+    return Captured(_decomposed(program, Source()), Source(), taken, keywords=tuple(keywords))
 
 
 @contextlib.contextmanager
@@ -182,6 +181,20 @@ def _export(module, args: tuple, source: Source, keywords: dict | None = None):
 
     try:
         return exporting.export_module(module, args, keywords)
+    except EmmyError:
+        raise
+    except Exception as err:
+        raise explain_export_failure(err, source) from err
+
+
+def _decomposed(program, source: Source):
+    """torch's decompositions run on the exported graph, their failures told as export's are (a
+    decomposition may branch on values: torch.take wraps its indices)."""
+    from emmy.capture import exporting
+    from emmy.capture.errors import explain_export_failure
+
+    try:
+        return exporting.decompose(program)
     except EmmyError:
         raise
     except Exception as err:

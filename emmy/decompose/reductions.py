@@ -75,6 +75,8 @@ def max_dim(ctx: Context, x, dim, keepdim=False):
     op = "max" if ".max." in str(ctx.node.target) else "min"
     out = ctx.out_type(0)
     rank = len(ctx.b.shape(x))
+    if rank == 0:  # a 0-d tensor is its own extreme, at position 0
+        return (ctx.tensor(x), ctx.b.fill(0, (), DType.I64))
     if keepdim:
         kept = values = ctx.b.reduce_axes(op, x, [dim], True, name=ctx.name)
     else:
@@ -196,7 +198,7 @@ def argmax(ctx: Context, x, dim=None, keepdim=False):
     no `dim` the tensor is read flat, as torch does."""
     op = "max" if "argmax" in str(ctx.node.target) else "min"
     out = ctx.out_type()
-    if dim is None:
+    if dim is None or not ctx.b.shape(x):  # a 0-d tensor's only element is at 0, along any dim
         x = ctx.b.reshape(x, [max(ctx.b.type(x).numel, 1)])
         dim, keepdim = 0, False
     axis = dim % max(len(ctx.b.shape(x)), 1)

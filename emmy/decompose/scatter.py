@@ -95,21 +95,37 @@ def index_put(ctx: Context, x, indices, values, accumulate=False):
 
 
 def _masked_put(ctx: Context, x, dim: int, mask, values, accumulate: bool) -> str:
-    """x[.., mask, ..] = value, the mask over x's dimensions from `dim` on."""
+    """x[.., mask, ..] = values, the mask over x's dimensions from `dim` on: values the same for
+    every hit (one value, a row) are a where; values with one entry per hit along the mask's axis
+    (as many as the mask holds) go to the hits in order, the order x[.., mask, ..] reads them."""
     b = ctx.b
     out = ctx.out_type()
-    if b.type(values).numel != 1:
-        raise UnsupportedOpError(f"unsupported op {ctx.where}: x[mask] = a tensor of {b.type(values).numel} "
-                                 "values (emmy writes one value where a mask holds)")
     mask_shape = b.shape(mask)
     after = len(out.shape) - dim - len(mask_shape)
     padded = b.reshape(mask, (*([1] * dim), *mask_shape, *([1] * after)), suffix="mask")
     where = ctx.tensor(padded, DType.BOOL, out.shape)
-    value = ctx.tensor(b.reshape(values, ()), out.dtype, out.shape)
     old = ctx.tensor(x, out.dtype)
-    if accumulate:
-        value = b.elementwise("add", old, value, suffix="accumulated")
-    return b.elementwise("where", where, value, old, dtype=out.dtype, name=ctx.name)
+    lead, per_hit = out.shape[:dim], out.shape[len(out.shape) - after:] if after else ()
+    value_shape = b.shape(values)
+    if _broadcasts(value_shape, (*lead, 1, *per_hit)):  # the same for every hit: a where
+        padded = (1,) * (len(lead) + 1 + len(per_hit) - len(value_shape)) + value_shape
+        aligned = (*padded[:dim], *([1] * len(mask_shape)), *padded[dim + 1:])
+        value = ctx.tensor(b.reshape(values, aligned), out.dtype, out.shape)
+        if accumulate:
+            value = b.elementwise("add", old, value, suffix="accumulated")
+        return b.elementwise("where", where, value, old, dtype=out.dtype, name=ctx.name)
+    if len(value_shape) != len(lead) + 1 + len(per_hit) or \
+            not _broadcasts(value_shape, (*lead, value_shape[dim], *per_hit)):
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: x[mask] = values of shape {list(value_shape)} "
+                                 f"(emmy writes values that are the same for every hit, or that have one entry "
+                                 f"per hit along the mask's axis)")
+    selected = ctx.tensor(values, out.dtype, (*lead, value_shape[dim], *per_hit))  # in the hits' order
+    return _in_mask_order(ctx, x, where, selected, accumulate)
+
+
+def _broadcasts(shape, onto) -> bool:
+    """Whether a tensor of `shape` broadcasts to `onto` (no more axes, each 1 or equal)."""
+    return len(shape) <= len(onto) and all(s in (1, t) for s, t in zip(reversed(shape), reversed(onto)))
 
 
 @lowers("aten.scatter.value", "aten.scatter_add.default", "aten.scatter.src")
@@ -124,25 +140,33 @@ def scatter(ctx: Context, x, dim, index, src):
 
 def _writes(ctx: Context, dim: int, index, src) -> tuple[str, str]:
     """(ids, values) of a scatter along `dim` over the output's shape plus the writes' axis k:
-    entry k of each row targets ids[.., k] and writes values[.., k]. Index's other dimensions must
-    be the output's."""
+    entry k of each row targets ids[.., k] and writes values[.., k]. Index may be shorter than the
+    output in its other dimensions (torch's rule): rows past its end write nothing (id -1)."""
     b = ctx.b
     out = ctx.out_type()
     shape = out.shape
     rank = len(shape)
     index_shape = b.shape(index)
-    if any(n != s for a, (n, s) in enumerate(zip(index_shape, shape)) if a != dim):
+    if len(index_shape) != rank or any(n > s for a, (n, s) in enumerate(zip(index_shape, shape)) if a != dim):
         raise UnsupportedOpError(f"unsupported op {ctx.where}: index of shape {list(index_shape)} over "
-                                 f"{list(shape)}: emmy scatters where index spans every other dimension")
-    full = (*shape, index_shape[dim])
+                                 f"{list(shape)}: torch scatters by an index no longer than the output in its "
+                                 "other dimensions")
+    region = tuple(shape[a] if a == dim else index_shape[a] for a in range(rank))
+    written = (*region, index_shape[dim])
     k = Affine.dim(rank)
     at = [Affine.dim(a) if a != dim else k for a in range(rank)]
-    ids_full = _checked(ctx, index, at, shape[dim], full, wrap=False)
+    ids = _checked(ctx, index, at, shape[dim], written, wrap=False)
     if isinstance(src, str):  # src has x's rank, at least index's extents: read where index is
-        values_full = b.index_map(ctx.tensor(src, out.dtype), full, at, suffix="values")
+        values = b.index_map(ctx.tensor(src, out.dtype), written, at, suffix="values")
     else:
-        values_full = b.fill(src, full, out.dtype)
-    return ids_full, values_full
+        values = b.fill(src, written, out.dtype)
+    if region == shape:
+        return ids, values
+    full = (*shape, index_shape[dim])
+    inside = [Guard(Affine.dim(a), 0, region[a]) for a in range(rank) if region[a] < shape[a]]
+    same = [Affine.dim(a) for a in range(rank + 1)]
+    return (b.index_map(ids, full, same, inside, fill=-1, suffix="ids_padded"),
+            b.index_map(values, full, same, inside, fill=0, suffix="values_padded"))
 
 
 _REDUCED = {"sum": ("sum", "add"), "prod": ("prod", "multiply"), "amax": ("max", "maximum"),
@@ -157,6 +181,19 @@ def scatter_reduce(ctx: Context, x, dim, index, src, reduce, include_self=True):
     dim %= len(ctx.out_type().shape)
     ids_full, values_full = _writes(ctx, dim, index, src)
     return _folded_writes(ctx, x, dim, ids_full, values_full, reduce, include_self)
+
+
+@lowers("aten.scatter.reduce", "aten.scatter.value_reduce")
+@scalars_as_vectors
+def scatter_with_reduce(ctx: Context, x, dim, index, src, reduce):
+    """The older scatter(dim, index, src, reduce="add" | "multiply"): scatter_reduce with the old
+    values folded in."""
+    folds = {"add": "sum", "multiply": "prod"}
+    if reduce not in folds:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: reduce={reduce!r} (torch's are 'add', 'multiply')")
+    dim %= len(ctx.out_type().shape)
+    ids_full, values_full = _writes(ctx, dim, index, src)
+    return _folded_writes(ctx, x, dim, ids_full, values_full, folds[reduce], True)
 
 
 @lowers("aten.index_reduce.default")
@@ -268,13 +305,19 @@ def _arange(n: int):
 @lowers("aten.masked_scatter.default")
 def masked_scatter(ctx: Context, x, mask, source):
     """x with the elements where `mask` holds (broadcast to x) replaced by source's elements in
-    order (a multimodal model's image features put at its image tokens): the k-th hit, counted
-    along x read flat, takes source's k-th element. A source with fewer elements than hits is
-    reported as a gather's bad index is."""
+    order (a multimodal model's image features put at its image tokens)."""
+    out = ctx.out_type()
+    return _in_mask_order(ctx, x, ctx.tensor(mask, DType.BOOL, out.shape), source, accumulate=False)
+
+
+def _in_mask_order(ctx: Context, x, hits_full: str, source, accumulate: bool) -> str:
+    """x where `hits_full` holds replaced by (or, accumulating, added to) source's elements in
+    order: the k-th hit, counted along x read flat, takes source's k-th element. A source with
+    fewer elements than hits is reported as a gather's bad index is."""
     b = ctx.b
     out = ctx.out_type()
     count = max(b.type(x).numel, 1)
-    hits = b.reshape(ctx.tensor(mask, DType.BOOL, out.shape), (count,), suffix="hits")
+    hits = b.reshape(hits_full, (count,), suffix="hits")
     before = running(ctx, "sum", b.cast(hits, DType.I64), 0)  # hits up to and including each element
     slot = b.elementwise("where", hits, b.elementwise("subtract", before, 1, dtype=DType.I64), 0, dtype=DType.I64,
                          suffix="slot")
@@ -282,7 +325,10 @@ def masked_scatter(ctx: Context, x, mask, source):
     picked = b.index_map(ctx.tensor(flat_source, out.dtype), (count,),
                          [gathered_index(ctx, slot, [Affine.dim(0)], b.shape(flat_source)[0], (count,),
                                          "masked_scatter positions")], suffix="picked")
-    flat = b.elementwise("where", hits, picked, b.reshape(ctx.tensor(x, out.dtype), (count,)), dtype=out.dtype)
+    old = b.reshape(ctx.tensor(x, out.dtype), (count,))
+    if accumulate:
+        picked = b.elementwise("add", old, picked, suffix="accumulated")
+    flat = b.elementwise("where", hits, picked, old, dtype=out.dtype)
     return b.reshape(flat, out.shape, name=ctx.name)
 
 

@@ -9,6 +9,8 @@ lands after the last, as torch's search puts it.
 
 from __future__ import annotations
 
+from emmy.affine import Affine
+from emmy.decompose.indexing import gathered_index
 from emmy.decompose.registry import Context, lowers
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
@@ -22,7 +24,8 @@ def _count_passed(ctx: Context, values: str, boundaries: str, right: bool, name:
     dtype = ctx.promoted(*ctx.node.args[:2])  # the type torch compares the two in
     count = b.shape(boundaries)[-1]
     shape = (*b.shape(values), count)
-    along = b.reshape(boundaries, (*b.shape(boundaries)[:-1], 1, count), suffix="boundaries")
+    lead = b.shape(boundaries)[:-1]  # per row of values, or (1-D) one sequence for every value
+    along = b.reshape(boundaries, (*lead, 1, count), suffix="boundaries") if lead else boundaries
     stands = ctx.tensor(along, dtype, shape)
     value = ctx.tensor(b.reshape(values, (*b.shape(values), 1), suffix="value"), dtype, shape)
     blocks = b.elementwise("greater" if right else "greater_equal", stands, value, dtype=DType.BOOL, suffix="blocks")
@@ -42,10 +45,12 @@ def bucketize(ctx: Context, x, boundaries, *, out_int32=False, right=False):
 
 @lowers("aten.searchsorted.Tensor")
 def searchsorted(ctx: Context, sorted_sequence, values, *, out_int32=False, right=False, side=None, sorter=None):
-    if sorter is not None:
-        raise UnsupportedOpError(f"unsupported op {ctx.where}: a `sorter` permutation (sort the sequence first)")
     right = side == "right" if side is not None else bool(right)
     sequence_shape, value_shape = ctx.b.shape(sorted_sequence), ctx.b.shape(values)
+    if sorter is not None:  # the sequence read in sorter's order is the sorted one
+        at = [Affine.dim(k) for k in range(len(sequence_shape))]
+        order = gathered_index(ctx, sorter, at, sequence_shape[-1], sequence_shape, "searchsorted sorter")
+        sorted_sequence = ctx.b.index_map(sorted_sequence, sequence_shape, [*at[:-1], order], suffix="sorted")
     if len(sequence_shape) > 1 and sequence_shape[:-1] != value_shape[:-1]:
         raise UnsupportedOpError(f"unsupported op {ctx.where}: a sorted sequence of shape {list(sequence_shape)} "
                                  f"for values of shape {list(value_shape)} (their leading axes must match)")
