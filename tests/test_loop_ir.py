@@ -8,7 +8,7 @@ from emmy.tensor_ir.interpreter import too_big_to_interpret
 from emmy.affine import Affine
 from emmy.dtypes import DType
 from emmy.loop_ir.nodes import Accumulate, Assign, Init, Lit, Load, Loop, Op, Store
-from emmy.loop_ir.validate import FoldReadError, check_fold_reads
+from emmy.loop_ir.validate import FoldReadError, UndefinedValueError, check_defined_before_use, check_fold_reads
 from emmy.runtime import check_program
 from emmy.workloads import WORKLOADS
 from tests.conftest import run_emmy
@@ -117,6 +117,30 @@ def test_a_read_of_a_fold_inside_its_own_loop_is_refused():
                          Assign("v1", DType.F32, Op("add", ("acc0", Lit(1.0, DType.F32)))),
                          Store("out", (Affine.dim(0),), "v1"))),)
     check_fold_reads("k_good", after)  # read once its loop has closed: fine
+
+
+def test_a_value_read_before_or_outside_where_it_is_defined_is_refused():
+    """Statements out of order, a load defined inside one loop and read in a loop beside it, a fold
+    stepped before its Init: each an emmy lowering bug, refused before it reaches nvcc or g++."""
+    load = Assign("in0", DType.F32, Load("s", ()))
+    fold = Loop(1, 8, (Assign("in1", DType.F32, Load("x", (Affine.dim(1),))), Accumulate("acc0", "max", "in1")),
+                reduction=True)
+    sweep = Loop(0, 8, (Assign("v0", DType.F32, Op("add", ("acc0", "in0"))), Store("out", (Affine.dim(0),), "v0")))
+    good = (Init("acc0", "max", DType.F32), load, fold, sweep)
+    check_defined_before_use("k_good", good)
+    with pytest.raises(UndefinedValueError, match="the value v0 reads in0 before it is defined"):
+        check_defined_before_use("k_bad", (Init("acc0", "max", DType.F32), fold,
+                                           Loop(0, 8, (load, Store("o", (Affine.dim(0),), "in0"))), sweep))
+    with pytest.raises(UndefinedValueError, match="the step of acc0 reads acc0"):
+        check_defined_before_use("k_bad", (load, fold, Init("acc0", "max", DType.F32), sweep))
+
+
+def test_a_scalar_read_by_a_whole_tensor_fold_and_its_sweep_is_defined_above_both():
+    """log_softmax of where(mask, x, a 0-d input) over a whole vector: the 0-d input's load went into
+    the sweep's loop while the fold beside it read it too (the sweep then ran first): g++ failed."""
+    program = emmy.optimize("x=torch.randn(5); m=torch.randn(5) > 0; w=torch.randn(()); "
+                            "torch.log_softmax(torch.where(m, x, w), 0)")
+    assert all(c.ok for c in check_program(program, mode="asan"))
 
 
 def test_verbose_prints_the_phase_report():

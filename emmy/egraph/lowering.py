@@ -23,7 +23,7 @@ from emmy.egraph.encode import literal_of
 from emmy.egraph.layout import decode_layout
 from emmy.egraph.view import EGraphView, ENode, reaches
 from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop, Masked, Op, Store, Update
-from emmy.loop_ir.validate import check_fold_reads
+from emmy.loop_ir.validate import check_defined_before_use, check_fold_reads
 
 
 @dataclass
@@ -99,6 +99,7 @@ class KernelLowering:
         self._emit(Store(output, coords, value), deps | _vars(loop_coords), uses=_names(value))
         body = _renumber(_coalesce_sweeps(self._nest(free), self.extents), self.extents)
         check_fold_reads(name, body)
+        check_defined_before_use(name, body)
         return Kernel(name, output, out_type, body)
 
     def _iteration_reshape(self, root: str) -> ENode | None:
@@ -423,12 +424,14 @@ class KernelLowering:
                 parent[v] = deepest(self.reduction_deps[v])
                 depth[v] = (depth[parent[v]] if parent[v] is not None else 0) + 1
                 pending.pop()
+        # a value no loop variable reaches (a scalar input's load, a constant's op) goes into the
+        # outermost free loop, where kernels place their threads, unless a fold beside that loop
+        # (a whole-tensor reduction a sweep reads) needs it too: then it stays above both
+        beside = any(parent[v] is None for v in self.reduction_deps)
         for item in self.items:
             if isinstance(item.home, _Deferred):
                 item.home = deepest(item.home.deps)
-            # a value no loop variable reaches (a scalar input's load, a constant's op) goes into the
-            # outermost free loop: kernels place their threads on those loops, not above them
-            if item.home is None and chain and isinstance(item.stmt, Assign):
+            if item.home is None and chain and isinstance(item.stmt, Assign) and not beside:
                 item.home = chain[0]
         children: dict[int | None, list] = {}
         for item in self.items:

@@ -16,7 +16,7 @@ import numpy as np
 
 from emmy.dtypes import to_storage
 from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop, LoopProgram, Masked, Op, Store, Update
-from emmy.loop_ir.validate import check_fold_reads
+from emmy.loop_ir.validate import check_defined_before_use, check_fold_reads
 from emmy.tensor_ir.interpreter import apply_scalar, reduce_axis
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
@@ -44,6 +44,7 @@ def _max_var(body) -> int:
 def run_kernel(kernel: Kernel, buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every output the kernel stores, by buffer name."""
     check_fold_reads(kernel.name, kernel.body)  # else this reading and CUDA's could differ
+    check_defined_before_use(kernel.name, kernel.body)
     rank = _max_var(kernel.body) + 1
     outs = {name: np.zeros(t.shape, dtype=t.dtype.numpy) for name, t in kernel.outputs}
     state = _State(rank, buffers, outs)
