@@ -914,3 +914,23 @@ def test_vector_and_batch_summed_products_and_nan_ignoring_extremes_run_right_in
         "bias=torch.randn(33,20); x=torch.randn(5,33); y=torch.where(x > 1, float('nan'), -x); "
         "(torch.addmv(c, a, v, beta=0.5, alpha=2), torch.addbmm(bias, m, n, beta=0), torch.fmax(x, y), torch.fmin(y, x), "
         "torch.ldexp(x, torch.arange(33) % 7 - 3), torch.angle(y), torch.narrow_copy(x, 1, 3, 20))")
+
+
+def test_ops_along_a_dim_of_a_0d_tensor_work_as_torch_reads_them():
+    """dim 0 or -1 of a 0-d tensor is its one element: softmax, log_softmax, flip, max/min along a
+    dim and argmax crashed on it (ZeroDivisionError, IndexError: not EmmyErrors)."""
+    import torch
+
+    class AlongAScalar(torch.nn.Module):
+        def forward(self, x):
+            return (torch.softmax(x, 0), torch.log_softmax(x, -1), torch.flip(x, (0,)), torch.max(x, 0),
+                    torch.min(x, -1, keepdim=True), x.argmax(0), x.argmin(-1), torch.cumsum(x, 0),
+                    torch.sort(x, 0), torch.nn.functional.softmin(x, 0))
+
+    x = torch.tensor(0.7)
+    program = emmy.optimize(AlongAScalar(), x)
+    got, want = torch.utils._pytree.tree_leaves(program(x)), torch.utils._pytree.tree_leaves(AlongAScalar()(x))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape == () and g.dtype == w.dtype
+        assert torch.allclose(g.double(), w.double())

@@ -174,6 +174,8 @@ def assertion(ctx: Context, *args, **kwargs):
 @lowers("aten.flip.default")
 def flip(ctx: Context, x, dims):
     shape = ctx.b.shape(x)
+    if not shape:  # a 0-d tensor flipped along dim 0 or -1 is itself
+        return ctx.tensor(x)
     flipped = {d % len(shape) for d in dims}
     index = [Affine.constant(n - 1) - Affine.dim(k) if k in flipped else Affine.dim(k)
              for k, n in enumerate(shape)]

@@ -12,7 +12,7 @@ import math
 
 from emmy.affine import Affine, Guard
 from emmy.decompose.reductions import mean_of, variance_of
-from emmy.decompose.registry import Context, lowers
+from emmy.decompose.registry import Context, lowers, scalars_as_vectors
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
 
@@ -34,6 +34,7 @@ def softmax_of(ctx: Context, xf: str, axis: int, name: str | None = None) -> str
 
 
 @lowers("aten._softmax.default", "aten._log_softmax.default")
+@scalars_as_vectors
 def softmax(ctx: Context, x, dim, half_to_float=False):
     out = ctx.out_type()
     acc = out.dtype.accumulator
