@@ -934,3 +934,34 @@ def test_ops_along_a_dim_of_a_0d_tensor_work_as_torch_reads_them():
     for g, w in zip(got, want):
         assert g.shape == w.shape == () and g.dtype == w.dtype
         assert torch.allclose(g.double(), w.double())
+
+
+def test_a_convolution_fused_into_its_piece_of_a_concatenation_compiles_and_runs_right():
+    """Inception's block: a padded 3x3 convolution fused into the kernel writing its channels of the
+    concatenation. The piece's guard (its output channels) was kept on the convolution's input
+    load too, whose panel fill does not know the channel: nvcc refused `a0` (torchvision's
+    inception_v3). A load keeps only guards on the loops its index walks."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from emmy.nvcc import build_cubin
+
+    def basic(i, o, k, p=0):
+        return nn.Sequential(nn.Conv2d(i, o, k, padding=p, bias=False), nn.BatchNorm2d(o, eps=0.001), nn.ReLU())
+
+    class InceptionA(nn.Module):
+        def __init__(self, c=192, pool=32):
+            super().__init__()
+            self.b1, self.b5a, self.b5b = basic(c, 64, 1), basic(c, 48, 1), basic(48, 64, 5, 2)
+            self.b3a, self.b3b, self.b3c = basic(c, 64, 1), basic(64, 96, 3, 1), basic(96, 96, 3, 1)
+            self.bp = basic(c, pool, 1)
+
+        def forward(self, x):
+            return torch.cat([self.b1(x), self.b5b(self.b5a(x)), self.b3c(self.b3b(self.b3a(x))),
+                              self.bp(F.avg_pool2d(x, 3, 1, 1))], 1)
+
+    torch.manual_seed(0)
+    block, x = InceptionA().eval(), torch.randn(1, 192, 7, 7)
+    program = emmy.optimize(block, x, target="sm_90")
+    build_cubin(program.cuda_source, "sm_90")
+    assert all(c.ok for c in check_program(program, [x], mode="asan"))

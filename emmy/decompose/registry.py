@@ -65,12 +65,11 @@ class Context:
     where: str  # "aten.mm.default at line 1: `x @ w`", for errors
     constants: dict | None = None  # weight name -> values: where a decomposition's constant tensors go
     pairs: set = field(default_factory=set)  # names holding complex tensors as (.., 2) f32 pairs
+    out_shape: tuple[int, ...] | None = None  # the output's shape, where it is computed as another's
 
     @property
     def name(self) -> str:
         return self.b.base
-
-    out_shape: tuple[int, ...] | None = None  # the output's shape, where a decomposition computes another's
 
     def out_type(self, index: int | None = None) -> TensorType:
         val = self.node.meta["val"]

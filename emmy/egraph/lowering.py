@@ -649,8 +649,10 @@ def _constant_fill(guards: tuple, fill, dtype: DType, extents) -> Lit | None:
 
 def _needed(guards: tuple, coords: tuple, shape: tuple[int, ...], extents) -> tuple:
     """The guards a load must keep: none when its index stays inside the buffer over every
-    coordinate the loops reach (then reading where the guards fail is harmless); else all of them,
-    without repeats."""
+    coordinate the loops reach (then reading where the guards fail is harmless); else those that
+    share a loop variable with the index, without repeats. A guard on other variables only (a
+    concatenation's piece, on the output channel, over a convolution's input) cannot keep the
+    index inside, and would tie the load to loops it does not walk (a contraction's other side)."""
     if not guards:
         return ()
     if shape and len(shape) == len(coords) and _within(coords, shape, extents) and all(
@@ -658,9 +660,10 @@ def _needed(guards: tuple, coords: tuple, shape: tuple[int, ...], extents) -> tu
             # upsampling's table read at a padded convolution's coordinates)
             _within(atom.index, atom.shape, extents) for atom in gathered_atoms(coords)):
         return ()
+    walked = frozenset().union(*(e.dims() for e in coords))
     unique = []
     for g in guards:
-        if g not in unique:
+        if g not in unique and g.expr.dims() & walked:
             unique.append(g)
     return tuple(unique)
 

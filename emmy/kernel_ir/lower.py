@@ -30,7 +30,7 @@ from emmy.schedule.geometry import held_bytes, held_steps, workspace_name
 from emmy.schedule.held import held_loads, invariant_loads
 from emmy.tile_ir.build import fold_tree, tile_kernel
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
-from emmy.schedule.shape import panel_side
+from emmy.schedule.shape import load_vars, panel_side
 
 # the twisted states the runtime header can merge across threads (emmy::merge_softmax,
 # merge_softmax_wsum, merge_welford)
@@ -682,7 +682,7 @@ def _panel_loads(fold: Fold, m_vars, n_vars, batch, types: dict):
         if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)):
             continue
         flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
-        side = panel_side(flat.dims() - {v for v, _ in batch}, fold.var, [v for v, _ in m_vars],
+        side = panel_side(load_vars(stmt.expr) - {v for v, _ in batch}, fold.var, [v for v, _ in m_vars],
                           [v for v, _ in n_vars])
         if side:
             yield stmt, flat, side

@@ -17,7 +17,7 @@ from emmy.dtypes import DType
 from emmy.kernel_ir.lower_common import contraction_parts, flat_index, free_loops, split_outputs, vectorizable
 from emmy.kernel_ir.nodes import KernelIR, MmaOperand, MmaTile, Tile
 from emmy.schedule.knobs import STAGE_ASYNC, STAGE_TMA
-from emmy.schedule.shape import mma_operand
+from emmy.schedule.shape import load_vars, mma_operand
 from emmy.loop_ir import nodes as L
 from emmy.tile_ir.nodes import Epilogue, Fold, TileKernel
 
@@ -97,8 +97,7 @@ def _operands(tile: TileKernel, types: dict) -> tuple[MmaOperand, MmaOperand]:
         if not (isinstance(stmt, L.Assign) and isinstance(stmt.expr, L.Load)):
             continue
         flat = flat_index(stmt.expr.buffer, stmt.expr.index, types)
-        uses = flat.dims()
-        side = "a" if uses & set(shape.m_vars) else "b"
+        side = "a" if load_vars(stmt.expr) & set(shape.m_vars) else "b"
         outer = m_vars if side == "a" else n_vars
         last_var, last_extent = outer[-1]
         if stmt.expr.guards:  # filled an element at a time, the guards read per element (a convolution's padding)

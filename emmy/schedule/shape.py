@@ -213,7 +213,7 @@ def _contraction(kernel, stmts, outer, reductions):
     prologue_ops = None
     if all(o is not None for o in direct):
         (a, a_dtype), (b, b_dtype) = direct
-        uses_a, uses_b = _vars(a.index), _vars(b.index)
+        uses_a, uses_b = load_vars(a), load_vars(b)
     else:
         sides = [_operand_vars(defs, a) for a in product.expr.args]
         if any(v is None for v in sides):
@@ -264,7 +264,7 @@ def _operand_vars(defs, name):
     if found is None:
         return None
     loads, _, masks = found
-    indexed = set().union(set(), *(_vars(s.expr.index) for s in loads))
+    indexed = set().union(set(), *(load_vars(s.expr) for s in loads))
     return indexed.union(*(g.expr.dims() for m in masks for g in m.expr.guards))
 
 
@@ -341,7 +341,7 @@ def _panels(fold: Loop, m_vars, n_vars, free_vars) -> dict:
     """Loads of a contraction's fold staged in shared memory (panel_side), per side: a panel each
     (`panel_loads`), of its element's bytes (`panel_bytes`: operands of two dtypes stage both)."""
     batch = set(free_vars) - set(m_vars) - set(n_vars)
-    staged = [(panel_side(_vars(s.expr.index) - batch, fold.var, m_vars, n_vars), s.dtype.itemsize)
+    staged = [(panel_side(load_vars(s.expr) - batch, fold.var, m_vars, n_vars), s.dtype.itemsize)
               for s in statements(fold.body) if isinstance(s, Assign) and isinstance(s.expr, Load)]
     return {"panel_loads": tuple(sum(1 for side, _ in staged if side == x) for x in "ab"),
             "panel_bytes": tuple(sum(size for side, size in staged if side == x) for x in "ab")}
@@ -364,3 +364,9 @@ def panel_side(deps: set[int], fold_var: int, m_vars, n_vars) -> str:
 
 def _vars(index) -> set[int]:
     return set().union(*(e.dims() for e in index)) if index else set()
+
+
+def load_vars(load: Load) -> set[int]:
+    """The loop variables a load reads by: its index's and its guards' (a padded read tests both,
+    so a guard on another side's variable ties the load to that side too)."""
+    return _vars(load.index).union(*(g.expr.dims() for g in load.guards))
