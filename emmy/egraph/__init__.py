@@ -94,11 +94,29 @@ def optimize_loops(graph, groups, budget: Budget = Budget(), price=None, search_
     model's best row per kernel, emmy.schedule.pricing.KernelPricer) decides kernel boundaries and
     fold forms; without it the provisional Loop IR cost does (emmy.egraph.extract)."""
     from emmy.egraph.extract import extract, loop_cost_price
+    from emmy.loop_ir.into_reader import merge_into_readers
     from emmy.loop_ir.siblings import merge_sibling_folds
     from emmy.egraph.view import EGraphView
 
     egraph, terms, reports = saturate(graph, groups, budget)
     view = EGraphView.of(egraph)
-    found = extract(view, graph, price or loop_cost_price, search_seconds)
-    return LoopResult(merge_sibling_folds(found.program), reports, found.seconds, egraph, terms, found.decisions, found.search,
+    price = price or loop_cost_price
+    found = extract(view, graph, price, search_seconds)
+    program = merge_sibling_folds(found.program)
+    program = merge_into_readers(program, _cheaper_merged(program, price))
+    return LoopResult(program, reports, found.seconds, egraph, terms, found.decisions, found.search,
                       found.kernel_prices, found.alternative)
+
+
+def _cheaper_merged(program, price):
+    """Whether a kernel merged into its reader is priced (by `price`) no dearer than the two."""
+    from emmy.loop_ir.nodes import buffer_types
+
+    types = buffer_types(program)
+
+    def accept(first, second, merged) -> bool:
+        apart_first, apart_second, together = price([(first, types), (second, types), (merged, types)])
+        known = (apart_first.seconds, apart_second.seconds, together.seconds)
+        return None not in known and together.seconds <= apart_first.seconds + apart_second.seconds
+
+    return accept

@@ -238,6 +238,9 @@ class Kernels:
         or None], memoized by the region's structure: a kernel of another layer that computes the
         same thing from buffers of the same types is not lowered again (its price, by signature,
         is the same; only the final program's kernels are lowered with their own names)."""
+        if self._shared_chain(root, region) > MAX_SHARED_CHAIN:
+            self.refused_count += 1
+            return [None, TOO_DEEP]
         key = self._structure(root)
         found = self._lowered.get(key)
         if found is None:
@@ -255,6 +258,29 @@ class Kernels:
             self._lowered[key] = found
             self.lowered_count += 1
         return found
+
+    def _shared_chain(self, root: str, region: frozenset) -> int:
+        """The most fused values with several consumers met on one path down the region: each is
+        computed again in every kernel that reads it, and one inside another compounds (an LSTM's
+        cell state, each step's kernel recomputing every step before it)."""
+        chosen, boundaries = self.chosen, self.boundaries
+        shared = {c for c in region if c != root and c not in boundaries and len(chosen.consumers.get(c, ())) > 1}
+        if len(shared) <= MAX_SHARED_CHAIN:
+            return len(shared)
+        depth: dict[str, int] = {}
+        stack = [(root, False)]
+        while stack:  # children before parents, without recursion
+            cid, ready = stack.pop()
+            if cid in depth:
+                continue
+            inside = cid == root or cid not in boundaries
+            children = [c for c in chosen.choice[cid].children if c in region] if inside else []
+            if not ready:
+                stack.append((cid, True))
+                stack.extend((c, False) for c in children if c not in depth)
+                continue
+            depth[cid] = max((depth[c] for c in children), default=0) + (cid in shared)
+        return depth[root]
 
     def _structure(self, root: str) -> tuple:
         """The region of `root` as a canonical tuple: its classes in a depth-first order from the root,
@@ -428,6 +454,11 @@ PENDING = KernelPrice(0.0, 0.0, 0, "", "not priced yet")
 STATEMENTS_PER_CLASS = 16
 STATEMENTS_BASE = 256
 TOO_LARGE = KernelPrice(None, 0.0, 1, "", "recomputes its fused work past the statement budget")
+# A kernel may recompute shared values nested at most this deep (a value several kernels read,
+# fused, whose own work holds another such value): deeper, the recomputation compounds along
+# a chain as long as the program (an unrolled recurrence's state), in statements and in time.
+MAX_SHARED_CHAIN = 3
+TOO_DEEP = KernelPrice(None, 0.0, 1, "", "recomputes shared values nested past MAX_SHARED_CHAIN")
 
 
 def provisional(cid: str) -> str:

@@ -36,7 +36,7 @@ def merge_sibling_folds(program: LoopProgram) -> LoopProgram:
     folds = [_fold_of(k) for k in kernels]
     readers: dict[str, list[int]] = defaultdict(list)  # buffer -> positions of the kernels reading it
     for i, k in enumerate(kernels):
-        for buffer in _reads(k.body):
+        for buffer in reads_of(k.body):
             readers[buffer].append(i)
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, fold in enumerate(folds):
@@ -79,7 +79,7 @@ def _fold_of(kernel: Kernel) -> _Fold | None:
 def _may_merge(first: Kernel, second: Kernel, a: _Fold, b: _Fold, i: int, j: int, readers) -> bool:
     ours = {name for name, _ in first.outputs}
     theirs = {name for name, _ in second.outputs}
-    if ours & _reads(second.body) or theirs & _reads(first.body):
+    if ours & reads_of(second.body) or theirs & reads_of(first.body):
         return False
     if any(i < r < j for name in ours for r in readers.get(name, ())):
         return False  # a kernel between them needs the first's output before the merged kernel runs
@@ -89,9 +89,9 @@ def _may_merge(first: Kernel, second: Kernel, a: _Fold, b: _Fold, i: int, j: int
 
 
 def _merged(first: Kernel, second: Kernel, a: _Fold, b: _Fold) -> Kernel:
-    taken = _names(first.body)
+    taken = local_names(first.body)
     rename = {}
-    for name in _names(second.body):
+    for name in local_names(second.body):
         fresh, n = name, 1
         while fresh in taken:
             fresh, n = f"{name}_{n}", n + 1
@@ -115,7 +115,8 @@ def _merged(first: Kernel, second: Kernel, a: _Fold, b: _Fold) -> Kernel:
     return Kernel(first.name, first.output, first.type, inner, (*first.more_outputs, *second.outputs))
 
 
-def _names(body) -> set[str]:
+def local_names(body) -> set[str]:
+    """The values and accumulators statements (loops searched) define."""
     found = set()
     for s in statements(body):
         if isinstance(s, Assign):
@@ -125,7 +126,7 @@ def _names(body) -> set[str]:
     return found
 
 
-def _reads(body) -> set[str]:
+def reads_of(body) -> set[str]:
     """The buffers statements load, and the index tensors their indices and guards read."""
     loaded = {s.expr.buffer for s in statements(body) if isinstance(s, Assign) and isinstance(s.expr, Load)}
     return loaded | index_tensors(body)
