@@ -238,11 +238,12 @@ class Kernels:
         or None], memoized by the region's structure: a kernel of another layer that computes the
         same thing from buffers of the same types is not lowered again (its price, by signature,
         is the same; only the final program's kernels are lowered with their own names)."""
-        if self._shared_chain(root, region) > MAX_SHARED_CHAIN:
-            self.refused_count += 1
-            return [None, TOO_DEEP]
-        key = self._structure(root)
+        deep = self._shared_chain(root, region) > MAX_SHARED_CHAIN  # depends on readers outside the region
+        key = (self._structure(root), deep)
         found = self._lowered.get(key)
+        if found is None and deep and not self.unbudgeted:  # the starting cut is taken as it is
+            found = self._lowered[key] = [None, TOO_DEEP]
+            self.refused_count += 1
         if found is None:
             choice = self.chosen.choice
             leaves = {c: provisional(c) for c in region if c in self.boundaries}
