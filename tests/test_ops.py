@@ -175,6 +175,10 @@ CASES = [
     ("aten.cummin.default", I + "torch.cummin(a // 5, 0)"),
     ("aten.bucketize.Tensor", X + "torch.bucketize(x, torch.tensor([-1.0, 0.0, 0.0, 0.5]), right=True)"),
     ("aten.searchsorted.Tensor", I + "torch.searchsorted(b.cumsum(-1), a + 20)"),
+    ("aten.histc.default", "x=torch.randn(500); torch.histc(x, bins=10, min=-1, max=1)"),
+    ("aten.histc.default", "x=torch.randn(4,50); torch.histc(x, 7)"),  # over the data's own extremes
+    ("aten.histc.default", "x=torch.full((5,), 2.0); torch.histc(x, 4)"),  # all equal: widened by 1 each way
+    ("aten.histc.default", "x=torch.tensor([0., 1., 2., 3., 4.]); torch.histc(x, 4, 0, 4)"),  # max: the last bin
     ("aten.searchsorted.Tensor", "s=torch.randn(10).sort().values; v=torch.randn(()); torch.searchsorted(s, v)"),
     ("aten.searchsorted.Tensor", "s=torch.randn(10); v=torch.randn(3,4); o=torch.argsort(s); torch.searchsorted(s, v, sorter=o, side='right')"),
     ("aten.searchsorted.Tensor", X + "o=torch.argsort(x); torch.searchsorted(x, y[:, :3], sorter=o)"),
@@ -850,6 +854,10 @@ def test_random_numbers_drawn_inside_a_program_are_one_clear_error():
 
     with pytest.raises(emmy.EmmyError, match=r"aten.randn.default .*test_ops.py.*draws random numbers.*input"):
         emmy.optimize(Noisy(), torch.randn(2, 3), stop_after="tensor")
+
+
+def test_a_histogram_runs_right_in_the_simulator():
+    _runs_right_in_the_simulator("x=torch.randn(3,300); (torch.histc(x, 16), torch.histc(x * 2, 9, -1.5, 2.5))")
 
 
 def test_a_tensor_read_as_a_python_number_is_named_for_what_it_is():

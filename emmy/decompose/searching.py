@@ -1,4 +1,4 @@
-"""Searches of sorted boundaries: bucketize and searchsorted, as counts.
+"""Searches of sorted boundaries: bucketize and searchsorted, as counts; histc, counts per bin.
 
 torch binary-searches each value; emmy counts the boundaries the value passes, a fold over the
 boundaries (O(values x boundaries) work, every count independent), which gives the same index for
@@ -55,3 +55,40 @@ def searchsorted(ctx: Context, sorted_sequence, values, *, out_int32=False, righ
         raise UnsupportedOpError(f"unsupported op {ctx.where}: a sorted sequence of shape {list(sequence_shape)} "
                                  f"for values of shape {list(value_shape)} (their leading axes must match)")
     return _count_passed(ctx, values, sorted_sequence, right, ctx.name)
+
+
+@lowers("aten.histc.default")
+def histc(ctx: Context, x, bins=100, min=0, max=0):
+    """Counts of x's elements in `bins` equal bins over [min, max] (the data's own extremes where
+    min == max, widened by 1 each way where those are equal too), as torch's CPU kernel bins them:
+    (x - min) * bins / (max - min) truncated, max itself in the last bin, elements outside not
+    counted. A count for every bin and element: O(bins x elements) work."""
+    import numpy as np
+
+    b = ctx.b
+    out = ctx.out_type()
+    dtype = out.dtype
+    count = b.type(x).numel
+    flat = b.reshape(ctx.tensor(x, dtype), (count,), suffix="flat")
+    if min == max:
+        lowest = b.reduce("min", flat, 0, suffix="lowest")
+        highest = b.reduce("max", flat, 0, suffix="highest")
+        same = b.elementwise("equal", lowest, highest, dtype=DType.BOOL, suffix="same")
+        lo = b.elementwise("where", same, b.elementwise("subtract", lowest, 1.0), lowest, dtype=dtype, suffix="lo")
+        hi = b.elementwise("where", same, b.elementwise("add", highest, 1.0), highest, dtype=dtype, suffix="hi")
+        lo, hi = ctx.tensor(lo, dtype, (count,)), ctx.tensor(hi, dtype, (count,))
+    else:
+        lo, hi = float(min), float(max)
+    scaled = b.elementwise("multiply", b.elementwise("subtract", flat, lo, dtype=dtype), float(bins), dtype=dtype)
+    width = b.elementwise("subtract", hi, lo, dtype=dtype) if isinstance(lo, str) else hi - lo
+    position = b.cast(b.elementwise("divide", scaled, width, dtype=dtype, suffix="position"), DType.I64)
+    position = b.elementwise("minimum", position, bins - 1, dtype=DType.I64, suffix="bin")  # max: the last bin
+    inside = b.elementwise("logical_and", b.elementwise("greater_equal", flat, lo, dtype=DType.BOOL),
+                           b.elementwise("less_equal", flat, hi, dtype=DType.BOOL), dtype=DType.BOOL, suffix="inside")
+    grid = (int(bins), count)
+    here = b.index_map(ctx.constant(np.arange(bins), DType.I64), grid, [Affine.dim(0)], suffix="bins")
+    hits = b.elementwise("logical_and", b.elementwise("equal", ctx.tensor(position, DType.I64, grid), here,
+                                                      dtype=DType.BOOL),
+                         ctx.tensor(inside, DType.BOOL, grid), dtype=DType.BOOL, suffix="hits")
+    counts = b.reduce_axes("sum", b.cast(hits, DType.I64), [1], False, suffix="counts")
+    return b.cast(counts, dtype)
