@@ -214,6 +214,8 @@ CASES = [
     ("aten.fmax.default", "x=torch.tensor([1., float('nan'), float('nan'), -2.]); y=torch.tensor([float('nan'), 3., float('nan'), -1.]); torch.fmax(x, y) + torch.fmin(x, y)"),
     ("aten.fmin.default", I + "torch.fmin(a, b)"),
     ("aten.ldexp.Tensor", X + "torch.ldexp(x, torch.arange(6) - 3)"),
+    ("aten.special_modified_bessel_i0.default", X + "torch.special.modified_bessel_i0(x * 3) + torch.special.modified_bessel_i1(y)"),
+    ("aten.polygamma.default", X + "torch.polygamma(0, x.abs() + 0.1) + torch.special.polygamma(0, y.abs() + 2)"),
     ("aten.angle.default", "x=torch.tensor([-2., 0., 3., float('nan'), -0.5]); torch.angle(x)"),
     ("aten.angle.default", I + "torch.angle(a)"),
     ("aten.isinf.default", X + "torch.isinf(x / (y > 0).float()).float() + torch.signbit(-y).float()"),

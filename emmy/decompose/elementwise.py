@@ -127,10 +127,21 @@ _UNARY = {
 }
 
 
-@lowers(*(f"aten.{name}.default" for name in _UNARY))
+_UNARY_ALIASES = {"special_modified_bessel_i0": "i0", "special_modified_bessel_i1": "special_i1"}  # one function
+
+
+@lowers(*(f"aten.{name}.default" for name in (*_UNARY, *_UNARY_ALIASES)))
 def unary(ctx: Context, x):
     packet = str(ctx.node.target).split(".")[1]
-    return _arith(ctx, _UNARY[packet], x)
+    return _arith(ctx, _UNARY[_UNARY_ALIASES.get(packet, packet)], x)
+
+
+@lowers("aten.polygamma.default")
+def polygamma(ctx: Context, n, x):
+    """The n-th derivative of digamma: emmy has the 0th (digamma itself)."""
+    if n != 0:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: polygamma of order {n} (emmy computes order 0, digamma)")
+    return _arith(ctx, "digamma", x)
 
 
 @lowers("aten.relu.default")
