@@ -173,3 +173,41 @@ def test_edge_programs_lower_and_run(code):
     for a, b in zip(program.interpret(stage="loop"), program.interpret()):
         assert a.shape == b.shape
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_fold_sharing_a_loop_with_a_sibling_stands_where_the_loop_does():
+    """A GNN's max aggregation (scatter_reduce amax over a -inf start): the count of writes to a
+    node and the max of what they write fold over the same edges, so they share a loop, which
+    nests in the feature loop the max needs; the count's Init and the test `count > 0` stood
+    outside it (the count does not vary along features), read before the loop that folds it ran."""
+    import torch
+
+    def aggregate(x, src, dst, w):
+        msg = x[src] @ w
+        start = torch.full_like(x[:, :w.shape[1]], float("-inf"))
+        return start.scatter_reduce(0, dst[:, None].expand(-1, w.shape[1]), msg, "amax", include_self=True)
+
+    inputs = (torch.randn(6, 4), torch.randint(0, 6, (10,)), torch.randint(0, 6, (10,)), torch.randn(4, 3))
+    program = emmy.optimize(aggregate, *inputs)
+    assert all(c.ok for c in check_program(program, list(inputs), mode="asan"))
+
+
+def test_a_candidate_kernel_lowered_wrong_costs_the_candidate_not_the_compile(monkeypatch, caplog):
+    """A lowering bug met in one of the search's candidates (planted here: the first kernel the
+    search lowers is reported out of order) refuses that candidate with a warning; the program is
+    still chosen, lowered again and checked, and runs right."""
+    import emmy.egraph.lowering as lowering
+    from emmy.loop_ir.validate import UndefinedValueError
+
+    real, planted = lowering.check_defined_before_use, []
+
+    def first_one_wrong(name, body):
+        if not planted:
+            planted.append(name)
+            raise UndefinedValueError(f"kernel {name}: planted")
+        real(name, body)
+
+    monkeypatch.setattr(lowering, "check_defined_before_use", first_one_wrong)
+    program = emmy.optimize("x=torch.randn(8,64); w=torch.randn(64); F.layer_norm(x, (64,)) * w + x.softmax(-1)")
+    assert all(c.ok for c in check_program(program, mode="asan"))  # (the program lowers when first used)
+    assert planted and "an emmy lowering bug" in caplog.text and "planted" in caplog.text

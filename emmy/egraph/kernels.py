@@ -22,6 +22,7 @@ from emmy.egraph.representatives import HEAVY
 from emmy.egraph.view import ClassRef, EGraphView, ENode, reaches
 from emmy.egraph.lowering import KernelLowering, KernelTooLarge
 from emmy.loop_ir.nodes import Kernel, LoopProgram, kernel_index_tensors
+from emmy.loop_ir.validate import FoldReadError, UndefinedValueError
 from emmy.schedule.pricing import KernelPrice
 from emmy.tensor_ir.nodes import Input, TensorType, Weight
 
@@ -255,6 +256,12 @@ class Kernels:
             except KernelTooLarge as refused:
                 log.debug("a move's kernel recomputes too much: %s", refused)
                 found = [None, TOO_LARGE]
+                self.refused_count += 1
+            except (FoldReadError, UndefinedValueError) as bug:
+                # a candidate the lowering got wrong costs that candidate, not the compile; the final
+                # program's kernels are lowered (and checked) again, so none of them can be one
+                log.warning("a candidate kernel was refused (an emmy lowering bug): %s", bug)
+                found = [None, KernelPrice(None, 0.0, 1, "", f"lowered wrong: {bug}")]
                 self.refused_count += 1
             self._lowered[key] = found
             self.lowered_count += 1

@@ -284,7 +284,9 @@ class KernelLowering:
         sub = list(coords)
         sub[axis] = Affine.dim(var)
         x, deps = yield x_cid, tuple(sub)
-        return var, accs, inits, x, deps
+        # the fold's result stands at its coordinates' loops, even where x does not vary along one
+        # of them: a loop shared with a sibling fold nests inside all of theirs, and so must its Init
+        return var, accs, inits, x, deps | outer
 
     def _fold_loop(self, cid: str, axis: int, x_cid: str, coords: tuple, state: tuple[str, ...]):
         """`_open_fold` for a fold stepped by Update statements; adds an `op` helper that emits
