@@ -22,7 +22,8 @@ from emmy.dtypes import DType
 from emmy.egraph.encode import literal_of
 from emmy.egraph.layout import decode_layout
 from emmy.egraph.view import EGraphView, ENode, reaches
-from emmy.loop_ir.nodes import Accumulate, Assign, Init, Kernel, Lit, Load, Loop, Masked, Op, Store, Update
+from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Lit, Load, Loop, Masked, Op, Store, Update,
+                                substituted)
 from emmy.loop_ir.validate import check_defined_before_use, check_fold_reads
 
 
@@ -520,29 +521,7 @@ def _coalesced(loop: Loop, extents: list[int]) -> Loop:
     for n in reversed(nest):
         dims[n.var] = merged.digit(stride, n.extent, extents)
         stride *= n.extent
-    return Loop(var, extents[var], _substituted((*sunk, *nest[-1].body), dims, extents), False)
-
-
-def _substituted(stmts: tuple, dims: list, extents: list[int]) -> tuple:
-    """`stmts` with every index and guard's coordinates replaced by `dims`."""
-    def index(exprs):
-        return tuple(e.substitute(dims, extents) for e in exprs)
-
-    def guards(gs):
-        return tuple(Guard(g.expr.substitute(dims, extents), g.lo, g.hi) for g in gs)
-
-    out = []
-    for stmt in stmts:
-        if isinstance(stmt, Loop):
-            stmt = Loop(stmt.var, stmt.extent, _substituted(stmt.body, dims, extents), stmt.reduction)
-        elif isinstance(stmt, Assign) and isinstance(stmt.expr, Load):
-            stmt = Assign(stmt.name, stmt.dtype, Load(stmt.expr.buffer, index(stmt.expr.index), guards(stmt.expr.guards)))
-        elif isinstance(stmt, Assign) and isinstance(stmt.expr, Masked):
-            stmt = Assign(stmt.name, stmt.dtype, Masked(guards(stmt.expr.guards), stmt.expr.value, stmt.expr.fill))
-        elif isinstance(stmt, Store):
-            stmt = Store(stmt.buffer, index(stmt.index), stmt.value)
-        out.append(stmt)
-    return tuple(out)
+    return Loop(var, extents[var], substituted((*sunk, *nest[-1].body), dims, extents), False)
 
 
 def _renumber(body: tuple, extents: list[int]) -> tuple:

@@ -20,10 +20,10 @@ import dataclasses
 from collections import defaultdict
 from typing import Callable
 
-from emmy.affine import Affine, Guard
-from emmy.loop_ir.nodes import (Assign, Kernel, Load, Loop, LoopProgram, Masked, Store, Update, renamed,
-                                statements)
-from emmy.loop_ir.siblings import local_names, reads_of
+from emmy.affine import Affine
+from emmy.loop_ir.nodes import (Assign, Kernel, Load, Loop, LoopProgram, Store, Update, free_nest, renamed,
+                                statements, substituted)
+from emmy.loop_ir.siblings import local_names, names_apart, reads_of
 from emmy.loop_ir.validate import check_defined_before_use
 
 
@@ -51,18 +51,9 @@ def merge_into_readers(program: LoopProgram, accept: Callable[[Kernel, Kernel, K
     return program if len(kept) == len(program.kernels) else dataclasses.replace(program, kernels=kept)
 
 
-def _nest(kernel: Kernel) -> tuple[tuple[tuple[int, int], ...], tuple]:
-    """(var, extent) of the kernel's free loops, outermost first, and the statements inside them."""
-    free, body = [], kernel.body
-    while len(body) == 1 and isinstance(body[0], Loop) and not body[0].reduction:
-        free.append((body[0].var, body[0].extent))
-        body = body[0].body
-    return tuple(free), body
-
-
 def _merged(first: Kernel, second: Kernel) -> Kernel | None:
-    free, inner = _nest(first)
-    second_free, second_inner = _nest(second)
+    free, inner = free_nest(first.body)
+    second_free, second_inner = free_nest(second.body)
     if not free or free != second_free or not inner or not isinstance(inner[-1], Store):
         return None
     store = inner[-1]
@@ -77,17 +68,13 @@ def _merged(first: Kernel, second: Kernel) -> Kernel | None:
     # the first's inner loops take variables after the second's; its values take names apart
     used = {var for var, _ in free} | {s.var for s in statements(second_inner) if isinstance(s, Loop)}
     moved = {s.var: max(used) + 1 + k for k, s in enumerate(s for s in statements(inner) if isinstance(s, Loop))}
-    taken = local_names(second_inner)
-    rename = {}
-    for name in local_names(inner):
-        fresh, n = name, 1
-        while fresh in taken:
-            fresh, n = f"{name}_{n}", n + 1
-        rename[name] = fresh
-        taken.add(fresh)
+    rename = names_apart(local_names(inner), local_names(second_inner))
     extents = {var: extent for var, extent in free}
     extents |= {moved[s.var]: s.extent for s in statements(inner) if isinstance(s, Loop)}
-    computed = tuple(renamed(s, rename) for s in _revar(inner, moved, extents))
+    top = max((*moved, *moved.values(), *extents), default=0)
+    dims = [Affine.dim(moved.get(var, var)) for var in range(top + 1)]
+    bounds = [extents.get(moved.get(var, var), 1) for var in range(top + 1)]
+    computed = tuple(renamed(s, rename) for s in substituted(inner, dims, bounds, moved))
     value = rename.get(store.value, store.value)
     dropped = {s.name for s in reads}
     rest = tuple(renamed(s, {name: value for name in dropped}) for s in _without(second_inner, dropped))
@@ -111,32 +98,4 @@ def _without(body: tuple, names: set[str]) -> tuple:
             out.append(dataclasses.replace(s, body=_without(s.body, names)))
         elif not (isinstance(s, Assign) and s.name in names):
             out.append(s)
-    return tuple(out)
-
-
-def _revar(body: tuple, moved: dict[int, int], extents: dict[int, int]) -> tuple:
-    """`body` with the loop variables in `moved` (old -> new) renumbered, in loops and indices
-    (`extents`: each new variable's)."""
-    if not moved:
-        return body
-    top = max((*moved, *moved.values(), *extents))
-    mapping = [Affine.dim(moved.get(var, var)) for var in range(top + 1)]
-    bounds = [extents.get(moved.get(var, var), 1) for var in range(top + 1)]
-
-    def expr(e: Affine) -> Affine:
-        return e.substitute(mapping, bounds)
-
-    out = []
-    for s in body:
-        if isinstance(s, Loop):
-            s = Loop(moved.get(s.var, s.var), s.extent, _revar(s.body, moved, extents), s.reduction)
-        elif isinstance(s, Assign) and isinstance(s.expr, Load):
-            s = dataclasses.replace(s, expr=Load(s.expr.buffer, tuple(map(expr, s.expr.index)),
-                                                 tuple(Guard(expr(g.expr), g.lo, g.hi) for g in s.expr.guards)))
-        elif isinstance(s, Assign) and isinstance(s.expr, Masked):
-            s = dataclasses.replace(s, expr=Masked(tuple(Guard(expr(g.expr), g.lo, g.hi) for g in s.expr.guards),
-                                                   s.expr.value, s.expr.fill))
-        elif isinstance(s, Store):
-            s = Store(s.buffer, tuple(map(expr, s.index)), s.value)
-        out.append(s)
     return tuple(out)

@@ -142,6 +142,42 @@ def parallel_loops(body: tuple) -> list[tuple[int, int]]:
     return found
 
 
+def free_nest(body: tuple) -> tuple[tuple[tuple[int, int], ...], tuple]:
+    """(var, extent) of the free loops each the only statement of the one around it, outermost
+    first, and the statements inside the innermost."""
+    free = []
+    while len(body) == 1 and isinstance(body[0], Loop) and not body[0].reduction:
+        free.append((body[0].var, body[0].extent))
+        body = body[0].body
+    return tuple(free), body
+
+
+def substituted(stmts: tuple, dims: list, extents: list[int], loop_vars: dict[int, int] | None = None) -> tuple:
+    """`stmts` with every index and guard's coordinates replaced by `dims` (`extents` bound them),
+    and the loops in `loop_vars` (old variable -> new) renumbered."""
+    loop_vars = loop_vars or {}
+
+    def index(exprs):
+        return tuple(e.substitute(dims, extents) for e in exprs)
+
+    def guards(gs):
+        return tuple(Guard(g.expr.substitute(dims, extents), g.lo, g.hi) for g in gs)
+
+    out = []
+    for stmt in stmts:
+        if isinstance(stmt, Loop):
+            stmt = Loop(loop_vars.get(stmt.var, stmt.var), stmt.extent,
+                        substituted(stmt.body, dims, extents, loop_vars), stmt.reduction)
+        elif isinstance(stmt, Assign) and isinstance(stmt.expr, Load):
+            stmt = Assign(stmt.name, stmt.dtype, Load(stmt.expr.buffer, index(stmt.expr.index), guards(stmt.expr.guards)))
+        elif isinstance(stmt, Assign) and isinstance(stmt.expr, Masked):
+            stmt = Assign(stmt.name, stmt.dtype, Masked(guards(stmt.expr.guards), stmt.expr.value, stmt.expr.fill))
+        elif isinstance(stmt, Store):
+            stmt = Store(stmt.buffer, index(stmt.index), stmt.value)
+        out.append(stmt)
+    return tuple(out)
+
+
 def row_nest(body: tuple, free) -> tuple[list[tuple[int, int]], tuple]:
     """The chain of free loops (variables in `free`) that places a kernel's rows, outermost first,
     and the statements one row runs. Statements the Loop IR hoisted above an inner free loop (a

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Load, Loop, LoopProgram, Update, index_tensors,
-                                renamed, statements)
+from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Load, Loop, LoopProgram, Update, free_nest,
+                                index_tensors, renamed, statements)
 
 WINDOW = 8  # later kernels of the same loop nest each kernel is tried against (siblings sit close)
 
@@ -65,15 +65,12 @@ def merge_sibling_folds(program: LoopProgram) -> LoopProgram:
 def _fold_of(kernel: Kernel) -> _Fold | None:
     """The kernel as free loops around folds (the first one, and what follows it: more folds that
     may read it, as a two-pass variance's sum of squares reads its mean), or None."""
-    free, body = [], kernel.body
-    while len(body) == 1 and isinstance(body[0], Loop) and not body[0].reduction:
-        free.append((body[0].var, body[0].extent))
-        body = body[0].body
+    free, body = free_nest(kernel.body)
     folds = [s for s in body if isinstance(s, Loop)]
     if not free or not folds or not all(f.reduction and not any(isinstance(s, Loop) for s in f.body) for f in folds):
         return None
     at = body.index(folds[0])
-    return _Fold(tuple(free), tuple(body[:at]), folds[0], tuple(body[at + 1:]))
+    return _Fold(free, tuple(body[:at]), folds[0], tuple(body[at + 1:]))
 
 
 def _may_merge(first: Kernel, second: Kernel, a: _Fold, b: _Fold, i: int, j: int, readers) -> bool:
@@ -89,14 +86,7 @@ def _may_merge(first: Kernel, second: Kernel, a: _Fold, b: _Fold, i: int, j: int
 
 
 def _merged(first: Kernel, second: Kernel, a: _Fold, b: _Fold) -> Kernel:
-    taken = local_names(first.body)
-    rename = {}
-    for name in local_names(second.body):
-        fresh, n = name, 1
-        while fresh in taken:
-            fresh, n = f"{name}_{n}", n + 1
-        rename[name] = fresh
-        taken.add(fresh)
+    rename = names_apart(local_names(second.body), local_names(first.body))
     # the second fold's loads that the first already makes (same buffer, index and guards) are read from it
     known = {(s.expr.buffer, s.expr.index, s.expr.guards): s.name for s in a.fold.body
              if isinstance(s, Assign) and isinstance(s.expr, Load)}
@@ -113,6 +103,18 @@ def _merged(first: Kernel, second: Kernel, a: _Fold, b: _Fold) -> Kernel:
     for var, extent in reversed(a.free):
         inner = (Loop(var, extent, inner),)
     return Kernel(first.name, first.output, first.type, inner, (*first.more_outputs, *second.outputs))
+
+
+def names_apart(names, taken: set[str]) -> dict[str, str]:
+    """A new name for each of `names` that none of `taken` (nor another new one) has: name_1, ..."""
+    taken, rename = set(taken), {}
+    for name in sorted(names):
+        fresh, n = name, 1
+        while fresh in taken:
+            fresh, n = f"{name}_{n}", n + 1
+        rename[name] = fresh
+        taken.add(fresh)
+    return rename
 
 
 def local_names(body) -> set[str]:
