@@ -97,6 +97,8 @@ def call(program, inputs: tuple, device: str | None, sim_mode: str | None):
                    for values, buffer in zip(results.values(), program.plan.outputs)]
         updates = [from_numpy(values, types[buffer].dtype)
                    for values, buffer in zip(updates, program.plan.outputs[returned:])]
+    elif not program.plan.outputs:  # nothing to compute (every output has no elements)
+        outputs = []
     else:
         everything = _call_on_gpu(program, inputs)
         outputs, updates = everything[:returned], everything[returned:]

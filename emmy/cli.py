@@ -497,6 +497,9 @@ def _run(args) -> int:
         outputs = run_program(program, device=args.device, mode=args.sim_mode)
         for name, values in outputs.items():
             print(f"{name}: {values.dtype}{list(values.shape)} ran on {args.device}")
+        for _, tensor in program.tensor_program.empty_outputs:
+            print(f"an output of {str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}: no elements, "
+                  "nothing to compute")
         return 0
     from emmy.runtime import check_program
 

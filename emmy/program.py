@@ -117,7 +117,10 @@ class Program:
 
         graph = self.tensor_ir
         mutations = self.tensor_program.mutations
-        structure = getattr(self.captured, "outputs", None) or OutputStructure.flat(len(graph.outputs) - len(mutations))
+        empties = self.tensor_program.empty_outputs
+        structure = (getattr(self.captured, "outputs", None)
+                     or OutputStructure.flat(len(graph.outputs) - len(mutations) + len(empties)))
+        structure = structure.with_fixed_tensors(empties)
         return Signature(tuple((n.name, n.type) for n in graph.inputs), structure, mutations,
                          getattr(self.captured, "keywords", ()))
 

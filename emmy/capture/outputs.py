@@ -41,15 +41,26 @@ class OutputStructure:
         tensors = [k for k in range(len(paths)) if k not in fixed]
         return cls(text, tuple(_name(paths[k], n) for n, k in enumerate(tensors)), constants)
 
+    def with_fixed_tensors(self, fixed: tuple) -> OutputStructure:
+        """This structure with some output tensors handed back as they are, not computed (a tensor
+        with no elements): `fixed` holds (position among the output tensors, the tensor)."""
+        if not fixed:
+            return self
+        leaves = [k for k in range(len(self.names) + len(self.constants)) if k not in dict(self.constants)]
+        chosen = dict(fixed)
+        names = tuple(name for n, name in enumerate(self.names) if n not in chosen)
+        constants = tuple(sorted(self.constants + tuple((leaves[n], t) for n, t in chosen.items())))
+        return OutputStructure(self.spec, names, constants)
+
     def pack(self, tensors: list):
         """The outputs in the structure the program returned them: a lone tensor as itself."""
-        if self.spec is None:
-            return tensors[0] if len(tensors) == 1 else tuple(tensors)
-        import torch.utils._pytree as pytree
-
         leaves, given, fixed = [], iter(tensors), dict(self.constants)
         for k in range(len(tensors) + len(fixed)):
             leaves.append(fixed[k] if k in fixed else next(given))
+        if self.spec is None:
+            return leaves[0] if len(leaves) == 1 else tuple(leaves)
+        import torch.utils._pytree as pytree
+
         return pytree.tree_unflatten(leaves, pytree.treespec_loads(self.spec))
 
 

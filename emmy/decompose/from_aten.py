@@ -16,6 +16,8 @@ import numpy as np
 # Importing the op modules fills the registry.
 from emmy.decompose import elementwise, indexing, layout, linalg, nn, reductions, scatter, searching, sorting, windows  # noqa: F401
 from emmy.decompose.complex_pairs import is_complex, lower_complex
+from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_result, has_no_elements, reads_empty,
+                                  without_empty_pieces)
 from emmy.decompose.registry import LOWERINGS, Context
 from emmy.dtypes import DType, from_torch, to_numpy
 from emmy.errors import EmmyError, UnsupportedDtypeError, UnsupportedOpError
@@ -32,6 +34,9 @@ class TensorProgram:
     # what the graph's trailing outputs (after the returned ones) update: ("input", input name) for
     # an input the module changed in place, ("weight", weight name) for a buffer it changed
     mutations: tuple = ()
+    # returned tensors with no elements, which no kernel computes: (position among the returned
+    # tensors, an empty torch tensor of its shape and dtype); the graph's outputs leave them out
+    empty_outputs: tuple = ()
 
 
 def _identifier(text: str) -> str:
@@ -72,9 +77,11 @@ def to_tensor_ir(captured) -> TensorProgram:
         if node.name in tokens:  # torch.export's ordering of side effects: nothing to compute
             env[node.name] = _TOKEN
         elif node.op == "placeholder":
-            _refuse_empty(captured, node)
             val = node.meta["val"]
             builder.origin = ""
+            if has_no_elements(val) and node.name in weights:  # an empty cache: nothing to store
+                env[node.name] = EmptyTensor.of(val)
+                continue
             if node.name in weights and is_complex(val):  # complex64 kept as its (.., 2) f32 pairs
                 target, tensor = weights[node.name]
                 if val.dtype != torch_complex64():
@@ -91,7 +98,9 @@ def to_tensor_ir(captured) -> TensorProgram:
                 weight_arrays[name], _ = to_numpy(tensor)
             else:
                 type_ = TensorType(tuple(int(s) for s in val.shape), from_torch(val.dtype, f"input {node.name}"))
-                name = builder.input(node.name, type_)
+                name = builder.input(node.name, type_)  # an empty one too: the program still takes it
+                if has_no_elements(val):
+                    name = EmptyTensor.of(val)
             env[node.name] = name
         elif node.op == "call_function":
             env[node.name] = _decompose_node(captured, builder, node, env, weight_arrays, pairs)
@@ -100,16 +109,19 @@ def to_tensor_ir(captured) -> TensorProgram:
             for r in results if isinstance(results, (list, tuple)) else [results]:
                 if not hasattr(r, "op") or env.get(r.name) is _TOKEN:  # a None or a number the module returns
                     continue  # (returned as it is), or an effect token
-                _refuse_empty(captured, r)
                 value = env[r.name]
                 if value in pairs:
                     raise UnsupportedDtypeError(f"unsupported output of {_located(captured, r)}: a complex tensor "
                                                 "(return torch.view_as_real of it)")
-                if not isinstance(value, str):
+                if not isinstance(value, (str, EmptyTensor)):
                     raise UnsupportedOpError(f"unsupported output of {_located(captured, r)}: not a single tensor")
                 outputs.append(value)
     returned, updates, mutations = _returned_then_updates(program, outputs)
-    return TensorProgram(builder.finish(returned + updates), weight_arrays, mutations)
+    empties = tuple((k, v.materialized()) for k, v in enumerate(returned) if isinstance(v, EmptyTensor))
+    kept = [(u, m) for u, m in zip(updates, mutations) if not isinstance(u, EmptyTensor)]
+    returned = [v for v in returned if not isinstance(v, EmptyTensor)]
+    return TensorProgram(builder.finish(returned + [u for u, _ in kept]), weight_arrays,
+                         tuple(m for _, m in kept), empties)
 
 
 _TOKEN = object()  # the value of torch.export's effect tokens
@@ -132,17 +144,6 @@ def _with_effects(ctx_where: str, node):
         return (_TOKEN, None)
     raise UnsupportedOpError(f"unsupported op {ctx_where}: {op} has side effects, which a compiled program "
                              "does not run")
-
-
-def _refuse_empty(captured, node) -> None:
-    """An input or output with no elements (a batch of 0) has nothing to compute, and a kernel for it
-    no legal launch: refused with where it is made (an empty piece inside, a cat's, is fine)."""
-    vals = node.meta.get("val")
-    for val in vals if isinstance(vals, (list, tuple)) else [vals]:
-        if hasattr(val, "shape") and hasattr(val, "numel") and val.numel() == 0:
-            what = f"input {node.name}" if node.op == "placeholder" else _located(captured, node)
-            raise UnsupportedOpError(f"unsupported shape at {what}: a tensor with no elements "
-                                     f"({list(val.shape)}); emmy compiles tensors of at least one element")
 
 
 def _returned_then_updates(program, outputs: list[str]) -> tuple[list, list, tuple]:
@@ -191,6 +192,11 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
     where = _located(captured, node)
     if key == "with_effects":
         return _with_effects(where, node)
+    if has_no_elements(node.meta.get("val")):  # nothing to compute, whatever it reads
+        return empty_result(node.meta["val"])
+    empty_pieces = reads_empty(_flat_args(node, env))
+    if empty_pieces and key != "aten.cat.default":  # a cat drops them, below
+        return _from_empties(builder, node, env, constants, where)
     fn = LOWERINGS.get(key) or _view_behind_copy(key)
     on_complex = is_complex(node.meta.get("val")) or any(isinstance(a, str) and a in pairs
                                                          for a in _flat_args(node, env))
@@ -207,6 +213,8 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
     builder.origin = where
     builder.base = builder.fresh(_short_stem(node.name))
     args = [_resolve(a, env) for a in node.args]
+    if empty_pieces:
+        args = without_empty_pieces(args)
     kwargs = {k: _resolve(v, env) for k, v in node.kwargs.items() if k not in ("device", "layout", "pin_memory",
                                                                              "memory_format", "non_blocking")}
     # Result dtypes come from the node's metadata, never from a dtype argument.
@@ -220,6 +228,25 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
         raise
     except TypeError as err:
         raise UnsupportedOpError(f"unsupported op {where}: unexpected arguments ({err})") from err
+
+
+def _from_empties(builder: GraphBuilder, node, env, constants: dict, where: str):
+    """A node with elements that reads only tensors with none: its values, computed by torch now,
+    as constants of the program (emmy.decompose.empty)."""
+    builder.origin = where
+    builder.base = builder.fresh(_short_stem(node.name))
+    args = [_resolve(a, env) for a in node.args]
+    kwargs = {k: _resolve(v, env) for k, v in node.kwargs.items()}
+    result = computed_from_empties(node, args, kwargs, where)
+    ctx = Context(builder, node, where, constants, pairs=set())
+
+    def constant(value):
+        if not hasattr(value, "numel"):
+            return value
+        values, dtype = to_numpy(value)
+        return ctx.constant(values, dtype)
+
+    return tuple(constant(r) for r in result) if isinstance(result, (list, tuple)) else constant(result)
 
 
 def _view_behind_copy(key: str):
