@@ -975,3 +975,25 @@ def test_a_convolution_fused_into_its_piece_of_a_concatenation_compiles_and_runs
     program = emmy.optimize(block, x, target="sm_90")
     build_cubin(program.cuda_source, "sm_90")
     assert all(c.ok for c in check_program(program, [x], mode="asan"))
+
+
+def test_a_constant_read_as_an_index_and_as_an_operand_is_one_value_at_every_position():
+    """A Hugging Face encoder's zero token types (an embedding by a constant index, which makes the
+    constant a buffer of the kernel) and its mask built from `positions >= 0` (the same constant as
+    an operand of a rank-4 comparison): the comparison read the rank-0 buffer with four indices."""
+    import torch
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token_types = torch.nn.Embedding(2, 8)
+
+        def forward(self, x):
+            types = self.token_types(torch.zeros(2, 7, dtype=torch.long))
+            keep = (torch.arange(7) + 0)[None, None, :, None] >= 0
+            return x.masked_fill(~keep.expand(2, 1, 7, 7), 0.0), types
+
+    module, x = Encoder(), torch.randn(2, 1, 7, 7)
+    got = emmy.optimize(module, x)(x, sim_mode="asan")
+    for have, want in zip(got, module(x), strict=True):
+        torch.testing.assert_close(have, want.detach())

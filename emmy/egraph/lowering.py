@@ -224,8 +224,8 @@ class KernelLowering:
             return (yield a[0], coords)
         if kind in ("unary", "binary", "select"):
             args = []
-            for child in node.children:
-                args.append((yield child, coords))
+            for child in node.children:  # a rank-0 operand (a constant) is read at no coordinates
+                args.append((yield child, coords if self.view.type(child).shape else ()))
             return self._op("where", DType(a[0]), args) if kind == "select" else self._op(a[0], DType(a[1]), args)
         if kind == "reduce":
             return (yield from self._reduce(cid, a[0], a[1], a[2], coords))
