@@ -86,6 +86,18 @@ EMMY_DEVICE int gather_index(const I* index, int position, long long ignore, lon
   return checked_position(v == ignore ? fallback : v, extent, wrap, faults, tensor, position);
 }
 
+// An index's floor division and remainder by a positive divisor, as emmy.affine defines them
+// (Python's): C's / and % truncate toward zero, which differs where the dividend is negative (a
+// position before a concatenated piece's start, read where the piece's guard fails).
+EMMY_DEVICE long long index_floor_div(long long a, long long q) {
+  const long long d = a / q;
+  return (a % q < 0) ? d - 1 : d;
+}
+EMMY_DEVICE long long index_floor_mod(long long a, long long q) {
+  const long long r = a % q;
+  return r < 0 ? r + q : r;
+}
+
 // numpy's maximum and minimum: NaN wins
 EMMY_DEVICE float maximum(float a, float b) { return (a != a || a > b) ? a : b; }
 EMMY_DEVICE float minimum(float a, float b) { return (a != a || a < b) ? a : b; }

@@ -367,3 +367,39 @@ def test_a_half_precision_load_is_not_rounded_again():
     assert not any(op.startswith("F2F") for kernel in mix.values() for op in kernel)
     # a result computed in bf16 is still rounded to it
     assert "round_bf16" in emmy.optimize("x = torch.randn(8, 64, dtype=torch.bfloat16); x * 3", target="sm_90").cuda_source
+
+
+def test_index_quotients_and_remainders_keep_floor_semantics_in_c():
+    """emmy.affine divides and takes remainders as Python does; C truncates toward zero, so an index
+    that may be negative (a position before a concatenated piece's start) is spelt with the floor
+    helpers, and one that cannot be keeps C's cheaper operators."""
+    from emmy.affine import Affine
+    from emmy.kernel_ir.scalar_c import affine_c
+
+    before_start = Affine.dim(0) - 1
+    assert affine_c(before_start.mod(2, (5,))) == "emmy::index_floor_mod(a0 - 1, 2)"
+    assert affine_c(before_start.floordiv(2, (5,))) == "emmy::index_floor_div(a0 - 1, 2)"
+    assert affine_c(Affine.dim(0).mod(2, (5,))) == "((a0) % 2)"
+    assert affine_c((Affine.dim(0) + 3).floordiv(2, (5,))) == "((a0 + 3) / 2)"
+
+
+def test_a_grid_contraction_after_a_class_token_reads_inside_its_buffers():
+    """The piece after a class token reads a mixing matrix at row (p - 1) % 2 of its reshaped grid;
+    that index is inside the matrix by floor semantics, so its load keeps no guard, and at p = 0 C's
+    truncating % read row -1 (ASan: heap-buffer-overflow)."""
+    import torch
+
+    class Tokens(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cls = torch.nn.Parameter(torch.randn(1, 1, 8))
+            self.pos = torch.nn.Parameter(torch.randn(1, 4, 8))
+            self.mix = torch.nn.Parameter(torch.randn(2, 2))
+
+        def forward(self, x):
+            mixed = torch.einsum("jq,biqc->bijc", self.mix, self.pos.view(1, 2, 2, 8)).reshape(1, 4, 8)
+            return torch.cat([self.cls, x + mixed], dim=1)
+
+    module, x = Tokens(), torch.randn(1, 4, 8)
+    got = emmy.optimize(module, x)(x, sim_mode="asan")
+    torch.testing.assert_close(got, module(x).detach())

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Importing the op modules fills the registry.
-from emmy.decompose import elementwise, indexing, layout, linalg, nn, reductions, scatter, searching, sorting, windows  # noqa: F401
+from emmy.decompose import elementwise, indexing, layout, linalg, nn, reductions, resample, scatter, searching, sorting, windows  # noqa: F401
 from emmy.decompose.complex_pairs import is_complex, lower_complex
 from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_result, has_no_elements, reads_empty,
                                   without_empty_pieces)

@@ -178,14 +178,24 @@ def affine_c(a: Affine, names: dict[int, str] | None = None) -> str:
             text = (f"emmy::gather_index({buffer_c(atom.buffer)}, {affine_c(atom.flat(), names)}, {ignoring}"
                     f"{atom.extent}, {'true' if atom.wrap else 'false'}, {buffer_c(INDEX_FAULTS)}, "
                     f"{tensor_code(atom.buffer)})")
-        elif isinstance(atom, FloorDiv):
-            text = f"(({affine_c(atom.expr, names)}) / {atom.divisor})"
-        elif isinstance(atom, Mod):
-            text = f"(({affine_c(atom.expr, names)}) % {atom.divisor})"
+        elif isinstance(atom, (FloorDiv, Mod)):  # C's / and % truncate: floor where it may be negative
+            inner = affine_c(atom.expr, names)
+            if never_negative(atom.expr):
+                text = f"(({inner}) {'/' if isinstance(atom, FloorDiv) else '%'} {atom.divisor})"
+            else:
+                text = f"emmy::index_floor_{'div' if isinstance(atom, FloorDiv) else 'mod'}({inner}, {atom.divisor})"
         parts.append(text if c == 1 else f"{c} * {text}")
     if a.const or not parts:
         parts.append(str(a.const))
     return " + ".join(parts).replace("+ -", "- ")
+
+
+def never_negative(a: Affine) -> bool:
+    """Whether `a` is at least 0 at every coordinate, loop extents aside: a constant and terms
+    that cannot be negative (loop variables, clamped gathered positions, remainders, quotients of
+    such), so C's truncating / and % give its floor semantics."""
+    return a.const >= 0 and all(
+        c > 0 and (not isinstance(atom, FloorDiv) or never_negative(atom.expr)) for atom, c in a.terms)
 
 
 # How Kernel IR's words for who works are spelt in CUDA.
