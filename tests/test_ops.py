@@ -997,3 +997,27 @@ def test_a_constant_read_as_an_index_and_as_an_operand_is_one_value_at_every_pos
     got = emmy.optimize(module, x)(x, sim_mode="asan")
     for have, want in zip(got, module(x), strict=True):
         torch.testing.assert_close(have, want.detach())
+
+
+@pytest.mark.parametrize("mask_kind,causal", [("bool", False), ("float", False), ("bool", True)])
+def test_attention_gives_zero_for_a_query_its_mask_hides_every_key_from(mask_kind, causal):
+    """torch's scaled_dot_product_attention returns 0 for such a query (a padded position of a
+    left-padded batch, as Hugging Face's decoders mask it), not the NaN of a softmax over -inf."""
+    import torch
+    import torch.nn.functional as torch_f
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return torch_f.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 4, 8, generator=gen) for _ in range(3))
+    hides = torch.tensor([[True, True, True, True], [False, True, True, True],
+                          [False, False, False, False], [True, False, True, False]])  # row 0 and 2 see nothing
+    mask = ~hides if mask_kind == "bool" else torch.where(hides, float("-inf"), 0.5)
+    if causal:  # the causal mask lets row 1 see keys 0 and 1, which this mask hides: together, none
+        mask = torch.tensor([[True] * 4, [False, False, True, True], [True] * 4, [True] * 4])
+    expected = Attend()(q, k, v, mask)
+    got = emmy.optimize(Attend(), q, k, v, mask)(q, k, v, mask, sim_mode="asan")
+    assert not expected.isnan().any()
+    torch.testing.assert_close(got, expected)

@@ -141,12 +141,17 @@ def attention(ctx: Context, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=Fa
         visible = b.index_map(b.const(True, DType.BOOL), score_shape, (),
                               guards=(Guard(Affine.dim(nb + 1) - Affine.dim(nb), hi=1),), fill=False, suffix="causal")
         scores = b.elementwise("where", visible, scores, neg_inf, dtype=acc, suffix="masked")
+    allowed = visible if is_causal else None  # where a key may be attended to, when a mask says
     if attn_mask is not None:
         if b.dtype(attn_mask) is DType.BOOL:
-            scores = b.elementwise("where", b.broadcast_to(attn_mask, score_shape), scores, neg_inf, dtype=acc,
-                                   suffix="masked")
+            kept = b.broadcast_to(attn_mask, score_shape)
+            scores = b.elementwise("where", kept, scores, neg_inf, dtype=acc, suffix="masked")
         else:
-            scores = b.elementwise("add", scores, ctx.tensor(attn_mask, acc, score_shape), suffix="biased")
+            bias = ctx.tensor(attn_mask, acc, score_shape)
+            kept = b.elementwise("not_equal", bias, neg_inf, dtype=DType.BOOL, suffix="finite_bias")
+            scores = b.elementwise("add", scores, bias, suffix="biased")
+        allowed = kept if allowed is None else b.elementwise("logical_and", allowed, kept, dtype=DType.BOOL,
+                                                             suffix="allowed")
     probs = softmax_of(ctx, scores, nb + 1)
     # out[.., l, e] = sum_s p[.., l, s] * v[.., s, e]
     pv_space = (*batch, L, S, Ev)
@@ -156,8 +161,24 @@ def attention(ctx: Context, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=Fa
                       suffix="v")
     pv = b.elementwise("multiply", p_b, v_b, suffix="pv")
     total = b.reduce("sum", pv, nb + 1, suffix="pv_sum")
-    result = b.keep_axes(total, [i for i in range(nb + 3) if i != nb + 1], name=ctx.name if acc is out.dtype else None)
+    last = acc is out.dtype and attn_mask is None
+    result = b.keep_axes(total, [i for i in range(nb + 3) if i != nb + 1], name=ctx.name if last else None)
+    if attn_mask is not None:
+        result = _zero_where_all_masked(ctx, result, allowed, nb, name=ctx.name if acc is out.dtype else None)
     return b.cast(result, out.dtype)
+
+
+def _zero_where_all_masked(ctx: Context, result: str, allowed: str, nb: int, name: str | None) -> str:
+    """torch's attention gives 0 for a query its mask lets see no key (a padded position of a
+    left-padded batch), where a softmax over nothing but -inf gives NaN: its rows are zeroed after
+    the sum over the keys, so the softmax and the sum keep the form the one-pass rewrite matches."""
+    b = ctx.b
+    seen = b.reduce("max", b.cast(allowed, DType.I32), nb + 1, suffix="sees_a_key")  # (.., L, 1)
+    shape = b.shape(result)
+    any_key = b.index_map(seen, shape, [Affine.dim(i) for i in range(nb + 1)] + [Affine.constant(0)],
+                          suffix="sees_a_key_bcast")
+    visible_row = b.elementwise("not_equal", any_key, 0, dtype=DType.BOOL, suffix="sees_any")
+    return b.elementwise("where", visible_row, result, 0.0, dtype=b.dtype(result), name=name, suffix="safe")
 
 
 def _per_channel(ctx: Context, value: str, shape: tuple[int, ...], dtype) -> str:
