@@ -61,15 +61,11 @@ def without_empty_pieces(args: list) -> list:
     return [[t for t in tensors if not isinstance(t, EmptyTensor)], *rest]
 
 
-def computed_from_empties(node, args: list, kwargs: dict, where: str):
+def computed_from_empties(node, args: list, kwargs: dict, where: str, reads_full: bool):
     """The values of `node`, whose tensor arguments all have no elements, computed by torch: they
-    depend on no data (a sum over nothing is 0). Refused when a tensor with elements is read too."""
-    def tensors(value):
-        if isinstance(value, (list, tuple)):
-            return [t for v in value for t in tensors(v)]
-        return [value] if isinstance(value, str) else []  # a value of the graph is a node name
-
-    if any(tensors(a) for a in [*args, *kwargs.values()]):
+    depend on no data (a sum over nothing is 0). Refused when it reads a tensor with elements too
+    (`reads_full`)."""
+    if reads_full:
         raise UnsupportedOpError(f"unsupported op {where}: it reads a tensor with no elements beside one with "
                                  "elements; emmy computes such an op only when every tensor it reads is empty")
 

@@ -237,7 +237,9 @@ def _from_empties(builder: GraphBuilder, node, env, constants: dict, where: str)
     builder.base = builder.fresh(_short_stem(node.name))
     args = [_resolve(a, env) for a in node.args]
     kwargs = {k: _resolve(v, env) for k, v in node.kwargs.items()}
-    result = computed_from_empties(node, args, kwargs, where)
+    graph_values = _flat_args(node, env) + [env[v.name] for v in node.kwargs.values() if hasattr(v, "name")]
+    reads_full = any(not isinstance(v, EmptyTensor) for v in graph_values)
+    result = computed_from_empties(node, args, kwargs, where, reads_full)
     ctx = Context(builder, node, where, constants, pairs=set())
 
     def constant(value):
