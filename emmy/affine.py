@@ -10,11 +10,35 @@ ranges of the coordinates (the extents of the output) allow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Sequence, Union
 
 import numpy as np
+
+
+def _hashed_once(cls):
+    """A frozen dataclass whose hash is computed once per object. Expressions share their
+    sub-expressions (a reshape's floor division and remainder of one flattened index), so a hash
+    recomputed through every path costs 2**depth: a memo keyed by coordinates of a relative-shift
+    attention (Funnel's) took minutes. The cache is left out of pickles: string hashes differ
+    between processes."""
+    names = tuple(f.name for f in fields(cls))
+
+    def __hash__(self):
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = hash((cls.__name__, *(getattr(self, n) for n in names)))
+            object.__setattr__(self, "_hash", found)
+        return found
+
+    def __reduce__(self):
+        return cls, tuple(getattr(self, n) for n in names)
+
+    cls.__hash__ = __hash__
+    cls.__reduce__ = __reduce__
+    return cls
+
 
 
 @dataclass(frozen=True)
@@ -25,6 +49,7 @@ class Dim:
         return f"d{self.index}"
 
 
+@_hashed_once
 @dataclass(frozen=True)
 class FloorDiv:
     expr: "Affine"
@@ -34,6 +59,7 @@ class FloorDiv:
         return f"{self.expr._paren()} // {self.divisor}"
 
 
+@_hashed_once
 @dataclass(frozen=True)
 class Mod:
     expr: "Affine"
@@ -43,6 +69,7 @@ class Mod:
         return f"{self.expr._paren()} % {self.divisor}"
 
 
+@_hashed_once
 @dataclass(frozen=True)
 class Gathered:
     """The value of an integer tensor at an index (embedding ids, gather and index_select indices):
@@ -131,6 +158,7 @@ def _atom_text(atom: Atom) -> str:
     return str(atom)
 
 
+@_hashed_once
 @dataclass(frozen=True)
 class Affine:
     """sum(coeff * atom) + const, terms sorted, coefficients non-zero."""
@@ -187,6 +215,20 @@ class Affine:
             if c == 1 and isinstance(atom, Dim):
                 return atom.index
         return None
+
+    def division_depth(self) -> int:
+        """How many floor divisions and remainders deep the expression nests (through gathered
+        positions too); computed once per object, as its sub-expressions are shared."""
+        found = self.__dict__.get("_depth")
+        if found is None:
+            found = 0
+            for atom, _ in self.terms:
+                if isinstance(atom, (FloorDiv, Mod)):
+                    found = max(found, 1 + atom.expr.division_depth())
+                elif isinstance(atom, Gathered):
+                    found = max(found, max((e.division_depth() for e in atom.index), default=0))
+            object.__setattr__(self, "_depth", found)
+        return found
 
     def dims(self) -> set[int]:
         found: set[int] = set()

@@ -132,3 +132,42 @@ def test_substituting_coordinates_keeps_values(data, extents, new_extents, q):
     want = np.broadcast_to(expr.evaluate(mapped), new_extents)
     got = np.broadcast_to(expr.substitute(mapping, new_extents).evaluate(coords), new_extents)
     assert (got == want).all()
+
+
+def _shared_chain(levels: int) -> Affine:
+    """An expression whose every level reads the one below twice (a floor division and a remainder
+    of one flattened index, as reshapes make them): 2**levels paths, `levels` objects."""
+    from emmy.affine import FloorDiv, Mod
+
+    e = Affine.dim(0)
+    for _ in range(levels):
+        e = Affine(((FloorDiv(e, 3), 1), (Mod(e, 5), 2)), 1)
+    return e
+
+
+def test_an_expression_sharing_its_parts_hashes_and_measures_its_depth_once_per_part():
+    import pickle
+
+    deep = _shared_chain(60)  # hashed through every path, this would never finish
+    assert hash(deep) == hash(_shared_chain(60))
+    assert deep.division_depth() == 60
+    small = _shared_chain(8)
+    again = pickle.loads(pickle.dumps(small))  # the cached hash stays out of the pickle
+    hash(small)
+    assert "_hash" in small.__dict__  # made once, kept on the object
+    assert "_hash" not in again.__dict__ and again == small and hash(again) == hash(small)
+
+
+def test_layouts_compose_only_while_their_divisions_nest_shallow():
+    from emmy.egraph.layout import MAX_DIVISION_NESTING, Layout, compose, decode_layout, encode_layout
+
+    def wrapped(levels: int) -> str:  # ((d0 + 1) % 5 + 1) % 5 ... on 7 positions: no level simplifies
+        e = Affine.dim(0)
+        for _ in range(levels):
+            e = (e + 1).mod(5, (7,))
+        assert e.division_depth() == levels
+        return encode_layout(Layout((7,), (e,), (), None))
+
+    half = MAX_DIVISION_NESTING // 2
+    assert decode_layout(compose(wrapped(half), wrapped(half))).index[0].division_depth() == 2 * half
+    assert compose(wrapped(half), wrapped(half + 1)) == ""

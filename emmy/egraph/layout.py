@@ -96,6 +96,8 @@ def compose(inner_text: str, outer_text: str) -> str:
     index = tuple(e.substitute(outer.index, extents) for e in inner.index)
     if max((_gather_depth(e) for e in index), default=0) > MAX_GATHER_NESTING:
         return ""  # a gather that is an identity (a table of one 0) would compose with itself forever
+    if max((e.division_depth() for e in index), default=0) > MAX_DIVISION_NESTING:
+        return ""  # reshapes of shifted views that never simplify: kept apart, or the text grows without end
     guards = tuple(Guard(g.expr.substitute(outer.index, extents), g.lo, g.hi) for g in inner.guards) + outer.guards
     guards = tuple(g for g in guards if not g.always(extents))
     fill = (inner.fill if inner.guards else outer.fill) if guards else None
@@ -103,6 +105,9 @@ def compose(inner_text: str, outer_text: str) -> str:
 
 
 MAX_GATHER_NESTING = 6  # gathers read by gathered positions (a sort's ranks, then ids): deeper is kept apart
+# floor divisions and remainders nested in one index (a relative-shift attention's reshapes of padded
+# views compose into ever deeper ones): deeper is kept apart, in the e-graph and in a kernel
+MAX_DIVISION_NESTING = 6
 
 
 def _gather_depth(expr: Affine) -> int:
