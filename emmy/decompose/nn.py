@@ -171,7 +171,9 @@ def attention(ctx: Context, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=Fa
 def _zero_where_all_masked(ctx: Context, result: str, allowed: str, nb: int, name: str | None) -> str:
     """torch's attention gives 0 for a query its mask lets see no key (a padded position of a
     left-padded batch), where a softmax over nothing but -inf gives NaN: its rows are zeroed after
-    the sum over the keys, so the softmax and the sum keep the form the one-pass rewrite matches."""
+    the sum over the keys, so the softmax and the sum keep the form the one-pass rewrite matches
+    (the attention kernel does not take this row test as an epilogue yet: such a kernel's scores
+    are materialized, see docs/ARCHITECTURE.md)."""
     b = ctx.b
     seen = b.reduce("max", b.cast(allowed, DType.I32), nb + 1, suffix="sees_a_key")  # (.., L, 1)
     shape = b.shape(result)
