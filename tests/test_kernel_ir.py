@@ -403,3 +403,18 @@ def test_a_grid_contraction_after_a_class_token_reads_inside_its_buffers():
     module, x = Tokens(), torch.randn(1, 4, 8)
     got = emmy.optimize(module, x)(x, sim_mode="asan")
     torch.testing.assert_close(got, module(x).detach())
+
+
+def test_attention_with_a_second_sum_per_key_runs_right_without_the_flash_template():
+    """Bottleneck attention (timm's SEBotNet) sums relative-position logits beside q.k in the same
+    per-key loop: two sums, which the SIMT flash template (one warp sum per key) took and crashed
+    on. Such a kernel is no flash row; another row computes it."""
+    import torch
+
+    class TwoLogits(torch.nn.Module):
+        def forward(self, q, k, r, v):
+            return torch.softmax(q @ k.transpose(-1, -2) + q @ r.transpose(-1, -2), -1) @ v
+
+    xs = [torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    got = emmy.optimize(TwoLogits(), *xs)(*xs, sim_mode="asan")
+    torch.testing.assert_close(got, TwoLogits()(*xs))

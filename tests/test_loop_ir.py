@@ -211,3 +211,34 @@ def test_a_candidate_kernel_lowered_wrong_costs_the_candidate_not_the_compile(mo
     program = emmy.optimize("x=torch.randn(8,64); w=torch.randn(64); F.layer_norm(x, (64,)) * w + x.softmax(-1)")
     assert all(c.ok for c in check_program(program, mode="asan"))  # (the program lowers when first used)
     assert planted and "an emmy lowering bug" in caplog.text and "planted" in caplog.text
+
+
+def test_a_contraction_keeps_before_its_fold_what_a_statement_left_there_reads():
+    """timm's ResMLP: a residual sum before a token-mixing contraction reads a bias the fold's
+    operand reads too. The bias is copied into the fold (a contraction lowers its fold from its
+    panels alone) and must also stay before it, where the residual reads it; it was moved, and g++
+    met `in3` undeclared."""
+    from emmy.tile_ir.build import _fold_reads_inside
+
+    f32 = DType.F32
+    d = Affine.dim
+    body = (
+        Assign("in2", f32, Load("scale", (d(1),))),
+        Assign("in3", f32, Load("bias", (d(1),))),
+        Assign("in4", f32, Load("product", (d(0), d(1)))),
+        Assign("v0", f32, Op("add", ("in3", "in4"))),
+        Assign("v1", f32, Op("multiply", ("in2", "v0"))),  # the residual, read after the fold
+        Init("acc0", "sum", f32),
+        Loop(2, 4, (Assign("in9", f32, Load("product", (d(2), d(1)))),
+                    Assign("in8", f32, Load("mix", (d(0), d(2)))),
+                    Assign("v3", f32, Op("add", ("in3", "in9"))),
+                    Assign("v4", f32, Op("multiply", ("in2", "v3"))),
+                    Assign("v5", f32, Op("multiply", ("in8", "v4"))),
+                    Accumulate("acc0", "sum", "v5")), reduction=True),
+        Assign("v6", f32, Op("add", ("v1", "acc0"))),
+        Store("out", (d(0), d(1)), "v6"),
+    )
+    split = _fold_reads_inside(body)
+    check_defined_before_use("k", (Loop(0, 4, (Loop(1, 8, split),)),))  # raised: in3 read undefined
+    fold = next(s for s in split if isinstance(s, Loop))
+    assert {"in2_f", "in3_f"} <= {s.name for s in fold.body if isinstance(s, Assign)}

@@ -72,6 +72,10 @@ def _fold_shape(tile: TileKernel) -> str:
     per_key, _ = _split(folds[0].lift + folds[0].combine, {i.acc for i in folds[0].init}, set(tile.shape.n_vars))
     if not any(isinstance(s, L.Loop) for s in per_key):
         return "flash attention needs a q.k contraction that does not read the value columns or the state"
+    if any(len({a.acc for a in s.body if isinstance(a, L.Accumulate)}) != 1 for s in per_key if isinstance(s, L.Loop)):
+        # the lanes reduce one sum per key (q.k); a loop summing more beside it (a bottleneck
+        # attention's relative-position logits, timm's SEBotNet) has no template yet
+        return "flash attention: a per-key dot product with several sums is not lowered"
     return ""
 
 

@@ -119,7 +119,8 @@ def _fold_reads_inside(body: tuple) -> tuple:
     """A contraction's body with the statements before its fold that the fold reads (a triangular
     mask's row and column positions) computed inside the fold as well: a contraction lowers its
     fold from the operand panels alone. A statement also used after the fold stays before it; the
-    fold's copy is renamed."""
+    fold's copy is renamed; so does one a statement left before the fold reads (a residual sum
+    computed before a contraction that reads the same bias: timm's ResMLP)."""
     at = next((k for k, s in enumerate(body) if isinstance(s, Loop) and s.reduction), None)
     if at is None:
         return body
@@ -133,8 +134,16 @@ def _fold_reads_inside(body: tuple) -> tuple:
             todo += [n for n in values_read(before[name]) if n in before]
     if not needed:
         return body
-    later = {n for s in statements(body[at + 1:]) for n in values_read(s)}
-    kept = {n for n in needed if n in later}
+    # what stays before the fold: every needed statement read outside the fold (after it, or by a
+    # statement before it that the fold does not need), and what those read in turn
+    outside = [s for s in statements(body[:at]) if not (isinstance(s, Assign) and s.name in needed)]
+    outside += list(statements(body[at + 1:]))
+    kept, todo = set(), [n for s in outside for n in values_read(s) if n in needed]
+    while todo:
+        name = todo.pop()
+        if name not in kept:
+            kept.add(name)
+            todo += [n for n in values_read(before[name]) if n in needed]
     names = {n: f"{n}_f" if n in kept else n for n in needed}
     copies = tuple(renamed(before[n], names) for n in before if n in needed)  # in their order
     inner = copies + tuple(renamed(s, names) for s in fold.body)
