@@ -194,12 +194,12 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
         return _with_effects(where, node)
     if has_no_elements(node.meta.get("val")):  # nothing to compute, whatever it reads
         return empty_result(node.meta["val"])
-    empty_pieces = reads_empty(_flat_args(node, env))
+    read = _flat_args(node, env)
+    empty_pieces = reads_empty(read)
     if empty_pieces and key != "aten.cat.default":  # a cat drops them, below
-        return _from_empties(builder, node, env, constants, where)
+        return _from_empties(builder, node, env, read, constants, where)
     fn = LOWERINGS.get(key) or _view_behind_copy(key)
-    on_complex = is_complex(node.meta.get("val")) or any(isinstance(a, str) and a in pairs
-                                                         for a in _flat_args(node, env))
+    on_complex = is_complex(node.meta.get("val")) or any(isinstance(a, str) and a in pairs for a in read)
     if fn is None and not on_complex:
         if (key.split(".") + [""])[1] in RANDOM_OPS:  # "aten.<packet>.<overload>"
             raise UnsupportedOpError(f"unsupported op {where}: {key} draws random numbers, which a compiled "
@@ -230,14 +230,14 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
         raise UnsupportedOpError(f"unsupported op {where}: unexpected arguments ({err})") from err
 
 
-def _from_empties(builder: GraphBuilder, node, env, constants: dict, where: str):
+def _from_empties(builder: GraphBuilder, node, env, read: list, constants: dict, where: str):
     """A node with elements that reads only tensors with none: its values, computed by torch now,
     as constants of the program (emmy.decompose.empty)."""
     builder.origin = where
     builder.base = builder.fresh(_short_stem(node.name))
     args = [_resolve(a, env) for a in node.args]
     kwargs = {k: _resolve(v, env) for k, v in node.kwargs.items()}
-    graph_values = _flat_args(node, env) + [env[v.name] for v in node.kwargs.values() if hasattr(v, "name")]
+    graph_values = read + [env[v.name] for v in node.kwargs.values() if hasattr(v, "name")]
     reads_full = any(not isinstance(v, EmptyTensor) for v in graph_values)
     result = computed_from_empties(node, args, kwargs, where, reads_full)
     ctx = Context(builder, node, where, constants, pairs=set())

@@ -21,7 +21,7 @@ from emmy.egraph.layout import decode_layout
 from emmy.egraph.representatives import HEAVY
 from emmy.egraph.view import ClassRef, EGraphView, ENode, reaches
 from emmy.egraph.lowering import KernelLowering, KernelTooLarge
-from emmy.loop_ir.nodes import Kernel, LoopProgram, kernel_index_tensors
+from emmy.loop_ir.nodes import Kernel, LoopProgram, fresh_name, kernel_index_tensors
 from emmy.loop_ir.validate import FoldReadError, UndefinedValueError
 from emmy.schedule.pricing import KernelPrice
 from emmy.tensor_ir.nodes import Input, TensorType, Weight
@@ -400,12 +400,8 @@ class Kernels:
         for cid in sorted(roots):
             if cid in names:
                 continue
-            base = chosen.view.names.get(cid, "t")
-            name, k = base, 1
-            while name in taken:
-                name, k = f"{base}_{k}", k + 1
-            names[cid] = name
-            taken.add(name)
+            names[cid] = fresh_name(chosen.view.names.get(cid, "t"), taken)
+            taken.add(names[cid])
         return names
 
     def kernel_order(self, roots) -> list[str]:

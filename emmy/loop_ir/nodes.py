@@ -142,6 +142,14 @@ def parallel_loops(body: tuple) -> list[tuple[int, int]]:
     return found
 
 
+def fresh_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_1`, `base_2`, ..., the first that `taken` does not hold (the caller adds it)."""
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    return name
+
+
 def free_nest(body: tuple) -> tuple[tuple[tuple[int, int], ...], tuple]:
     """(var, extent) of the free loops each the only statement of the one around it, outermost
     first, and the statements inside the innermost."""

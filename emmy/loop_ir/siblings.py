@@ -18,7 +18,7 @@ import dataclasses
 from collections import defaultdict
 
 from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Load, Loop, LoopProgram, Update, free_nest,
-                                index_tensors, renamed, statements)
+                                fresh_name, index_tensors, renamed, statements)
 
 WINDOW = 8  # later kernels of the same loop nest each kernel is tried against (siblings sit close)
 
@@ -109,11 +109,8 @@ def names_apart(names, taken: set[str]) -> dict[str, str]:
     """A new name for each of `names` that none of `taken` (nor another new one) has: name_1, ..."""
     taken, rename = set(taken), {}
     for name in sorted(names):
-        fresh, n = name, 1
-        while fresh in taken:
-            fresh, n = f"{name}_{n}", n + 1
-        rename[name] = fresh
-        taken.add(fresh)
+        rename[name] = fresh_name(name, taken)
+        taken.add(rename[name])
     return rename
 
 
