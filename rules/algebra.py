@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from egglog import BigInt, BigRat, PyObject, String, f64, ne, rewrite, vars_
 
-from emmy.egraph.constants import denominator, folded, normal_reciprocal, numerator
+from emmy.egraph.constants import denominator, exact_reciprocal, folded, numerator
 from emmy.egraph.layout import compose, scalar_unguarded, unguarded
 from emmy.egraph.terms import Term
 from emmy.rules import RuleGroup
@@ -43,12 +43,11 @@ algebra.rule("subtract_zero", "x - 0 -> x",
              rewrite(Term.binary("subtract", d, x, Term.literal(0.0, d))).to(x))
 algebra.rule("divide_one", "x / 1 -> x",
              rewrite(Term.binary("divide", d, x, Term.literal(1.0, d))).to(x))
-# 1/c must be a normal number of the dtype, so the product rounds twice, not with a subnormal's lost bits
-_normal_reciprocal = PyObject(normal_reciprocal)(PyObject.from_string(a.to_string()), PyObject.from_string(d)).to_string()
-algebra.rule("divide_by_constant", "x / c -> x * (1/c) for a constant whose reciprocal is a normal number",
+# 1/c must be exact (c a power of two) and normal in the dtype: then the product has the quotient's bits
+_exact_reciprocal = PyObject(exact_reciprocal)(PyObject.from_string(a.to_string()), PyObject.from_string(d)).to_string()
+algebra.rule("divide_by_constant", "x / c -> x * (1/c) for a power of two c whose reciprocal is a normal number",
              rewrite(Term.binary("divide", d, x, Term.literal(a, d))).to(
-                 Term.binary("multiply", d, x, Term.literal(f64(1.0) / a, d)), ne(_normal_reciprocal).to(String(""))),
-             approximate="one more rounding: 1/c, then the product", ulps=1)
+                 Term.binary("multiply", d, x, Term.literal(f64(1.0) / a, d)), ne(_exact_reciprocal).to(String(""))))
 
 _composed = PyObject(compose)(PyObject.from_string(inner), PyObject.from_string(outer)).to_string()
 algebra.rule("compose_layouts", "reindex(reindex(x, m1), m2) -> reindex(x, m1 then m2)",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from egglog import String, rewrite, vars_
+from egglog import PyObject, String, f64, ne, rewrite, vars_
 
 import emmy
 from emmy.egraph.constants import folded
@@ -44,14 +44,47 @@ def test_a_rule_wrong_only_for_nan_and_inf_is_rejected():
     assert failures and re.search(r"left (nan|inf)", failures[0]), failures
 
 
-def test_divide_by_constant_is_approximate_within_its_bound_and_not_exact():
-    rule = _rule("algebra", "divide_by_constant")
-    assert not rule.exact and rule.ulps == 1
+def _normal_reciprocal(value: str) -> str:
+    c = float(value)
+    return "yes" if c != 0 and np.isfinite(c) and 2.0 ** -14 <= abs(1.0 / c) <= 65504.0 else ""
+
+
+def _any_reciprocal(**mark) -> RuleGroup:
+    """x / c -> x * (1/c) for a constant whose reciprocal is normal in every float dtype: one more
+    rounding (1/c), so at most 1 ulp farther."""
+    (c,) = vars_("c", f64)
+    normal = PyObject(_normal_reciprocal)(PyObject.from_string(c.to_string())).to_string()
+    group = RuleGroup("reciprocal", "algebra", "division by any constant as a multiply")
+    group.rule("divide_by_any_constant", "x / c -> x * (1/c)",
+               rewrite(Term.binary("divide", d, x, Term.literal(c, d))).to(
+                   Term.binary("multiply", d, x, Term.literal(f64(1.0) / c, d)), ne(normal).to(String(""))), **mark)
+    return group
+
+
+def test_a_rounded_reciprocal_is_approximate_within_its_bound_and_not_exact():
+    rule = _any_reciprocal(approximate="one more rounding: 1/c, then the product", ulps=1).rules[0]
     count, failures = check_rule_sides(rule)
     assert count > 0 and not failures, failures
     # the same rewrite claimed exact, or within no ulp, is caught
     for claim in (dataclasses.replace(rule, bound="", ulps=0), dataclasses.replace(rule, ulps=0)):
         assert check_rule_sides(claim)[1]
+
+
+def test_the_builtin_division_by_a_constant_is_exact_and_leaves_a_mean_over_seven_unbiased():
+    """It multiplies by 1/c only where 1/c is exact (c a power of two): a rounded 1/7 leaned every
+    quotient the same way, so a variance over 8-element rows came out 0.5 ulp high on average and
+    failed the simulator's lean check."""
+    from emmy.runtime import check_program
+
+    rule = _rule("algebra", "divide_by_constant")
+    assert rule.exact
+    count, failures = check_rule_sides(rule)
+    assert count > 0 and not failures, failures
+    loops = str(emmy.optimize("x=torch.randn(8); x / 3.0 + x / 4.0", stop_after="loop").ir("loop"))
+    assert "divide(in0, 3.0)" in loops and "multiply(0.25, in0)" in loops
+    program = emmy.optimize("x=torch.randn(256,8); x.var(-1)")
+    (check,) = check_program(program, mode="plain")
+    assert check.ok and abs(check.bias_ulps) < 0.25, check
 
 
 def test_sign_of_zero_rules_are_marked_and_fail_as_exact():
@@ -69,18 +102,17 @@ def test_approximate_without_a_bound_statement_is_refused():
         group.rule("r", "x * 1 -> x", rewrite(Term.binary("multiply", d, x, Term.literal(1.0, d))).to(x), ulps=1)
 
 
-def test_exact_mode_leaves_division_by_a_constant_alone():
-    code = "x=torch.randn(8); x / 3.0"
+def test_exact_mode_keeps_attention_in_its_exact_passes():
+    code = "q=torch.randn(1,2,16,8); F.scaled_dot_product_attention(q, q * 0.5, q)"
     exact = str(emmy.optimize(code, stop_after="loop", exact=True).ir("loop"))
     plain = str(emmy.optimize(code, stop_after="loop").ir("loop"))
-    assert "divide(in0, 3.0)" in exact and "multiply" not in exact
-    assert "divide" not in plain and "multiply" in plain
+    assert ":=" in plain and ":=" not in exact  # the one-pass (m, d, z) state is stepped by Updates
     listed = run_emmy("rules").stdout
     kept = run_emmy("rules", "--exact").stdout
-    assert re.search(r"divide_by_constant\s+approx", listed)
-    assert "divide_by_constant" not in kept and re.search(r"divide_one\s+exact", kept)
+    assert re.search(r"online_softmax_weighted_sum\s+approx", listed)
+    assert "online_softmax_weighted_sum" not in kept and re.search(r"divide_by_constant\s+exact", kept)
     compiled = run_emmy("compile", "-c", code, "--ir", "loop", "--exact")
-    assert compiled.returncode == 0 and "divide(in0, 3.0)" in compiled.stdout
+    assert compiled.returncode == 0 and ":=" not in compiled.stdout and "exp(" in compiled.stdout
 
 
 def test_constant_folding_rounds_to_the_dtype():

@@ -36,16 +36,20 @@ def folded(op: str, a: str, b: str, dtype: str) -> str:
     return f"{exact.numerator}/{exact.denominator}"
 
 
-def normal_reciprocal(value: str, dtype: str) -> str:
-    """"yes" when 1/value (value: f64 text) is a normal number of float `dtype`, so that x * (1/c)
-    rounds twice rather than losing a subnormal's bits; else ""."""
+def exact_reciprocal(value: str, dtype: str) -> str:
+    """"yes" when 1/value (value: f64 text) is exact and a normal number of float `dtype` (value a
+    power of two), so x * (1/c) gives x / c's bits; else "". A rounded reciprocal would lean every
+    quotient the same way (1/7 in f32 is 4.5e-8 high, so a mean over 7 would be up to 0.5 ulp high
+    everywhere), which the lean check of emmy.checking rightly calls wrong."""
     kind = DType.parse(dtype)
     if not kind.is_float:
         return ""
     c = float(value)
+    if c == 0 or not np.isfinite(c) or np.frexp(abs(c))[0] != 0.5:  # 0.5 * 2**k: a power of two
+        return ""
     smallest, largest = {DType.F16: (2.0 ** -14, 65504.0), DType.BF16: (2.0 ** -126, 3.3895314e38)}.get(
         kind, (2.0 ** -126, 3.4028235e38))
-    return "yes" if c != 0 and np.isfinite(c) and smallest <= abs(1.0 / c) <= largest else ""
+    return "yes" if smallest <= abs(1.0 / c) <= largest else ""
 
 
 def numerator(text: str) -> str:
