@@ -177,6 +177,7 @@ class Affine:
 
     @staticmethod
     def _build(coeffs: dict, const: int) -> "Affine":
+        const = _recombine_digits(coeffs, const)
         items = [(a, c) for a, c in coeffs.items() if c != 0]
         if len(items) > 1:
             items.sort(key=lambda t: _atom_key(t[0]))
@@ -242,15 +243,15 @@ class Affine:
         return found
 
     def bounds(self, extents: Sequence[int]) -> tuple[int, int]:
-        """Inclusive [lo, hi] over coordinates 0 <= d_i < extents[i]."""
-        lo = hi = self.const
-        for atom, c in self.terms:
-            alo, ahi = _atom_bounds(atom, extents)
-            if c > 0:
-                lo, hi = lo + c * alo, hi + c * ahi
-            else:
-                lo, hi = lo + c * ahi, hi + c * alo
-        return lo, hi
+        """Inclusive [lo, hi] over coordinates 0 <= d_i < extents[i]. Kept on the object for the
+        last extents asked: sub-expressions are shared, and each is bounded once."""
+        key = tuple(extents)
+        cached = self.__dict__.get("_bounds")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        found = sum_bounds(self, lambda e: e.bounds(extents), lambda atom: _atom_bounds(atom, extents))
+        object.__setattr__(self, "_bounds", (key, found))
+        return found
 
     # -- quasi-affine operations, simplified by coordinate ranges ---------
     def floordiv(self, q: int, extents: Sequence[int]) -> "Affine":
@@ -427,6 +428,68 @@ def recombined(expr: Affine) -> Affine:
     becomes r. Kept only when it has fewer division or remainder atoms than `expr`."""
     candidate = _expand(expr)
     return candidate if _quotients(candidate) < _quotients(expr) else expr
+
+
+def sum_bounds(expr: "Affine", inner_bounds, atom_bounds) -> tuple[int, int]:
+    """Inclusive [lo, hi] of `expr` from its atoms' bounds (`atom_bounds(atom)`), except that a
+    remainder and a floor division of one expression e by one q, as a reshape's digits stand side
+    by side (a*(e % q) + b*(e // q)), are bounded together from e's bounds (`inner_bounds(e)`):
+    apart, they lose that the remainder wraps when the quotient steps, and a relative shift's
+    index (e % 7 + 6*(e // 7) - 1, e in 1..34) would seem to reach -1."""
+    quotients = {(atom.expr, atom.divisor): c for atom, c in expr.terms if isinstance(atom, FloorDiv)}
+    paired = set()
+    lo = hi = expr.const
+    for atom, c in expr.terms:
+        if isinstance(atom, Mod) and (atom.expr, atom.divisor) in quotients:
+            paired.add((atom.expr, atom.divisor))
+            alo, ahi = digits_range(c, quotients[(atom.expr, atom.divisor)], atom.divisor, *inner_bounds(atom.expr))
+            lo, hi = lo + alo, hi + ahi
+    for atom, c in expr.terms:
+        if paired and isinstance(atom, (Mod, FloorDiv)) and (atom.expr, atom.divisor) in paired:
+            continue
+        alo, ahi = atom_bounds(atom)
+        lo, hi = (lo + c * alo, hi + c * ahi) if c > 0 else (lo + c * ahi, hi + c * alo)
+    return lo, hi
+
+
+def digits_range(a: int, b: int, q: int, lo: int, hi: int) -> tuple[int, int]:
+    """Exact [min, max] of a*(e % q) + b*(e // q) over the integers lo <= e <= hi (floor division):
+    with e = q*t + r, a linear function of (t, r) over at most three boxes (the first quotient's
+    remainders from lo % q, the last one's up to hi % q, every remainder between), so at their corners."""
+    t0, t1 = lo // q, hi // q
+    if t0 == t1:
+        boxes = [((t0, t0), (lo % q, hi % q))]
+    else:
+        boxes = [((t0, t0), (lo % q, q - 1)), ((t1, t1), (0, hi % q))]
+        if t1 - t0 >= 2:
+            boxes.append(((t0 + 1, t1 - 1), (0, q - 1)))
+    values = [a * r + b * t for ts, rs in boxes for t in ts for r in rs]
+    return min(values), max(values)
+
+
+def _recombine_digits(coeffs: dict, const: int) -> int:
+    """Put a split index back together in place: c*(e % q) + c*q*(e // q) == c*e for every
+    integer e, so a view that splits an axis read through one that merges it again indexes by e,
+    not by e's digits. Without it a chain of reshapes (a relative-shift attention: reshape, slice,
+    reshape) nests one division per view around copies of e, and the expression's text doubles
+    per view. Returns the new constant; `coeffs` is updated."""
+    if not any(isinstance(a, Mod) for a in coeffs) or not any(isinstance(a, FloorDiv) for a in coeffs):
+        return const
+    found = True
+    while found:
+        found = False
+        for atom, c in coeffs.items():
+            if not c or not isinstance(atom, Mod):
+                continue
+            quotient = FloorDiv(atom.expr, atom.divisor)
+            if coeffs.get(quotient, 0) == c * atom.divisor:
+                coeffs[atom] = coeffs[quotient] = 0
+                for inner, k in atom.expr.terms:
+                    coeffs[inner] = coeffs.get(inner, 0) + c * k
+                const += c * atom.expr.const
+                found = True
+                break
+    return const
 
 
 def _expand(expr: Affine) -> Affine:

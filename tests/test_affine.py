@@ -171,3 +171,53 @@ def test_layouts_compose_only_while_their_divisions_nest_shallow():
     half = MAX_DIVISION_NESTING // 2
     assert decode_layout(compose(wrapped(half), wrapped(half))).index[0].division_depth() == 2 * half
     assert compose(wrapped(half), wrapped(half + 1)) == ""
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), extents=st.lists(st.integers(1, 7), min_size=1, max_size=3), q=st.integers(2, 9),
+       c=st.integers(-3, 3).filter(bool))
+def test_a_split_index_put_back_together_is_the_index(data, extents, q, c):
+    """c*(e % q) + c*q*(e // q) == c*e for every integer e: a view that splits an axis read through
+    one that merges it indexes by e itself, not by two atoms that each spell e."""
+    e = data.draw(affine_over(extents)) + Affine.dim(0).mod(3, extents) * 2  # e keeps a remainder of its own
+    together = e.mod(q, extents) * c + e.floordiv(q, extents) * (c * q) + 5
+    coords = _coords(extents)
+    assert (np.broadcast_to(together.evaluate(coords), extents) ==
+            np.broadcast_to((e * c + 5).evaluate(coords), extents)).all()
+    assert together.division_depth() <= e.division_depth()  # no level around e
+
+
+def test_a_chain_of_relative_shifts_stays_one_level_deep():
+    """Transformer-XL's relative shift (reshape to (k, q), drop a row, reshape to (q, k - 1)) read
+    through itself: each level's merge undoes the split below it, so the index does not nest."""
+    extents = [5, 12]  # (query, key) coordinates of the last level's output
+    q_axis, k_axis = Affine.dim(0), Affine.dim(1)
+    keys = 12 + 6
+    for level in range(6):  # output (q, k-1) of an input (q, k): flat q*(k-1) + j, read as (k, q) from row 1
+        flat = q_axis * (keys - 1) + k_axis + 5
+        q_axis, k_axis = flat.floordiv(keys, extents + [keys]), flat.mod(keys, extents + [keys])
+        flat = q_axis * keys + k_axis  # back to the input's own (q, k) through the row-major merge
+        q_axis, k_axis = flat.floordiv(keys, extents + [keys]), flat.mod(keys, extents + [keys])
+        keys += 1
+    assert max(q_axis.division_depth(), k_axis.division_depth()) <= 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=st.integers(-9, 9), b=st.integers(-20, 20), q=st.integers(1, 9), lo=st.integers(-40, 40),
+       width=st.integers(0, 60))
+def test_digit_pairs_are_bounded_exactly(a, b, q, lo, width):
+    from emmy.affine import digits_range
+
+    values = [a * (e % q) + b * (e // q) for e in range(lo, lo + width + 1)]
+    assert digits_range(a, b, q, lo, lo + width) == (min(values), max(values))
+
+
+def test_a_relative_shift_index_is_bounded_as_a_pair():
+    # e % 7 + 6*(e // 7) - 1 over e in 1..34 reaches 0..28: the remainder and the quotient bounded
+    # apart would say -1..33
+    e = Affine.dim(0) * 6 + Affine.dim(1) + 1  # d0 in 0..4, d1 in 0..9
+    extents = (5, 10)
+    index = e.mod(7, extents) + e.floordiv(7, extents) * 6 - 1
+    coords = _coords(extents)
+    values = np.broadcast_to(index.evaluate(coords), extents)
+    assert index.bounds(extents) == (int(values.min()), int(values.max()))
