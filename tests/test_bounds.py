@@ -223,3 +223,46 @@ def test_programs_run_in_the_simulator_build_emmy_sim_mode_names(tmp_path, monke
     monkeypatch.setenv("EMMY_SIM_MODE", "fast")
     with pytest.raises(EmmyError, match="EMMY_SIM_MODE='fast' is not one of plain, asan, racecheck"):
         settings()
+
+
+def _relative_shifts(levels: int, padded: bool) -> str:
+    """Transformer-XL's relative shift (reshape to (k, q), drop a row, reshape to (q, k - 1)), applied
+    to its own output `levels` times; `padded`: a key column concatenated back each time."""
+    code = "x=torch.randn(2,2,5,7 if %s else 12)\n" % padded
+    for _ in range(levels):
+        code += ("b, h, q, k = x.shape\n"
+                 "x = x.reshape(b, h, k, q)[:, :, 1:, :].reshape(b, h, q, k - 1)\n")
+        code += "x = torch.cat([x, x[..., :1]], -1) * 1.5\n" if padded else "x = x * 1.5\n"
+    return code + "x.softmax(-1)"
+
+
+def _deepest_load(program) -> int:
+    from emmy.loop_ir.nodes import statements
+
+    return max(e.division_depth() for k in program.loop_ir.kernels for s in statements(k.body)
+               if isinstance(s, Assign) and isinstance(s.expr, Load) for e in s.expr.index)
+
+
+def test_a_chain_of_relative_shifts_reads_its_input_one_division_deep():
+    """Each level's merge undoes the split below it (emmy.affine: c*(e % q) + c*q*(e // q) == c*e),
+    so five levels fuse into one kernel reading x by a shallow index (it nested nine deep, and
+    Funnel Transformer's attention took longer than fifteen minutes to compile)."""
+    program = emmy.optimize(_relative_shifts(5, padded=False))
+    assert _deepest_load(program) <= 2
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+def test_an_access_the_proof_cannot_bound_is_guarded_at_run_time():
+    """After a concatenation the guards of the pieces carry what keeps a relative shift's row inside;
+    intervals do not see it, so the load gets a run-time guard on that axis (never failing) instead
+    of the kernel being refused, which failed the whole program."""
+    program = emmy.optimize(_relative_shifts(3, padded=True))
+    assert all(not out_of_bounds(k, {n: t.shape for n, t in _types(program).items()})
+               for k in program.loop_ir.kernels)
+    assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+def _types(program) -> dict:
+    from emmy.loop_ir.nodes import buffer_types
+
+    return buffer_types(program.loop_ir)

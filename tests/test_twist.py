@@ -201,3 +201,15 @@ def test_attention_as_a_row_kernel_merges_its_m_d_z_state(half, knobs):
     if knobs:
         assert "emmy::merge_softmax_wsum(" in program.cuda_source
     assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+def test_sibling_variances_keep_one_twisted_state_per_loop():
+    """Three variances of one short row (CoaT's factorised attention has such): each may fold in one
+    pass, but a loop keeps one Update-stepped state, the one the lowering merges, so they are
+    three loops (a shared loop was a 9-value state no lowering takes, and failed the program)."""
+    code = "x=torch.randn(256,8); torch.stack([x.var(-1), (2 * x).var(-1), x.exp().var(-1)])"
+    program = emmy.optimize(code)
+    for kernel in program.loop_ir.kernels:
+        for loop in _loops(kernel.body):
+            assert sum(isinstance(s, Update) for s in loop.body) <= 3, "two twisted states in one loop"
+    assert all(c.ok for c in check_program(program, mode="asan"))

@@ -12,6 +12,7 @@ dependencies.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import heapq
@@ -22,9 +23,12 @@ from emmy.dtypes import DType
 from emmy.egraph.encode import literal_of
 from emmy.egraph.layout import decode_layout
 from emmy.egraph.view import EGraphView, ENode, reaches
+from emmy.loop_ir.bounds import unproven_axes
 from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Lit, Load, Loop, Masked, Op, Store, Update,
                                 substituted)
 from emmy.loop_ir.validate import check_defined_before_use, check_fold_reads
+
+log = logging.getLogger("emmy.egraph")
 
 
 @dataclass
@@ -192,6 +196,7 @@ class KernelLowering:
         buffer there."""
         dtype = type_.dtype
         guards = _needed(guards, coords, type_.shape, self.extents)
+        guards += self._unproven(buffer, coords, type_.shape, guards)
         key = ("load", buffer, coords, guards)
         if key not in self.memo:
             name = self._fresh("in")
@@ -200,6 +205,21 @@ class KernelLowering:
             self.memo[key] = (name, deps)
             self.load_guards[name] = guards
         return self.memo[key]
+
+    def _unproven(self, buffer: str, coords: tuple, shape: tuple, guards: tuple) -> tuple:
+        """Guards that keep a load inside its buffer on the axes the interval proof
+        (emmy.loop_ir.bounds) cannot: the index of a valid program stays inside, but a chain of
+        views with concatenated pieces (a relative shift after a cat, three times over) can carry
+        more than intervals see, and a kernel with an unproven access is never emitted. Such an
+        axis is read where 0 <= index < size, checked at run time (never failing for a valid program)."""
+        if not shape or len(shape) != len(coords) or _within(coords, shape, self.extents):
+            return ()
+        variables = _vars(coords) | frozenset().union(*(g.expr.dims() for g in guards))
+        axes = unproven_axes(coords, shape, guards, {v: (0, self.extents[v] - 1) for v in variables})
+        if axes:
+            log.debug("a load of %s is guarded at run time on axes %s: the proof cannot keep them inside",
+                      buffer, axes)
+        return tuple(Guard(coords[a], 0, shape[a]) for a in axes)
 
     def _op(self, op: str, dtype: DType, args: list[tuple]) -> tuple:
         deps = frozenset().union(*(d for _, d in args)) if args else frozenset()
@@ -264,18 +284,19 @@ class KernelLowering:
         self._emit(Accumulate(acc, op, value), deps | {var}, defs=[acc], uses=_names(value) | {acc + "@0"}, home=var)
         return acc, self._close_fold(var, inits, deps, [])
 
-    def _open_fold(self, cid: str, axis: int, x_cid: str, coords: tuple, state: tuple[str, ...]):
+    def _open_fold(self, cid: str, axis: int, x_cid: str, coords: tuple, state: tuple[str, ...],
+                   twisted: bool = False):
         """Open a loop over `axis` (or join a sibling's) with one accumulator per monoid in
-        `state`; returns the loop variable, accumulators, their Init items, and x at the
-        loop's element with its deps."""
+        `state` (`twisted`: a state stepped by Updates); returns the loop variable, accumulators,
+        their Init items, and x at the loop's element with its deps."""
         extent = self.view.type(x_cid).shape[axis]
         dtype = self.view.type(x_cid).dtype
         outer = _vars(c for k, c in enumerate(coords) if k != axis)
-        var = self._sibling_loop(cid, x_cid, extent, outer)
+        var = self._sibling_loop(cid, x_cid, extent, outer, twisted)
         if var is None:
             var = len(self.extents)
             self.extents.append(extent)
-        self.siblings.setdefault((extent, outer), []).append((var, cid))
+        self.siblings.setdefault((extent, outer), []).append((var, cid, twisted))
         accs, inits = [], []
         for op in state:
             acc = self._fresh("acc")
@@ -292,7 +313,7 @@ class KernelLowering:
     def _fold_loop(self, cid: str, axis: int, x_cid: str, coords: tuple, state: tuple[str, ...]):
         """`_open_fold` for a fold stepped by Update statements; adds an `op` helper that emits
         a step statement inside the loop, reading the state as it was before the element."""
-        var, accs, inits, x, deps = yield from self._open_fold(cid, axis, x_cid, coords, state)
+        var, accs, inits, x, deps = yield from self._open_fold(cid, axis, x_cid, coords, state, twisted=True)
         dtype = self.view.type(x_cid).dtype
         here = deps | {var}
 
@@ -379,18 +400,22 @@ class KernelLowering:
         nan_if_masked = self._op("subtract", dtype, [(m, result_deps), (m, result_deps)])
         return self._op("add", dtype, [ratio, nan_if_masked])
 
-    def _sibling_loop(self, cid: str, body_cid: str, extent: int, outer: frozenset) -> int | None:
+    def _sibling_loop(self, cid: str, body_cid: str, extent: int, outer: frozenset, twisted: bool) -> int | None:
         """A reduction loop this one can share: the multi-output fold of sibling reductions.
 
         Two reductions over the same extent at the same place in the nest run as
         one loop with two accumulators (their common loads then happen once),
-        unless one needs the other's result (softmax's sum needs its max).
+        unless one needs the other's result (softmax's sum needs its max), or both
+        are twisted: a loop keeps one Update-stepped state, the one the kernel
+        lowering merges across threads (emmy::merge_welford, merge_softmax).
         """
-        members: dict[int, list[str]] = {}
-        for var, other in self.siblings.get((extent, outer), []):
-            members.setdefault(var, []).append(other)
+        members: dict[int, list[tuple[str, bool]]] = {}
+        for var, other, other_twisted in self.siblings.get((extent, outer), []):
+            members.setdefault(var, []).append((other, other_twisted))
         for var, others in members.items():  # a loop joins only if no fold already in it is a conflict
-            if not any(self._reaches(body_cid, other) or self._reaches(other, cid) for other in others):
+            if twisted and any(t for _, t in others):
+                continue
+            if not any(self._reaches(body_cid, other) or self._reaches(other, cid) for other, _ in others):
                 return var
         return None
 

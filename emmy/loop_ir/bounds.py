@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from math import ceil, floor
 
-from emmy.affine import Affine, Dim, FloorDiv, Gathered, gathered_atoms
+from emmy.affine import Affine, Dim, FloorDiv, Gathered, gathered_atoms, sum_bounds
 from emmy.loop_ir.nodes import Assign, Kernel, Load, Loop, Store
 
 
@@ -34,6 +34,16 @@ def out_of_bounds(kernel: Kernel, shapes: dict[str, tuple[int, ...]]) -> list[st
             elif isinstance(stmt, Store):
                 problems += _check(f"store {stmt.buffer}", stmt.buffer, stmt.index, ranges, shapes)
     return problems
+
+
+def unproven_axes(index, shape, guards, ranges: dict) -> list[int]:
+    """The axes of `index` (into `shape`, read where `guards` hold, each variable in its range) that
+    the proof cannot keep inside the buffer."""
+    where = narrowed(ranges, guards)
+    if where is None:
+        return []
+    reach = [through_guards(expr, guards, where) for expr in index]
+    return [axis for axis, ((lo, hi), size) in enumerate(zip(reach, shape)) if lo < 0 or hi >= size]
 
 
 def _check(what: str, buffer: str, index, ranges: dict, shapes: dict, guards=()) -> list[str]:
@@ -127,24 +137,34 @@ def _single_variable(expr: Affine):
     return None
 
 
-def interval(expr: Affine, ranges: dict, guards=(), depth: int = 0) -> tuple[int, int]:
+def interval(expr: Affine, ranges: dict, guards=(), depth: int = 0, memo: dict | None = None) -> tuple[int, int]:
     """Inclusive bounds of `expr` with each variable in its range; the expression inside a floor
     division or remainder is bounded through the guards too (a flattened tensor's blocked scan reads
     row (start + j) // width, where the guard start + j <= i keeps it inside), one level deep: a
-    guard's own divisions are bounded by the ranges alone."""
-    lo = hi = expr.const
-    for atom, coeff in expr.terms:
-        alo, ahi = _atom_interval(atom, ranges, guards if depth == 0 else (), depth)
-        lo, hi = (lo + coeff * alo, hi + coeff * ahi) if coeff > 0 else (lo + coeff * ahi, hi + coeff * alo)
-    return lo, hi
+    guard's own divisions are bounded by the ranges alone. A reshape's digit pair is bounded as a
+    pair (`sum_bounds`). `memo` keeps the bounds of guard-free sub-expressions of one access (they
+    are shared: each level of a chain of reshapes reads the one below twice)."""
+    memo = {} if memo is None else memo
+    if not guards or depth:  # bounded by the ranges alone
+        if expr not in memo:
+            memo[expr] = sum_bounds(expr, lambda e: _inner_interval(e, ranges, (), depth, memo),
+                                   lambda atom: _atom_interval(atom, ranges, (), depth, memo))
+        return memo[expr]
+    return sum_bounds(expr, lambda e: _inner_interval(e, ranges, guards, depth, memo),
+                      lambda atom: _atom_interval(atom, ranges, guards, depth, memo))
 
 
-def _atom_interval(atom, ranges: dict, guards=(), depth: int = 0) -> tuple[int, int]:
+def _inner_interval(expr: Affine, ranges: dict, guards, depth: int, memo: dict) -> tuple[int, int]:
+    """Bounds of the expression inside a floor division or remainder."""
+    return through_guards(expr, guards, ranges, depth + 1) if guards else interval(expr, ranges, memo=memo)
+
+
+def _atom_interval(atom, ranges: dict, guards=(), depth: int = 0, memo: dict | None = None) -> tuple[int, int]:
     if isinstance(atom, Dim):
         return ranges.get(atom.index, (0, 0))
     if isinstance(atom, Gathered):  # compiled code clamps an index value into its axis
         return 0, max(atom.extent - 1, 0)
-    lo, hi = through_guards(atom.expr, guards, ranges, depth + 1) if guards else interval(atom.expr, ranges)
+    lo, hi = _inner_interval(atom.expr, ranges, guards, depth, {} if memo is None else memo)
     if isinstance(atom, FloorDiv):
         return lo // atom.divisor, hi // atom.divisor
     if 0 <= lo and hi < atom.divisor:
