@@ -97,6 +97,13 @@ EMMY_DEVICE long long index_floor_mod(long long a, long long q) {
   const long long r = a % q;
   return r < 0 ? r + q : r;
 }
+// a * (e % q) + b * (e // q) (floor semantics) with e computed once: a reshape's digits side by
+// side, whose e is itself such a sum in a chain of views (a relative shift); written out, each
+// level would spell e twice and the text would double per level.
+EMMY_DEVICE long long index_digits(long long e, long long q, long long a, long long b) {
+  const long long t = index_floor_div(e, q);
+  return a * (e - t * q) + b * t;
+}
 
 // numpy's maximum and minimum: NaN wins
 EMMY_DEVICE float maximum(float a, float b) { return (a != a || a > b) ? a : b; }

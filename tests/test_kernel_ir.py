@@ -383,6 +383,23 @@ def test_index_quotients_and_remainders_keep_floor_semantics_in_c():
     assert affine_c((Affine.dim(0) + 3).floordiv(2, (5,))) == "((a0 + 3) / 2)"
 
 
+def test_an_index_whose_digits_stand_side_by_side_spells_its_dividend_once():
+    """a*(e % q) + b*(e // q) is emitted as emmy::index_digits(e, q, a, b): nested through a chain of
+    views (e itself such a pair), spelling e twice per level doubled the C text per level."""
+    from emmy.affine import Affine
+    from emmy.kernel_ir.scalar_c import affine_c
+
+    extents = (5, 7)
+    e = Affine.dim(0) * 6 + Affine.dim(1) - 1
+    assert affine_c(e.mod(7, extents) + e.floordiv(7, extents) * 6) == \
+        "emmy::index_digits(6 * a0 + a1 - 1, 7, 1, 6)"
+    extents = (1000, 7)  # wide enough that no level's quotient is one constant
+    for _ in range(12):
+        e = e.mod(7, extents) + e.floordiv(7, extents) * 6 + 1
+    text = affine_c(e)
+    assert text.count("emmy::index_digits(") == 12 and len(text) < 1000  # written out: 2**12 copies of the base
+
+
 def test_a_grid_contraction_after_a_class_token_reads_inside_its_buffers():
     """The piece after a class token reads a mixing matrix at row (p - 1) % 2 of its reshaped grid;
     that index is inside the matrix by floor semantics, so its load keeps no guard, and at p = 0 C's

@@ -170,7 +170,14 @@ def affine_c(a: Affine, names: dict[int, str] | None = None) -> str:
     """C text of an index expression; loop variable d<i> is `a<i>` unless `names` says otherwise."""
     names = names or {}
     parts = []
+    quotients = {(atom.expr, atom.divisor): c for atom, c in a.terms if isinstance(atom, FloorDiv)}
+    paired = {(atom.expr, atom.divisor) for atom, _ in a.terms if isinstance(atom, Mod)} & quotients.keys()
     for atom, c in a.terms:
+        if isinstance(atom, (FloorDiv, Mod)) and (atom.expr, atom.divisor) in paired:
+            if isinstance(atom, Mod):  # a*(e % q) + b*(e // q): e spelt once (emmy_rt.cuh)
+                b = quotients[(atom.expr, atom.divisor)]
+                parts.append(f"emmy::index_digits({affine_c(atom.expr, names)}, {atom.divisor}, {c}, {b})")
+            continue
         if isinstance(atom, Dim):
             text = names.get(atom.index, f"a{atom.index}")
         elif isinstance(atom, Gathered):  # clamped into its axis, a bad value recorded (index_faults.py)
