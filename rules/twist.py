@@ -106,30 +106,44 @@ twist.rule(
 RULESETS = [twist]
 
 
-def mean_along(layout_text: str, axis: int, scale_text: str) -> str:
-    """"yes" if the layout broadcasts back along `axis` and the scale is 1/extent of that axis (a mean)."""
+def mean_along(layout_text: str, axis: int, scale_text: str, divides: bool = False) -> str:
+    """"yes" if the layout broadcasts back along `axis` and the scale makes a mean of a sum along
+    it: 1/extent as a factor, or (`divides`) the extent as a divisor; else ""."""
     if not broadcasts_back_along(layout_text, axis):
         return ""
     extent = decode_layout(layout_text).shape[axis]
-    return "yes" if extent and abs(float(scale_text) * extent - 1.0) <= 1e-9 else ""
+    scale = float(scale_text)
+    if divides:
+        return "yes" if extent and scale == extent else ""
+    return "yes" if extent and abs(scale * extent - 1.0) <= 1e-9 else ""
 
 
 x, centred = vars_("x centred", Term)
 (k,) = vars_("k", f64)
-_is_mean = PyObject(mean_along)(PyObject.from_string(layout), PyObject.from_int(axis),
-                                PyObject.from_string(k.to_string())).to_string()
+
+
+def _is_mean(divides: bool):
+    return PyObject(mean_along)(PyObject.from_string(layout), PyObject.from_int(axis),
+                                PyObject.from_string(k.to_string()), PyObject(divides)).to_string()
 
 
 def _centred(mean: Term) -> Term:
     return Term.binary("subtract", d, x, Term.reindex(mean, layout))
 
 
+def _square_of_centred(op: str) -> Term:
+    """(x - mean(x))^2, the mean a sum times 1/n or divided by n (`op`), as a multiply of the two."""
+    mean = Term.binary(op, d, Term.reduce("sum", axis, x), Term.literal(k, d))
+    return Term.binary("multiply", d, _centred(mean), _centred(mean))
+
+
 twist.rule(
     "welford_variance",
-    "sum((x - mean(x))^2) over an axis -> welford_m2: one pass with state (n, mean, m2)",
-    rewrite(Term.reduce("sum", axis, Term.binary("multiply", d, _centred(
-        Term.binary("multiply", d, Term.reduce("sum", axis, x), Term.literal(k, d))),
-        _centred(Term.binary("multiply", d, Term.reduce("sum", axis, x), Term.literal(k, d)))))).to(
-        Term.welford_m2(axis, x), ne(_is_mean).to(String(""))),
+    "sum((x - mean(x))^2) over an axis -> welford_m2: one pass with state (n, mean, m2); the mean a sum "
+    "times 1/n (n a power of two) or divided by n",
+    rewrite(Term.reduce("sum", axis, _square_of_centred("multiply"))).to(
+        Term.welford_m2(axis, x), ne(_is_mean(False)).to(String(""))),
+    rewrite(Term.reduce("sum", axis, _square_of_centred("divide"))).to(
+        Term.welford_m2(axis, x), ne(_is_mean(True)).to(String(""))),
     approximate="Welford's updates instead of two passes: no farther from the exact sum of squares", ulps=2,
 )
