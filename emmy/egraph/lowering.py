@@ -78,6 +78,7 @@ class KernelLowering:
         self.load_guards: dict[str, tuple] = {}  # load name -> the guards it is made under (reads 0 where they fail)
         self.reduction_deps: dict[int, frozenset] = {}
         self.siblings: dict[tuple, list] = {}
+        self.reached: dict[tuple, bool] = {}
         self.counters = {"in": 0, "v": 0, "acc": 0}
         self.shortcut = None
         while self.choice[root].kind == "mat":  # a forced boundary at the root is the root itself
@@ -415,14 +416,45 @@ class KernelLowering:
         for var, others in members.items():  # a loop joins only if no fold already in it is a conflict
             if twisted and any(t for _, t in others):
                 continue
-            if not any(self._reaches(body_cid, other) or self._reaches(other, cid) for other, _ in others):
+            if not any(self._reaches(body_cid, other) or self._reaches(other, cid) for other, _ in others) \
+                    and not self._needs_itself(cid, var):
                 return var
         return None
 
+    def _needs_itself(self, cid: str, var: int) -> bool:
+        """Whether fold `cid` joining loop `var` would make that loop wait for itself: loops wait
+        for the loops holding folds their folds read, and with `cid` in it, `var` would reach
+        itself. Three norms of x, 2x and x + 1 in one kernel: the second pass of one norm joining
+        the first pass of another, both ways, made two loops each waiting for the other (and a
+        fold may join before the fold it reads, found while lowering its body, opens a loop)."""
+        loops: dict[int, list[str]] = {}
+        for entries in self.siblings.values():
+            for v, other, _ in entries:
+                loops.setdefault(v, []).append(other)
+        loops.setdefault(var, []).append(cid)
+
+        def waited_for(v: int) -> list[int]:
+            return [w for w, folds in loops.items() if w != v
+                    and any(self._reaches(m, f) for m in loops[v] for f in folds)]
+
+        todo, seen = waited_for(var), set()
+        while todo:
+            v = todo.pop()
+            if v == var:
+                return True
+            if v not in seen:
+                seen.add(v)
+                todo += waited_for(v)
+        return False
+
     def _reaches(self, start: str, goal: str) -> bool:
-        """Whether this kernel computes `goal` on the way to `start` (a search that stops at buffers)."""
-        return reaches(start, goal, lambda cid: self.choice[cid].children
-                       if cid == self.root or cid not in self.buffer_of else ())
+        """Whether this kernel computes `goal` on the way to `start` (a search that stops at buffers),
+        kept for the kernel: the sibling checks ask about each pair of folds many times."""
+        key = (start, goal)
+        if key not in self.reached:
+            self.reached[key] = reaches(start, goal, lambda cid: self.choice[cid].children
+                                        if cid == self.root or cid not in self.buffer_of else ())
+        return self.reached[key]
 
     # -- nesting ----------------------------------------------------------------
     def _nest(self, free: list[int]) -> tuple:
