@@ -8,7 +8,10 @@ over K and an index map drops the reduced axis.
 from __future__ import annotations
 
 from emmy.affine import Affine
+from emmy.decompose.indexing import gathered_index
 from emmy.decompose.registry import Context, lowers
+from emmy.dtypes import DType
+from emmy.errors import UnsupportedOpError
 
 
 def matmul(ctx: Context, a: str, b: str, name: str | None) -> str:
@@ -35,6 +38,51 @@ def mm(ctx: Context, a, b):
     out = ctx.out_type()
     final = out.dtype.accumulator is out.dtype
     return ctx.b.cast(matmul(ctx, a, b, ctx.name if final else None), out.dtype)
+
+
+@lowers("aten._grouped_mm.default", "transformers.grouped_mm_fallback.default")
+def grouped_mm(ctx: Context, a, b, offs=None, bias=None, out_dtype=None):
+    """A mixture of experts' products: each row a[s] of an (S, K) input, its rows sorted by group,
+    times its group's matrix of a (G, K, N) stack, `offs` (G,) the groups' cumulative row ends.
+    The group of row s is the number of ends at or before it (a count over the G ends, as
+    searchsorted with right=True counts), gathered into the stack's first index. A row past the last
+    end belongs to no group and is 0 (transformers' fallback leaves it zero; torch's kernel leaves it
+    unspecified). (B, M, K) @ (B, K, N) without `offs` is a batched product. Transformers' own op
+    (`transformers::grouped_mm_fallback`, its MoE layers' route where torch's kernel is not used)
+    computes the same, so it is decomposed here too rather than refused as an unknown op."""
+    import numpy as np
+
+    bld = ctx.b
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    a_shape, b_shape = bld.shape(a), bld.shape(b)
+    if offs is None and len(a_shape) == 3 and len(b_shape) == 3 and bias is None:
+        return bld.cast(matmul(ctx, a, b, None), out.dtype)
+    if offs is None or len(a_shape) != 2 or len(b_shape) != 3:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: a grouped product of shapes {list(a_shape)} and "
+                                 f"{list(b_shape)}{' without offsets' if offs is None else ''} (emmy takes (S, K) rows "
+                                 "grouped by offsets times a (G, K, N) stack, or (B, M, K) @ (B, K, N))")
+    (rows, k), (groups, _, n) = a_shape, b_shape
+    positions = bld.reshape(ctx.constant(np.arange(rows, dtype=np.float64), DType.I64), (rows, 1), suffix="row")
+    ends = bld.reshape(ctx.tensor(offs, DType.I64), (1, groups), suffix="ends")
+    passed = bld.elementwise("less_equal", ctx.tensor(ends, DType.I64, (rows, groups)),
+                             ctx.tensor(positions, DType.I64, (rows, groups)), dtype=DType.BOOL, suffix="passed")
+    group = bld.reduce_axes("sum", bld.cast(passed, DType.I64), [1], False, suffix="group")  # 0 .. G (G: past the last end)
+    inside = bld.elementwise("less", group, groups, dtype=DType.BOOL, suffix="grouped")
+    clamped = bld.elementwise("minimum", group, groups - 1, dtype=DType.I64, suffix="expert")
+    which = gathered_index(ctx, clamped, [Affine.dim(0)], groups, (rows, k, n), "grouped_mm group")
+    space = (rows, k, n)
+    a_b = bld.index_map(ctx.tensor(a, acc), space, [Affine.dim(0), Affine.dim(1)], suffix="a")
+    b_b = bld.index_map(ctx.tensor(b, acc), space, [which, Affine.dim(1), Affine.dim(2)], suffix="b")
+    product = bld.reduce_axes("sum", bld.elementwise("multiply", a_b, b_b, suffix="prod"), [1], False, suffix="sum")
+    if bias is not None:
+        row_bias = bld.index_map(ctx.tensor(bias, acc), (rows, n), [
+            gathered_index(ctx, clamped, [Affine.dim(0)], groups, (rows, n), "grouped_mm group"), Affine.dim(1)],
+            suffix="bias")
+        product = bld.elementwise("add", product, row_bias, suffix="biased")
+    kept = bld.elementwise("where", ctx.tensor(bld.reshape(inside, (rows, 1), suffix="grouped_row"), DType.BOOL,
+                                               (rows, n)), product, 0.0, dtype=acc, suffix="rows")
+    return bld.cast(kept, out.dtype)
 
 
 @lowers("aten.addmm.default")
