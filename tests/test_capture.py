@@ -193,6 +193,20 @@ def test_a_branch_on_tensor_values_in_a_module_names_the_users_line_and_torchs_f
     assert "inside torch" not in text, text
 
 
+def test_a_branch_torch_names_outside_its_own_files_is_not_called_torch_s():
+    """torch's message names the branching file relative to its own directory; a library's file
+    (transformers' Longformer) comes out clipped ("mp/hf/transformers/...") and is no file of torch:
+    it was reported as "inside torch's forward"."""
+    from emmy.capture.errors import _library_branch
+
+    library = RuntimeError("Could not guard on data-dependent expression u0 > 0 "
+                           "(Caused by: (mp/hf/transformers/models/longformer/modeling_longformer.py:549 in forward))")
+    assert _library_branch(library) is None
+    own = RuntimeError("Could not guard on data-dependent expression u0 > 0 "
+                       "(Caused by: (distributions/distribution.py:70 in __init__))")
+    assert _library_branch(own) == "__init__, distributions/distribution.py:70"
+
+
 def test_a_decomposition_that_branches_on_values_is_a_code_error_not_torchs_exception():
     """torch.take of a 0-d tensor: torch's own decomposition guards on an index value while the
     exported graph is decomposed; that escaped as torch's GuardOnDataDependentSymNode."""

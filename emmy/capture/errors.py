@@ -71,13 +71,16 @@ def _public(path: str, function: str) -> bool:
 def _library_branch(err: BaseException) -> str | None:
     """"function, file:line" of torch's own function that branched on a value for the user, from
     torch's message or else the innermost such frame of the traceback; None for the user's own."""
-    cause = _CAUSE.search(str(err))
-    if cause and _public(cause.group(1), cause.group(3)):
-        return f"{cause.group(3)}, {cause.group(1)}:{cause.group(2)}"
     import sys
 
     torch = sys.modules.get("torch")
     root = os.path.dirname(os.path.abspath(torch.__file__)) if torch is not None else None
+    cause = _CAUSE.search(str(err))
+    # torch names the file relative to its own directory; a library outside torch (transformers)
+    # is named by a clipped path that is no file of torch's, and is not torch's branch
+    if cause and _public(cause.group(1), cause.group(3)) and root \
+            and os.path.isfile(os.path.join(root, cause.group(1))):
+        return f"{cause.group(3)}, {cause.group(1)}:{cause.group(2)}"
     for frame in reversed(traceback.extract_tb(err.__traceback__)):
         if _user_file(frame.filename) or frame.filename == CODE_FILENAME:
             return None  # the user's frame comes first: their own branch
