@@ -35,6 +35,12 @@ def test_the_proof_finds_a_load_that_leaves_its_buffer_and_accepts_it_under_its_
     assert out_of_bounds(_kernel(Affine.dim(0)), {"x": (16,), "out": (32,)})  # 0..31 in 16
 
 
+def test_a_long_index_is_shortened_in_the_report():
+    long = sum(((Affine.dim(0) + i).mod(7 + i, (32,)) for i in range(40)), Affine.constant(-1000))
+    (problem,) = out_of_bounds(_kernel(long), {"x": (16,), "out": (32,)})
+    assert len(str(long)) > 600 and len(problem) < 300 and " ... " in problem, problem
+
+
 def test_a_flipped_read_is_bounded_by_its_guard_from_below():
     # A blocked scan of a flipped row reads x[n - 1 - position] under the guard position < n. The proof took only index = guard + rest, refused the kernel (a
     # NotLoweredError for x.flip(-1).cumsum(-1).flip(-1)) and would refuse every row of it.

@@ -54,14 +54,20 @@ def _check(what: str, buffer: str, index, ranges: dict, shapes: dict, guards=())
     for axis, (expr, size) in enumerate(zip(index, shape)):
         lo, hi = through_guards(expr, guards, ranges)
         if lo < 0 or hi >= size:
-            out.append(f"{what}[...{expr}...]: axis {axis} reaches {lo}..{hi}, outside 0..{size - 1}")
+            out.append(f"{what}[...{_short(expr)}...]: axis {axis} reaches {lo}..{hi}, outside 0..{size - 1}")
     for atom in gathered_atoms(index):  # each index tensor read at its own positions
         for axis, (expr, size) in enumerate(zip(atom.index, atom.shape)):
             lo, hi = through_guards(expr, guards, ranges)
             if lo < 0 or hi >= size:
-                out.append(f"{what}: its index tensor {atom.buffer}[...{expr}...]: axis {axis} reaches "
+                out.append(f"{what}: its index tensor {atom.buffer}[...{_short(expr)}...]: axis {axis} reaches "
                            f"{lo}..{hi}, outside 0..{size - 1}")
     return out
+
+
+def _short(expr: Affine, limit: int = 160) -> str:
+    """An index for a message: a chain of views can spell one thousands of characters long."""
+    text = str(expr)
+    return text if len(text) <= limit else f"{text[:limit // 2]} ... {text[-limit // 2:]}"
 
 
 GUARDS_COMBINED = 3  # guards one index is written through at most (F.fold's row * width + column: two)
