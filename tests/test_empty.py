@@ -75,6 +75,9 @@ CASES = [
     ("an empty 1-d piece of a cat", lambda e, x: torch.cat([e, x.flatten()]) * 2, (torch.randn(0), X)),
     ("an empty input read by nothing", lambda e, x: x.exp(), (torch.randn(0), X)),
     ("a batch of 0 through a layer", lambda x, w: (torch.relu(x @ w), w.sum()), (torch.randn(0, 5), torch.randn(5, 4))),
+    # an op of empties whose results are part empty, part full: the empty part stays a marker
+    ("a factorisation of a 0x0 matrix", lambda e: tuple(torch.linalg.cholesky_ex(e)), (torch.randn(0, 0),)),
+    ("a checked inverse of a 0x0 matrix", lambda e: torch.linalg.inv(e), (torch.randn(0, 0),)),
 ]
 
 
@@ -128,3 +131,10 @@ def test_the_cli_says_an_empty_output_has_nothing_to_compute():
     result = run_emmy("run", "-c", "x=torch.randn(3,5); x[:, :0] * 2")
     assert result.returncode == 0, result.stderr
     assert "an output of float32[3, 0]: no elements, nothing to compute" in result.stdout
+
+
+def test_a_program_with_an_effect_token_prints_its_captured_graph():
+    """linalg's error check reaches the captured graph as with_effects(token, op, ...): the op is
+    printed by its name (the printer took an OpOverload for a graph node and failed)."""
+    program = emmy.optimize(Calls(lambda e: torch.linalg.cholesky(e)), torch.randn(0, 0))
+    assert "with_effects(token, aten._linalg_check_errors.default, getitem_1" in program.ir("torch")

@@ -25,8 +25,12 @@ def _val_type(val) -> str:
 
 
 def _arg(value) -> str:
-    if hasattr(value, "name") and hasattr(value, "op"):
+    import torch
+
+    if isinstance(value, torch.fx.Node):
         return value.name
+    if isinstance(value, torch._ops.OpOverload):  # with_effects' op (linalg's error check)
+        return str(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_arg(v) for v in value) + "]"
     return repr(value)

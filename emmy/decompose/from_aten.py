@@ -245,6 +245,8 @@ def _from_empties(builder: GraphBuilder, node, env, read: list, constants: dict,
     def constant(value):
         if not hasattr(value, "numel"):
             return value
+        if value.numel() == 0:  # a part of the result with no elements (cholesky_ex's factor of a 0x0 matrix)
+            return EmptyTensor.of(value)
         values, dtype = to_numpy(value)
         return ctx.constant(values, dtype)
 
