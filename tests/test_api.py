@@ -386,3 +386,21 @@ def test_import_emmy_stays_light():
              "print(','.join(heavy))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
+
+
+def test_a_named_result_of_torch_comes_back_as_that_type_and_names_its_outputs(tmp_path):
+    """torch.max(x, 1) returns torch.return_types.max (fields values, indices), whose tree spec does
+    not serialize: the program handed back a plain tuple, so `.values` failed."""
+    class Max(torch.nn.Module):
+        def forward(self, x):
+            return torch.max(x, 1)
+
+    x = torch.randn(3, 4)
+    program = emmy.optimize(Max(), x)
+    got, want = program(x), Max()(x)
+    assert type(got) is torch.return_types.max
+    torch.testing.assert_close(got.values, want.values)
+    assert torch.equal(got.indices, want.indices)
+    assert program.signature.output_names == ("values", "indices")
+    program.save(tmp_path / "max.emmy")
+    assert type(emmy.load(tmp_path / "max.emmy")(x)) is torch.return_types.max

@@ -34,6 +34,12 @@ class OutputStructure:
         try:
             text = pytree.treespec_dumps(spec)
         except Exception:  # a container pytree cannot serialize: hand back a flat tuple
+            structseq = _structseq_name(spec)
+            if structseq and not constants:  # torch's own named result (torch.max(x, 1)): rebuilt by its name
+                names = tuple(getattr(spec.type, "__match_args__", ()))  # its fields: values, indices
+                if len(names) != spec.num_leaves:
+                    names = tuple(f"out{k}" for k in range(spec.num_leaves))
+                return cls(STRUCTSEQ + structseq, names, ())
             return cls.flat(spec.num_leaves - len(constants))
         paths = [path for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(range(spec.num_leaves),
                                                                                            spec))[0]]
@@ -59,9 +65,26 @@ class OutputStructure:
             leaves.append(fixed[k] if k in fixed else next(given))
         if self.spec is None:
             return leaves[0] if len(leaves) == 1 else tuple(leaves)
+        if self.spec.startswith(STRUCTSEQ):
+            import torch.return_types
+
+            return getattr(torch.return_types, self.spec[len(STRUCTSEQ):])(leaves)
         import torch.utils._pytree as pytree
 
         return pytree.tree_unflatten(leaves, pytree.treespec_loads(self.spec))
+
+
+STRUCTSEQ = "structseq:"  # a spec naming one of torch.return_types, whose tree spec does not serialize
+
+
+def _structseq_name(spec) -> str | None:
+    """The name of torch's named result type (torch.return_types.max) a spec of plain leaves is; else None."""
+    kind = getattr(spec, "type", None)
+    if getattr(kind, "__module__", None) != "torch.return_types" or any(not c.is_leaf() for c in spec.children()):
+        return None
+    import torch.return_types
+
+    return kind.__name__ if getattr(torch.return_types, kind.__name__, None) is kind else None
 
 
 def _name(path: tuple, position: int) -> str:
