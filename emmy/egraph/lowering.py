@@ -437,15 +437,8 @@ class KernelLowering:
             return [w for w, folds in loops.items() if w != v
                     and any(self._reaches(m, f) for m in loops[v] for f in folds)]
 
-        todo, seen = waited_for(var), set()
-        while todo:
-            v = todo.pop()
-            if v == var:
-                return True
-            if v not in seen:
-                seen.add(v)
-                todo += waited_for(v)
-        return False
+        # from the loops `var` waits for (None: the start) back to `var`
+        return reaches(None, var, lambda v: waited_for(var if v is None else v))
 
     def _reaches(self, start: str, goal: str) -> bool:
         """Whether this kernel computes `goal` on the way to `start` (a search that stops at buffers),
