@@ -23,8 +23,8 @@ BAD_INPUT = [
     ("x=torch.randn(4,4)\ntorch.linalg.det(x)", [], ["unsupported op aten._linalg_det.default", "line 2: `torch.linalg.det(x)`"]),
     ("x=torch.randn(4,4)\ntorch.linalg.inv(x)", [], ["unsupported op aten.linalg_inv_ex.default", "line 2"]),  # effect tokens
     ("x=torch.randn(4,dtype=torch.float64); x*2", [], ["unsupported dtype float64 (input x)"]),
-    ("x=torch.randn(3,3); e=torch.randn(3,0)\ntorch.addmm(x, e, e.t())", [],
-     ["aten.addmm.default (line 2: `torch.addmm(x, e, e.t())`): it reads a tensor with no elements beside one"]),
+    ("e=torch.randn(0); b=torch.linspace(0,1,5)\ntorch.histogram(e, b)[0]", [],
+     ["aten.histogram.bins_tensor (line 2: `torch.histogram(e, b)[0]`): it reads a tensor with no elements beside one"]),
     ("x=torch.randn(4)\nx.double() * 2", [], ["unsupported dtype float64", "line 2: `x.double() * 2`"]),
     (MATMUL, ["--target", "sm_70"], ["unknown target 'sm_70'", "sm_80, sm_89, sm_90, sm_120"]),
     (get("attention").sim_code, ["--ir", "kernel", "--knobs", "REDUCE=g2k"],

@@ -4,6 +4,7 @@ simulator under ASan, and what is returned has eager PyTorch's shapes, dtypes an
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import emmy
 from emmy.errors import UnsupportedOpError
@@ -75,6 +76,9 @@ CASES = [
     ("an empty 1-d piece of a cat", lambda e, x: torch.cat([e, x.flatten()]) * 2, (torch.randn(0), X)),
     ("an empty input read by nothing", lambda e, x: x.exp(), (torch.randn(0), X)),
     ("a batch of 0 through a layer", lambda x, w: (torch.relu(x @ w), w.sum()), (torch.randn(0, 5), torch.randn(5, 4))),
+    ("a layer with no input features", lambda x, w, b: F.linear(x, w, b) * 2, (torch.randn(3, 0), torch.randn(4, 0), torch.randn(4))),
+    ("addmm of empty factors, scaled", lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2), (X, torch.randn(3, 0), torch.randn(0, 5))),
+    ("baddbmm of empty factors, beta 0", lambda c, a, b: torch.baddbmm(c, a, b, beta=0) + 1, (torch.randn(2, 3, 5), torch.randn(2, 3, 0), torch.randn(2, 0, 5))),
     # an op of empties whose results are part empty, part full: the empty part stays a marker
     ("a factorisation of a 0x0 matrix", lambda e: tuple(torch.linalg.cholesky_ex(e)), (torch.randn(0, 0),)),
     ("a checked inverse of a 0x0 matrix", lambda e: torch.linalg.inv(e), (torch.randn(0, 0),)),
@@ -120,8 +124,8 @@ def test_an_empty_tensor_changed_in_place_stays_as_it_was():
 
 
 def test_an_op_reading_an_empty_and_a_full_tensor_is_refused_by_name():
-    with pytest.raises(UnsupportedOpError, match="aten.addmm.default .*reads a tensor with no elements beside one"):
-        emmy.optimize(Calls(lambda a, e: torch.addmm(a, e, e.t())), torch.randn(3, 3), torch.randn(3, 0)).tensor_ir
+    with pytest.raises(UnsupportedOpError, match="aten.histogram.bins_tensor .*reads a tensor with no elements beside one"):
+        emmy.optimize(Calls(lambda e, b: torch.histogram(e, b)[0]), torch.randn(0), torch.linspace(0, 1, 5)).tensor_ir
 
 
 def test_the_cli_says_an_empty_output_has_nothing_to_compute():

@@ -10,7 +10,9 @@ shape and dtype, never a Tensor IR node:
 - an op with elements that reads only empty tensors (a sum over a length-0 dim, a matmul whose
   inner size is 0) gives values that depend on no data: torch computes them once, at compile time,
   and they become a constant of the program;
-- an op with elements that reads an empty tensor beside one with elements is refused, named;
+- addmm and its kin (addmv, baddbmm, addbmm) whose factors are empty beside a full bias give
+  beta * bias: the product of an inner size of 0 is zeros (a layer with no input features);
+- any other op with elements that reads an empty tensor beside one with elements is refused, named;
 - an empty returned tensor is handed back as it is, with no kernel (emmy.capture.outputs); an
   empty tensor the module changes in place stays as it was (there is nothing in it to change).
 """

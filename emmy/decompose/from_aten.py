@@ -7,6 +7,7 @@ and their values are kept beside the graph for the interpreter.
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from dataclasses import dataclass
@@ -239,6 +240,8 @@ def _from_empties(builder: GraphBuilder, node, env, read: list, constants: dict,
     kwargs = {k: _resolve(v, env) for k, v in node.kwargs.items()}
     graph_values = read + [env[v.name] for v in node.kwargs.values() if hasattr(v, "name")]
     reads_full = any(not isinstance(v, EmptyTensor) for v in graph_values)
+    if reads_full and str(node.target) in BIASED_PRODUCTS:
+        return _bias_of_empty_product(builder, node, args, kwargs, constants, where)
     result = computed_from_empties(node, args, kwargs, where, reads_full)
     ctx = Context(builder, node, where, constants, pairs=set())
 
@@ -251,6 +254,33 @@ def _from_empties(builder: GraphBuilder, node, env, read: list, constants: dict,
         return ctx.constant(values, dtype)
 
     return tuple(constant(r) for r in result) if isinstance(result, (list, tuple)) else constant(result)
+
+
+# beta * bias + alpha * (a product): (bias, first factor, second factor) positions
+BIASED_PRODUCTS = {"aten.addmm.default": (0, 1, 2), "aten.addmv.default": (0, 1, 2),
+                   "aten.baddbmm.default": (0, 1, 2), "aten.addbmm.default": (0, 1, 2)}
+
+
+def _bias_of_empty_product(builder: GraphBuilder, node, args: list, kwargs: dict, constants: dict, where: str):
+    """addmm and its kin whose factors have no elements (an inner size of 0: a layer with no input
+    features) beside a full bias: the product is zeros, so the result is beta * bias, broadcast and
+    cast as torch gives it (the bias not read where beta is 0)."""
+    bias_at, first_at, second_at = BIASED_PRODUCTS[str(node.target)]
+    bias = args[bias_at]
+    if isinstance(bias, EmptyTensor) or not all(isinstance(args[k], EmptyTensor) for k in (first_at, second_at)):
+        raise UnsupportedOpError(f"unsupported op {where}: it reads a tensor with no elements beside one with "
+                                 "elements; emmy computes such an op only when every tensor it reads is empty")
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    if not math.isfinite(float(alpha)):  # inf * 0 is NaN in every element: leave that to torch's own rules
+        raise UnsupportedOpError(f"unsupported op {where}: a product with no elements scaled by alpha={alpha}")
+    ctx = Context(builder, node, where, constants, pairs=set())
+    out = ctx.out_type()
+    if beta == 0:
+        return builder.fill(0, out.shape, out.dtype, name=ctx.name)
+    scaled = ctx.tensor(bias, out.dtype.accumulator, out.shape)
+    if beta != 1:
+        scaled = builder.elementwise("multiply", scaled, beta, suffix="beta")
+    return builder.cast(scaled, out.dtype)
 
 
 def _view_behind_copy(key: str):
