@@ -40,7 +40,6 @@ def _hashed_once(cls):
     return cls
 
 
-
 @dataclass(frozen=True)
 class Dim:
     index: int

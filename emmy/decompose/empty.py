@@ -63,13 +63,18 @@ def without_empty_pieces(args: list) -> list:
     return [[t for t in tensors if not isinstance(t, EmptyTensor)], *rest]
 
 
+def mixed_reads(where: str) -> UnsupportedOpError:
+    """The refusal of an op reading a tensor with no elements beside one with elements."""
+    return UnsupportedOpError(f"unsupported op {where}: it reads a tensor with no elements beside one with "
+                              "elements; emmy computes such an op only when every tensor it reads is empty")
+
+
 def computed_from_empties(node, args: list, kwargs: dict, where: str, reads_full: bool):
     """The values of `node`, whose tensor arguments all have no elements, computed by torch: they
     depend on no data (a sum over nothing is 0). Refused when it reads a tensor with elements too
     (`reads_full`)."""
     if reads_full:
-        raise UnsupportedOpError(f"unsupported op {where}: it reads a tensor with no elements beside one with "
-                                 "elements; emmy computes such an op only when every tensor it reads is empty")
+        raise mixed_reads(where)
 
     def real(value):
         if isinstance(value, EmptyTensor):

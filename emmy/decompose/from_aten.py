@@ -17,8 +17,8 @@ import numpy as np
 # Importing the op modules fills the registry.
 from emmy.decompose import elementwise, indexing, layout, linalg, nn, reductions, resample, scatter, searching, sorting, windows  # noqa: F401
 from emmy.decompose.complex_pairs import is_complex, lower_complex
-from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_result, has_no_elements, reads_empty,
-                                  without_empty_pieces)
+from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_result, has_no_elements, mixed_reads,
+                                  reads_empty, without_empty_pieces)
 from emmy.decompose.registry import LOWERINGS, Context
 from emmy.dtypes import DType, from_torch, to_numpy
 from emmy.errors import EmmyError, UnsupportedDtypeError, UnsupportedOpError
@@ -256,20 +256,18 @@ def _from_empties(builder: GraphBuilder, node, env, read: list, constants: dict,
     return tuple(constant(r) for r in result) if isinstance(result, (list, tuple)) else constant(result)
 
 
-# beta * bias + alpha * (a product): (bias, first factor, second factor) positions
-BIASED_PRODUCTS = {"aten.addmm.default": (0, 1, 2), "aten.addmv.default": (0, 1, 2),
-                   "aten.baddbmm.default": (0, 1, 2), "aten.addbmm.default": (0, 1, 2)}
+# beta * bias + alpha * (first factor @ second factor), in that argument order
+BIASED_PRODUCTS = frozenset({"aten.addmm.default", "aten.addmv.default", "aten.baddbmm.default",
+                             "aten.addbmm.default"})
 
 
 def _bias_of_empty_product(builder: GraphBuilder, node, args: list, kwargs: dict, constants: dict, where: str):
     """addmm and its kin whose factors have no elements (an inner size of 0: a layer with no input
     features) beside a full bias: the product is zeros, so the result is beta * bias, broadcast and
     cast as torch gives it (the bias not read where beta is 0)."""
-    bias_at, first_at, second_at = BIASED_PRODUCTS[str(node.target)]
-    bias = args[bias_at]
-    if isinstance(bias, EmptyTensor) or not all(isinstance(args[k], EmptyTensor) for k in (first_at, second_at)):
-        raise UnsupportedOpError(f"unsupported op {where}: it reads a tensor with no elements beside one with "
-                                 "elements; emmy computes such an op only when every tensor it reads is empty")
+    bias, first, second = args[:3]
+    if isinstance(bias, EmptyTensor) or not (isinstance(first, EmptyTensor) and isinstance(second, EmptyTensor)):
+        raise mixed_reads(where)
     beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
     if not math.isfinite(float(alpha)):  # inf * 0 is NaN in every element: leave that to torch's own rules
         raise UnsupportedOpError(f"unsupported op {where}: a product with no elements scaled by alpha={alpha}")

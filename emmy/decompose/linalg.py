@@ -76,9 +76,7 @@ def grouped_mm(ctx: Context, a, b, offs=None, bias=None, out_dtype=None):
     b_b = bld.index_map(ctx.tensor(b, acc), space, [which, Affine.dim(1), Affine.dim(2)], suffix="b")
     product = bld.reduce_axes("sum", bld.elementwise("multiply", a_b, b_b, suffix="prod"), [1], False, suffix="sum")
     if bias is not None:
-        row_bias = bld.index_map(ctx.tensor(bias, acc), (rows, n), [
-            gathered_index(ctx, clamped, [Affine.dim(0)], groups, (rows, n), "grouped_mm group"), Affine.dim(1)],
-            suffix="bias")
+        row_bias = bld.index_map(ctx.tensor(bias, acc), (rows, n), [which, Affine.dim(1)], suffix="bias")
         product = bld.elementwise("add", product, row_bias, suffix="biased")
     kept = bld.elementwise("where", ctx.tensor(bld.reshape(inside, (rows, 1), suffix="grouped_row"), DType.BOOL,
                                                (rows, n)), product, 0.0, dtype=acc, suffix="rows")

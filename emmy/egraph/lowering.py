@@ -196,8 +196,11 @@ class KernelLowering:
         (those of the guarded index maps it is read under) when its index may fall outside the
         buffer there."""
         dtype = type_.dtype
-        guards = _needed(guards, coords, type_.shape, self.extents)
-        guards += self._unproven(buffer, coords, type_.shape, guards)
+        if _inside(coords, type_.shape, self.extents):  # reading where the guards fail is harmless
+            guards = ()
+        else:
+            guards = _needed(guards, coords)
+            guards += self._unproven(buffer, coords, type_.shape, guards)
         key = ("load", buffer, coords, guards)
         if key not in self.memo:
             name = self._fresh("in")
@@ -213,7 +216,7 @@ class KernelLowering:
         views with concatenated pieces (a relative shift after a cat, three times over) can carry
         more than intervals see, and a kernel with an unproven access is never emitted. Such an
         axis is read where 0 <= index < size, checked at run time (never failing for a valid program)."""
-        if not shape or len(shape) != len(coords) or _within(coords, shape, self.extents):
+        if not shape or len(shape) != len(coords):
             return ()
         variables = _vars(coords) | frozenset().union(*(g.expr.dims() for g in guards))
         axes = unproven_axes(coords, shape, guards, {v: (0, self.extents[v] - 1) for v in variables})
@@ -678,18 +681,20 @@ def _constant_fill(guards: tuple, fill, dtype: DType, extents) -> Lit | None:
     return Lit(int(fill), dtype) if math.isfinite(fill) else None  # an infinite integer fill stays a Masked
 
 
-def _needed(guards: tuple, coords: tuple, shape: tuple[int, ...], extents) -> tuple:
-    """The guards a load must keep: none when its index stays inside the buffer over every
-    coordinate the loops reach (then reading where the guards fail is harmless); else those that
-    share a loop variable with the index, without repeats. A guard on other variables only (a
-    concatenation's piece, on the output channel, over a convolution's input) cannot keep the
-    index inside, and would tie the load to loops it does not walk (a contraction's other side)."""
+def _inside(coords: tuple, shape: tuple[int, ...], extents) -> bool:
+    """Whether a load's index stays inside its buffer over every coordinate the loops reach, and
+    each index tensor it reads is read inside too (an upsampling's table read at a padded
+    convolution's coordinates)."""
+    return bool(shape) and len(shape) == len(coords) and _within(coords, shape, extents) and all(
+        _within(atom.index, atom.shape, extents) for atom in gathered_atoms(coords))
+
+
+def _needed(guards: tuple, coords: tuple) -> tuple:
+    """The guards a load that may leave its buffer must keep: those that share a loop variable with
+    the index, without repeats. A guard on other variables only (a concatenation's piece, on the
+    output channel, over a convolution's input) cannot keep the index inside, and would tie the
+    load to loops it does not walk (a contraction's other side)."""
     if not guards:
-        return ()
-    if shape and len(shape) == len(coords) and _within(coords, shape, extents) and all(
-            # an index tensor is read at its own positions, which must stay inside it too (an
-            # upsampling's table read at a padded convolution's coordinates)
-            _within(atom.index, atom.shape, extents) for atom in gathered_atoms(coords)):
         return ()
     walked = frozenset().union(*(e.dims() for e in coords))
     unique = []
