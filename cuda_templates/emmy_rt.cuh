@@ -33,8 +33,9 @@ namespace emmy {
 
 constexpr unsigned FULL_MASK = 0xffffffffu;
 
-// ---- values in registers: float for f32, f16 and bf16 ------------------------------------
+// ---- values in registers: float for f32, f16 and bf16, double for f64 -----------------------
 // A half value is a float rounded to its type after every operation (as numpy rounds).
+EMMY_DEVICE double to_reg(double x) { return x; }
 EMMY_DEVICE float to_reg(float x) { return x; }
 EMMY_DEVICE float to_reg(__half x) { return __half2float(x); }
 EMMY_DEVICE float to_reg(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -108,6 +109,8 @@ EMMY_DEVICE long long index_digits(long long e, long long q, long long a, long l
 // numpy's maximum and minimum: NaN wins
 EMMY_DEVICE float maximum(float a, float b) { return (a != a || a > b) ? a : b; }
 EMMY_DEVICE float minimum(float a, float b) { return (a != a || a < b) ? a : b; }
+EMMY_DEVICE double maximum(double a, double b) { return (a != a || a > b) ? a : b; }
+EMMY_DEVICE double minimum(double a, double b) { return (a != a || a < b) ? a : b; }
 EMMY_DEVICE long long maximum(long long a, long long b) { return a > b ? a : b; }
 EMMY_DEVICE long long minimum(long long a, long long b) { return a < b ? a : b; }
 EMMY_DEVICE int maximum(int a, int b) { return a > b ? a : b; }
@@ -117,20 +120,31 @@ EMMY_DEVICE int minimum(int a, int b) { return a < b ? a : b; }
 // quotient rounded to the nearest integer it must be; of integers: C truncates, so a quotient of
 // operands of unlike signs with a remainder steps down one. Dividing an integer by 0 gives 0 (torch
 // raises; a kernel cannot) and by -1 never divides (INT_MIN / -1 traps).
-EMMY_DEVICE float floor_divide(float a, float b) {
-  if (b == 0.0f) return a / b;
-  const float mod = fmodf(a, b);
-  float div = (a - mod) / b;
-  if (mod != 0.0f && ((b < 0.0f) != (mod < 0.0f))) div -= 1.0f;
-  if (div == 0.0f) return copysignf(0.0f, a / b);
-  const float whole = floorf(div);
-  return div - whole > 0.5f ? whole + 1.0f : whole;
+EMMY_DEVICE float fmod(float a, float b) { return fmodf(a, b); }
+EMMY_DEVICE double fmod(double a, double b) { return ::fmod(a, b); }
+EMMY_DEVICE float floor_of(float a) { return floorf(a); }
+EMMY_DEVICE double floor_of(double a) { return ::floor(a); }
+EMMY_DEVICE float copysign_of(float a, float b) { return copysignf(a, b); }
+EMMY_DEVICE double copysign_of(double a, double b) { return ::copysign(a, b); }
+template <class F> EMMY_DEVICE F floor_divide_float(F a, F b) {
+  if (b == F(0)) return a / b;
+  const F mod = fmod(a, b);
+  F div = (a - mod) / b;
+  if (mod != F(0) && ((b < F(0)) != (mod < F(0)))) div -= F(1);
+  if (div == F(0)) return copysign_of(F(0), a / b);
+  const F whole = floor_of(div);
+  return div - whole > F(0.5) ? whole + F(1) : whole;
 }
-EMMY_DEVICE float remainder(float a, float b) {
-  const float mod = fmodf(a, b);
-  return (mod != 0.0f && ((b < 0.0f) != (mod < 0.0f))) ? mod + b : mod;
+template <class F> EMMY_DEVICE F remainder_float(F a, F b) {
+  const F mod = fmod(a, b);
+  return (mod != F(0) && ((b < F(0)) != (mod < F(0)))) ? mod + b : mod;
 }
+EMMY_DEVICE float floor_divide(float a, float b) { return floor_divide_float(a, b); }
+EMMY_DEVICE double floor_divide(double a, double b) { return floor_divide_float(a, b); }
+EMMY_DEVICE float remainder(float a, float b) { return remainder_float(a, b); }
+EMMY_DEVICE double remainder(double a, double b) { return remainder_float(a, b); }
 EMMY_DEVICE float trunc_divide(float a, float b) { return truncf(a / b); }
+EMMY_DEVICE double trunc_divide(double a, double b) { return ::trunc(a / b); }
 // digamma (torch.digamma): CUDA's math library has none. Negative arguments by reflection,
 // psi(x) = psi(1 - x) - pi / tan(pi x) (a pole, NaN, at each non-positive integer; -inf at 0 as
 // torch), then the recurrence psi(x) = psi(x + 1) - 1/x up to x >= 6 and the asymptotic series
@@ -152,7 +166,26 @@ EMMY_DEVICE float digamma(float x) {
   const float series = f * (-1.0f / 12.0f + f * (1.0f / 120.0f + f * (-1.0f / 252.0f + f * (1.0f / 240.0f + f * (-1.0f / 132.0f)))));
   return result + logf(x) - 0.5f / x + series;
 }
-EMMY_DEVICE float fmod(float a, float b) { return fmodf(a, b); }
+// f64: the same steps up to x >= 10, where the series' first omitted term (x^-16) is under 1e-16
+EMMY_DEVICE double digamma(double x) {
+  if (x == 0.0) return -INFINITY;
+  double result = 0.0;
+  if (x < 0.0) {
+    if (x == ::floor(x)) return NAN;
+    const double pi = 3.141592653589793;
+    result = -pi / ::tan(pi * x);
+    x = 1.0 - x;
+  }
+  while (x < 10.0) {
+    result -= 1.0 / x;
+    x += 1.0;
+  }
+  const double f = 1.0 / (x * x);
+  const double series = f * (-1.0 / 12.0 + f * (1.0 / 120.0 + f * (-1.0 / 252.0 + f * (1.0 / 240.0 + f * (-1.0 / 132.0
+      + f * (691.0 / 32760.0 + f * (-1.0 / 12.0)))))));
+  return result + ::log(x) - 0.5 / x + series;
+}
+
 template <class I>
 EMMY_DEVICE I negated(I a) { return (I)(0ULL - (unsigned long long)a); }  // wraps like numpy, no UB
 #define EMMY_INTEGER_DIVISION(I)                                                                 \
@@ -256,29 +289,33 @@ EMMY_DEVICE float rescale_exp(float x) {
 // maximum (emmy/egraph/lowering.py's _online_sum says why). The lower state's maximum joins the sum
 // by one exp, its sum by a rescale; equal maxima add the second maximum's term, 1. An identity
 // (-inf, 0) adds 0 to a state with a finite max (its rescale and exp are 0).
-EMMY_DEVICE void merge_softmax(float& m, float& d, float m_other, float d_other) {
-  const float top = maximum(m, m_other);
+// (f64 states merge by the same steps in double, exp for both exps.)
+EMMY_DEVICE double rescale_exp(double x) { return ::exp(x); }
+EMMY_DEVICE float exp_of(float x) { return expf(x); }
+EMMY_DEVICE double exp_of(double x) { return ::exp(x); }
+template <class F> EMMY_DEVICE void merge_softmax(F& m, F& d, F m_other, F d_other) {
+  const F top = maximum(m, m_other);
   const bool mine_on_top = !(m_other > m);
-  const float high_d = mine_on_top ? d : d_other, low_d = mine_on_top ? d_other : d;
-  const float low_m = mine_on_top ? m_other : m;
-  d = low_m == top ? high_d + low_d + 1.0f : high_d + low_d * rescale_exp(low_m - top) + expf(low_m - top);
+  const F high_d = mine_on_top ? d : d_other, low_d = mine_on_top ? d_other : d;
+  const F low_m = mine_on_top ? m_other : m;
+  d = low_m == top ? high_d + low_d + F(1) : high_d + low_d * rescale_exp(low_m - top) + exp_of(low_m - top);
   m = top;
 }
 // Attention's online softmax (m, d, z): d and z sum every term, the maximum's included (lowering.py's
 // _softmax_wsum), z weighted by the values; each state is rescaled to the larger maximum, a state on
 // top by exactly 1 (an identity (-inf, 0, 0) then stays 0 beside another identity).
-EMMY_DEVICE void merge_softmax_wsum(float& m, float& d, float& z, float m_other, float d_other, float z_other) {
-  const float top = maximum(m, m_other);
-  const float mine = m == top ? 1.0f : expf(m - top), theirs = m_other == top ? 1.0f : expf(m_other - top);
+template <class F> EMMY_DEVICE void merge_softmax_wsum(F& m, F& d, F& z, F m_other, F d_other, F z_other) {
+  const F top = maximum(m, m_other);
+  const F mine = m == top ? F(1) : exp_of(m - top), theirs = m_other == top ? F(1) : exp_of(m_other - top);
   d = d * mine + d_other * theirs;
   z = z * mine + z_other * theirs;
   m = top;
 }
 // Welford (n, mean, m2), Chan et al.'s parallel merge.
-EMMY_DEVICE void merge_welford(float& n, float& mean, float& m2, float n_other, float mean_other, float m2_other) {
-  const float total = n + n_other;
-  if (total == 0.0f) return;
-  const float delta = mean_other - mean;
+template <class F> EMMY_DEVICE void merge_welford(F& n, F& mean, F& m2, F n_other, F mean_other, F m2_other) {
+  const F total = n + n_other;
+  if (total == F(0)) return;
+  const F delta = mean_other - mean;
   mean = mean + delta * (n_other / total);
   m2 = m2 + m2_other + delta * delta * (n * n_other / total);
   n = total;

@@ -196,22 +196,22 @@ inline float __cosf(float x) { return std::cos(x); }
 inline float __tanhf(float x) { return std::tanh(x); }
 inline float __powf(float a, float b) { return std::pow(a, b); }
 inline float exp10f(float x) { return std::pow(10.0f, x); }
-// CUDA math functions C++ lacks or names otherwise. erfinvf: Winitzki's closed form (within 2e-3)
-// refined by Newton steps on std::erf in double, to float precision.
-inline float erfinvf(float yf) {
-  const double y = yf;
+// CUDA math functions C++ lacks or names otherwise. erfinv: Winitzki's closed form (within 2e-3)
+// refined by Newton steps on std::erf (quadratic: 2e-3, 4e-6, 2e-11, then double precision).
+inline double erfinv(double y) {
   if (!(y >= -1.0 && y <= 1.0)) return NAN;
   if (y == 1.0 || y == -1.0) return y > 0 ? INFINITY : -INFINITY;
   const double a = 0.147, pi = 3.141592653589793, ln = std::log((1.0 - y) * (1.0 + y));
   const double first = 2.0 / (pi * a) + ln / 2.0;
   double x = std::copysign(std::sqrt(std::sqrt(first * first - ln / a) - first), y);
-  for (int step = 0; step < 4; ++step) x -= (std::erf(x) - y) / (2.0 / std::sqrt(pi) * std::exp(-x * x));
-  return (float)x;
+  for (int step = 0; step < 5; ++step) x -= (std::erf(x) - y) / (2.0 / std::sqrt(pi) * std::exp(-x * x));
+  return x;
 }
-inline float cyl_bessel_i0f(float x) { return (float)std::cyl_bessel_i(0.0, std::fabs((double)x)); }
-inline float cyl_bessel_i1f(float x) {
-  return (float)std::copysign(std::cyl_bessel_i(1.0, std::fabs((double)x)), (double)x);
-}
+inline float erfinvf(float y) { return (float)erfinv(y); }
+inline double cyl_bessel_i0(double x) { return std::cyl_bessel_i(0.0, std::fabs(x)); }
+inline double cyl_bessel_i1(double x) { return std::copysign(std::cyl_bessel_i(1.0, std::fabs(x)), x); }
+inline float cyl_bessel_i0f(float x) { return (float)cyl_bessel_i0(x); }
+inline float cyl_bessel_i1f(float x) { return (float)cyl_bessel_i1(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 using std::isnan;  // CUDA declares isnan, isinf and signbit for device code in the global namespace
 using std::isinf;

@@ -14,6 +14,7 @@ from emmy.errors import UnsupportedDtypeError
 
 
 class DType(enum.Enum):
+    F64 = "f64"  # registers and buffers both double: no rounding between operations
     F32 = "f32"
     F16 = "f16"
     BF16 = "bf16"
@@ -29,6 +30,12 @@ class DType(enum.Enum):
 
     @property
     def is_float(self) -> bool:
+        return self in (DType.F64, DType.F32, DType.F16, DType.BF16)
+
+    @property
+    def fits_f32(self) -> bool:
+        """Whether every value is exactly an f32 (f32 and the half types): such values order by
+        their f32 bits (the arg-reductions' (value, position) keys)."""
         return self in (DType.F32, DType.F16, DType.BF16)
 
     @property
@@ -59,9 +66,10 @@ class DType(enum.Enum):
             ) from None
 
 
-_ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.I64: 8, DType.I32: 4, DType.I16: 2, DType.I8: 1,
+_ITEMSIZE = {DType.F64: 8, DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.I64: 8, DType.I32: 4, DType.I16: 2, DType.I8: 1,
              DType.U8: 1, DType.BOOL: 1}
 _NUMPY = {
+    DType.F64: np.float64,
     DType.F32: np.float32,
     DType.F16: np.float16,
     DType.BF16: np.float32,
@@ -74,6 +82,7 @@ _NUMPY = {
 }
 
 _TORCH_NAMES = {
+    "torch.float64": DType.F64,
     "torch.float32": DType.F32,
     "torch.float16": DType.F16,
     "torch.bfloat16": DType.BF16,
@@ -106,6 +115,7 @@ def to_torch(dtype: DType):
     import torch
 
     return {
+        DType.F64: torch.float64,
         DType.F32: torch.float32,
         DType.F16: torch.float16,
         DType.BF16: torch.bfloat16,

@@ -135,7 +135,7 @@ def check_ruleset(group, corpus=DEFAULT_CORPUS, variants: int = 4, seed: int = 0
     return result
 
 
-DTYPES = ("f32", "f16", "bf16")
+DTYPES = ("f32", "f16", "bf16", "f64")
 SYNTHESIZED = 48  # bindings a rewrite is tried on from its variables' roles
 MATCHED = 16  # bindings taken from each corpus e-graph's matches
 DRAWS = 3  # fillings of a binding's Term variables
@@ -208,7 +208,7 @@ def leaf_values(dtype: DType, shape: tuple[int, ...], rng) -> np.ndarray:
         return rng.random(size).reshape(shape) < 0.5
     if not dtype.is_float:
         return rng.integers(-4, 5, size).astype(dtype.numpy).reshape(shape)
-    info = np.finfo(np.float16 if dtype is DType.F16 else np.float32)
+    info = np.finfo({DType.F16: np.float16, DType.F64: np.float64}.get(dtype, np.float32))
     largest = 3.3895314e38 if dtype is DType.BF16 else float(info.max)
     normal = 2.0 ** -126 if dtype is DType.BF16 else float(info.smallest_normal)
     subnormal = {DType.F16: 2.0 ** -24, DType.BF16: 2.0 ** -133}.get(dtype, float(info.smallest_subnormal))
@@ -262,6 +262,9 @@ def _ordered(values: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype is DType.F16:
         bits = np.asarray(values, np.float16).view(np.int16).astype(np.int64)
         magnitude = bits & 0x7FFF
+    elif dtype is DType.F64:
+        bits = np.asarray(values, np.float64).view(np.int64)
+        magnitude = bits & 0x7FFFFFFFFFFFFFFF
     else:
         bits = np.asarray(values, np.float32).view(np.int32).astype(np.int64)
         magnitude = bits & 0x7FFFFFFF
@@ -282,8 +285,8 @@ def _same_bits(a: np.ndarray, b: np.ndarray, dtype: DType) -> np.ndarray:
     if not dtype.is_float:
         return a == b
     nan_a, nan_b = np.isnan(a), np.isnan(b)
-    storage = np.float16 if dtype is DType.F16 else np.float32
-    width = np.int16 if dtype is DType.F16 else np.int32
+    storage, width = {DType.F16: (np.float16, np.int16), DType.F64: (np.float64, np.int64)}.get(dtype,
+                                                                                               (np.float32, np.int32))
     same = np.asarray(a, storage).view(width) == np.asarray(b, storage).view(width)
     return np.where(nan_a | nan_b, nan_a & nan_b, same)
 

@@ -22,10 +22,11 @@ BAD_INPUT = [
     ("x=torch.randn(4)\nx if x.sum() > 0 else -x", [], ["data-dependent control flow at line 2"]),
     ("x=torch.randn(4,4)\ntorch.linalg.det(x)", [], ["unsupported op aten._linalg_det.default", "line 2: `torch.linalg.det(x)`"]),
     ("x=torch.randn(4,4)\ntorch.linalg.inv(x)", [], ["unsupported op aten.linalg_inv_ex.default", "line 2"]),  # effect tokens
-    ("x=torch.randn(4,dtype=torch.float64); x*2", [], ["unsupported dtype float64 (input x)"]),
+    ("x=torch.randn(4,dtype=torch.complex128); x*2", [], ["unsupported dtype complex128 (input x)"]),
     ("e=torch.randn(0); b=torch.linspace(0,1,5)\ntorch.histogram(e, b)[0]", [],
      ["aten.histogram.bins_tensor (line 2: `torch.histogram(e, b)[0]`): it reads a tensor with no elements beside one"]),
-    ("x=torch.randn(4)\nx.double() * 2", [], ["unsupported dtype float64", "line 2: `x.double() * 2`"]),
+    ("x=torch.randn(4)\nx.to(torch.float8_e4m3fn).float() * 2", [],
+     ["unsupported dtype float8_e4m3fn", "line 2: `x.to(torch.float8_e4m3fn).float() * 2`"]),
     (MATMUL, ["--target", "sm_70"], ["unknown target 'sm_70'", "sm_80, sm_89, sm_90, sm_120"]),
     (get("attention").sim_code, ["--ir", "kernel", "--knobs", "REDUCE=g2k"],
      ["kernel k_sdpa_cast_3 (attention 72 queries x 72 keys, head 64, values 64 (batch 2), f16 operands",

@@ -169,5 +169,5 @@ def test_a_row_the_grid_cannot_take_is_refused_with_the_reason():
     result = run_emmy("compile", "-c", "x=torch.randn(3,5000); x.argmax(-1)", "--ir", "kernel",
                       "--knobs", "WORK=t32,REDUCE=g4s")
     assert result.returncode == 2
-    assert "REDUCE=g4s: a grid-synced row needs float accumulators" in result.stderr
+    assert "REDUCE=g4s: a grid-synced row needs f32 accumulators" in result.stderr
     assert "Traceback" not in result.stderr

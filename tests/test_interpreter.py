@@ -62,4 +62,4 @@ def test_missing_and_misshapen_inputs_are_reported():
 def test_dtype_names_round_trip():
     assert all(DType.parse(d.value) is d for d in DType)
     with pytest.raises(emmy.EmmyError, match="unknown dtype"):
-        DType.parse("f64")
+        DType.parse("f8")

@@ -89,9 +89,10 @@ def max_dim(ctx: Context, x, dim, keepdim=False):
 
 
 def _keyed(ctx: Context, x: str, axis: int) -> bool:
-    """Whether an arg-reduction over `axis` folds (value, position) keys in one pass: float values
-    (an f32 key), positions that fit the key's 32 low bits."""
-    return ctx.b.dtype(x).is_float and ctx.b.shape(x)[axis] < 2 ** 32
+    """Whether an arg-reduction over `axis` folds (value, position) keys in one pass: values that
+    are exactly f32s (the key holds their f32 bits; f64 values would tie where they differ),
+    positions that fit the key's 32 low bits."""
+    return ctx.b.dtype(x).fits_f32 and ctx.b.shape(x)[axis] < 2 ** 32
 
 
 def _positions_along(ctx: Context, shape, axis: int) -> str:

@@ -120,7 +120,7 @@ def topk(ctx: Context, x, k, dim=-1, largest=True, sorted=True):
     order; this one always sorts them). The k largest of a long float row (a vocabulary's top 50)
     are k folds of the row (`_largest_by_passes`), not a rank per element."""
     shape = ctx.b.shape(x)
-    if largest and shape and ctx.b.dtype(x).is_float and int(k) <= PASSES_UP_TO \
+    if largest and shape and ctx.b.dtype(x).fits_f32 and int(k) <= PASSES_UP_TO \
             and shape[dim % len(shape)] > RANKS_UP_TO:
         return _largest_by_passes(ctx, x, dim % len(shape), int(k))
     return _ordered(ctx, x, dim, bool(largest), int(k))

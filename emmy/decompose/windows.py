@@ -214,6 +214,13 @@ def _max_pool(ctx: Context, x, windows: list[Window], positions_of_window=None):
     spread = b.index_map(flat, b.shape(x), [Affine.dim(lead + i) for i in range(d)], suffix="positions")
     where = _window_space(ctx, spread, lead, windows, 0) if positions_of_window is None \
         else positions_of_window(spread, 0)
+    if not b.dtype(x).fits_f32:  # f64: the least position holding the maximum (or a NaN), a second fold
+        kept = b.reshape(values, (*b.shape(values), *[1] * d), suffix="kept")
+        hit = b.elementwise("logical_or", b.elementwise("equal", framed, b.broadcast_to(kept, b.shape(framed)),
+                                                        dtype=DType.BOOL),
+                            b.elementwise("isnan", framed, dtype=DType.BOOL), dtype=DType.BOOL)
+        candidates = b.elementwise("where", hit, where, 2 ** 62, dtype=DType.I64, suffix="candidates")
+        return values, b.reduce_axes("min", candidates, window_axes, False, suffix="indices")
     # one fold of (value, position) keys: ties go to the first position, NaN wins as torch's does
     keys = b.elementwise("max_key", framed, where, dtype=DType.I64, suffix="key")
     best = b.reduce_axes("max", keys, window_axes, False, suffix="best")

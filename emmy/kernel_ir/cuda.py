@@ -83,9 +83,9 @@ def _render_elements(n, template, k, types) -> str:
         return template.render(n=n, decomposition=_decomposition(n.vars[:-1] if n.width > 1 else n.vars),
                                inner=n.vars[-1] if n.vars else None, storage=storage, lines=lines)
     main = n.extent - n.extent % n.width
-    restarts = [(acc, literal(value, DType.F32)) for op, accs in n.restarted
+    restarts = [(acc, literal(value, dtype), REGISTER[dtype]) for op, dtype, accs in n.restarted
                 for acc, value in zip(accs, _identities(op, accs))]
-    merges = [merge_chunk_c(op, accs) for op, accs in n.restarted]
+    merges = [merge_chunk_c(op, accs) for op, _, accs in n.restarted]
     return template.render(n=n, main=main, storage=storage, lines=lines, tail_lines=_lines(n.body, types),
                            worker=WORKER_C[n.worker], restarts=restarts, merges=merges)
 
@@ -107,8 +107,9 @@ def _identities(op: str, accs) -> tuple:
 
 
 def _render_split_finish(n: K.SplitFinish, template, k, types) -> str:
-    accs = [(acc, literal(REDUCE_OPS[op], DType.F32), merge_c(op, (acc,), "")) for acc, op in n.accs]
-    return template.render(n=n, accs=accs, M=prod(e for _, e in n.m_vars), N=prod(e for _, e in n.n_vars),
+    register = next(p.dtype for p in k.params if p.name == n.workspace)  # the partial results' type
+    accs = [(acc, literal(REDUCE_OPS[op], register), merge_c(op, (acc,), "")) for acc, op in n.accs]
+    return template.render(n=n, accs=accs, register=REGISTER[register], M=prod(e for _, e in n.m_vars), N=prod(e for _, e in n.n_vars),
                            B=prod(e for _, e in n.batch_vars), m_dec=_decomposition(n.m_vars),
                            n_dec=_decomposition(n.n_vars), b_dec=_decomposition(n.batch_vars),
                            epilogue=_lines(n.epilogue, types))
@@ -186,7 +187,8 @@ def _render_contraction(n: K.ContractionTile, template, k: K.KernelIR, types) ->
                        "outer_total": total(n.m_vars if p.side == "a" else n.n_vars),
                        "outer_start": "m0" if p.side == "a" else "n0"})
     accs = [i.acc for i in n.inits]
-    inits = {i.acc: literal(REDUCE_OPS[i.op], DType.F32) for i in n.inits}
+    inits = {i.acc: literal(REDUCE_OPS[i.op], i.dtype.accumulator) for i in n.inits}
+    registers = {i.acc: REGISTER[i.dtype.accumulator] for i in n.inits}
     extra = {}
     if n.micro_m:
         template = _environment().get_template("ContractionMicro.j2")
@@ -196,7 +198,7 @@ def _render_contraction(n: K.ContractionTile, template, k: K.KernelIR, types) ->
     return template.render(**extra,
         atomic_stores=_atomic_stores(n, types), n=n, M=total(n.m_vars), N=total(n.n_vars), tiles_n=-(-total(n.n_vars) // n.bn),
         tiles_m=-(-total(n.m_vars) // n.bm), m_dec=_decomposition(n.m_vars), n_dec=_decomposition(n.n_vars),
-        b_dec=_decomposition(n.batch_vars), panels=panels, accs=accs, inits=inits,
+        b_dec=_decomposition(n.batch_vars), panels=panels, accs=accs, inits=inits, registers=registers,
         lift=_lines(n.lift, types, {v.dst[:-2]: v.dst for v in n.vectors}, load_from=load_from),
         combine=_lines(n.combine, types), vector_storage={v.buffer: STORAGE[v.dtype] for v in n.vectors},
         epilogue=_lines(n.epilogue, types))
@@ -236,9 +238,9 @@ def _render_flash(n: K.FlashRows, template, k: K.KernelIR, types) -> str:
             per_key.append({"dot": True, "acc": acc, "monoid": _WARP_MONOID[MONOID[op]]})
         else:
             per_key.append({"dot": False, "line": _lines((s,), types)[0]})
-    inits = [(i.acc, literal(REDUCE_OPS[i.op], DType.F32)) for i in n.inits]
+    inits = [(i.acc, literal(REDUCE_OPS[i.op], i.dtype.accumulator), REGISTER[i.dtype.accumulator]) for i in n.inits]
     return template.render(
-        n=n, panels=panels, per_key=per_key, inits=inits, held=[s.name for s in n.held],
+        n=n, panels=panels, per_key=per_key, inits=inits, held=[(s.name, REGISTER[s.dtype]) for s in n.held],
         held_lines=_lines(n.held, types), dot_lines=_lines(n.dot, types, load_from=load_from),
         col_lines=_lines(n.per_col, types, load_from=load_from), epilogue=_lines(n.epilogue, types),
         ROWS=prod(e for _, e in n.row_vars), COLS=prod(e for _, e in n.col_vars),

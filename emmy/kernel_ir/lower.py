@@ -140,6 +140,8 @@ def _supports_contraction(tile: TileKernel, types: dict | None, memo: dict) -> s
     folds = [p for p in tile.parts if isinstance(p, Fold)]
     if folds[0].twist:
         return "a twisted contraction fold is not lowered yet"
+    if g.split > 1 and len({i.dtype.accumulator for i in folds[0].init}) > 1:  # one workspace type
+        return f"REDUCE={row.REDUCE}: a split's accumulators are of several types"
     if g.stage_depth and types is not None:
         key = ("panels", g.tile_m, g.tile_n, g.tile_k, g.vec, g.micro_m)  # what they depend on besides the kernel
         if key not in memo:
@@ -202,15 +204,15 @@ def _row_atomic(tile: TileKernel) -> str:
     monoids = {MONOID[s.op] for s in fold.combine if isinstance(s, L.Accumulate)}
     if len(monoids) != 1 or any(isinstance(s, L.Update) for s in fold.combine):
         raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one monoid")
-    if any(not i.dtype.is_float for i in fold.init):  # the runtime header's atomics combine floats
-        raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs float accumulators")
+    if any(i.dtype.accumulator is not DType.F32 for i in fold.init):  # the runtime header's atomics combine floats
+        raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs f32 accumulators")
     return monoids.pop()
 
 
 def _workspace_split(tile: TileKernel) -> str:
     """Why a row cannot split its fold over blocks that hand their partial states on through a
     workspace, or "": one fold (REDUCE=g<N>s: one grid barrier a row), nothing stored before it
-    (every block runs what precedes the fold), float accumulators (the workspace is f32), and for
+    (every block runs what precedes the fold), f32 accumulators (the workspace is f32), and for
     REDUCE=g<N>k nothing swept after it (a sweep would need the whole row's result in every block,
     which only the grid barrier of g<N>s gives)."""
     what = "a grid-synced row" if tile.row.reduce.grid else "a workspace split"
@@ -222,8 +224,8 @@ def _workspace_split(tile: TileKernel) -> str:
     before = tile.parts[:tile.parts.index(folds[0])]
     if any(isinstance(s, L.Store) for p in before for s in p.body):
         return "a row that stores before its fold cannot split it across blocks"
-    if any(not i.dtype.is_float for i in folds[0].init):
-        return f"{what} needs float accumulators (the workspace is f32)"
+    if any(i.dtype.accumulator is not DType.F32 for i in folds[0].init):
+        return f"{what} needs f32 accumulators (the workspace is f32)"
     return ""
 
 
@@ -379,12 +381,12 @@ CHUNK_ELEMENTS = 256  # a thread's elements a fold chains before its state is me
 
 
 def _chunked(loop: ElementLoop, fold: Fold) -> ElementLoop:
-    """A fold whose thread folds more than CHUNK_ELEMENTS elements: its float sums, products and
+    """A fold whose thread folds more than CHUNK_ELEMENTS elements: its floating sums, products and
     twisted states restart every chunk and merge into the row's, so rounding chains over at most a
     chunk and then once a chunk (a sum's small terms are not lost against a large running total).
     Maxima and minima are exact, integer sums too: they fold on."""
-    groups = tuple((op, accs) for op, dtype, accs in _fold_groups(fold)
-                   if dtype is DType.F32 and op not in ("max", "min"))
+    groups = tuple((op, dtype, accs) for op, dtype, accs in _fold_groups(fold)
+                   if dtype.is_float and op not in ("max", "min"))
     per_step = loop.width * loop.unroll
     if not groups or _slice_steps(loop) * per_step <= CHUNK_ELEMENTS:
         return loop
@@ -567,9 +569,9 @@ def _block_combine(fold: Fold, threads: int):
 
 def _fold_groups(fold: Fold) -> list[tuple[str, DType, tuple[str, ...]]]:
     """A fold's accumulators as they combine across threads: (monoid, register type, accumulators)
-    per group of plain ones, then (twist, f32, state) for a twisted fold's state."""
+    per group of plain ones, then (twist, register type, state) for a twisted fold's state."""
     state = tuple(i.acc for i in fold.init if _in_state(i, fold))
-    register = {i.acc: (DType.F32 if i.dtype.is_float else i.dtype) for i in fold.init}  # scalar_c's Init
+    register = {i.acc: i.dtype.accumulator for i in fold.init}  # scalar_c's Init
     plain = {}
     for s in fold.combine:
         if isinstance(s, L.Accumulate):  # one group per monoid and register type (int64 keys: argmax)
@@ -579,7 +581,7 @@ def _fold_groups(fold: Fold) -> list[tuple[str, DType, tuple[str, ...]]]:
     if state:
         if (fold.twist, len(state)) not in MERGED:
             raise Unsupported(f"a {fold.twist} fold with {len(state)} state values is not lowered yet")
-        groups.append((fold.twist, DType.F32, state))
+        groups.append((fold.twist, register[state[0]], state))
     return groups
 
 
@@ -662,7 +664,7 @@ def _lower_contraction(tile: TileKernel, types: dict, params) -> KernelIR:
     tiles = -(-m_total // bm) * -(-n_total // bn)
     monoids = tuple((s.acc, MONOID[s.op]) for s in fold.combine if isinstance(s, L.Accumulate))
     atomics, workspace, params = split_outputs(tile, monoids, epilogue, params, prod(e for _, e in batch) or 1,
-                                               m_total * n_total)
+                                               m_total * n_total, fold.init[0].dtype.accumulator)
     body = ContractionTile(m_vars=m_vars, n_vars=n_vars, batch_vars=batch, k_var=fold.var, k_extent=fold.extent,
                            bm=bm, bn=bn, bk=bk, per_thread=g.elems, depth=g.stage_depth, how=g.stage_how,
                            panels=tuple(panels), inits=fold.init, lift=fold.lift, combine=fold.combine,
@@ -744,7 +746,7 @@ def _finishing_kernel(tile: TileKernel, main: KernelIR, body, types: dict) -> Ke
     gathers = L.index_tensors(body.epilogue)
     reads = sorted({s.expr.buffer for s in body.epilogue if isinstance(s, L.Assign) and isinstance(s.expr, L.Load)}
                    | gathers)
-    params = (Param(workspace.name, DType.F32, False, workspace.scratch),
+    params = (Param(workspace.name, workspace.dtype, False, workspace.scratch),
               *(Param(b, types[b].dtype, False) for b in reads), *outputs, *((faults_param(),) if gathers else ()))
     total = prod(e for _, e in (*body.m_vars, *body.n_vars, *body.batch_vars))
     finish = SplitFinish(body.m_vars, body.n_vars, body.batch_vars, body.split, body.workspace, monoids,

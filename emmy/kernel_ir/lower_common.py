@@ -58,10 +58,12 @@ def vectorizable(flat: Affine, var: int, width: int) -> bool:
     return step == 1 and flat.const % width == 0
 
 
-def split_outputs(tile: TileKernel, monoids, epilogue, params, batch_total: int, outputs: int):
+def split_outputs(tile: TileKernel, monoids, epilogue, params, batch_total: int, outputs: int,
+                  register: DType = DType.F32):
     """How a contraction split along K (REDUCE=g<N>a or g<N>k) hands on its partial results:
     (accumulators combined atomically into the output, workspace buffer name, params with the
-    workspace added). The schedule allows atomics only for one accumulator stored raw."""
+    workspace added). The schedule allows atomics only for one accumulator stored raw. The
+    workspace holds the accumulators' `register` type (f64 partial sums stay f64)."""
     split = tile.geometry.split
     if split > 1 and tile.row.reduce.atomic:
         if len(monoids) != 1 or not all(isinstance(s, L.Store) and s.value == monoids[0][0] for s in epilogue):
@@ -69,5 +71,5 @@ def split_outputs(tile: TileKernel, monoids, epilogue, params, batch_total: int,
         return monoids, "", params
     if split > 1:  # [accumulator][split][batch][M][N]
         workspace = workspace_name(tile.kernel.name)
-        return (), workspace, (*params, Param(workspace, DType.F32, True, len(monoids) * split * batch_total * outputs))
+        return (), workspace, (*params, Param(workspace, register, True, len(monoids) * split * batch_total * outputs))
     return (), "", params

@@ -99,10 +99,11 @@ class ElementLoop:
     # memory) loaded on the first row into the thread's own slots, read from there on later rows.
     staged: tuple[tuple[str, int], ...] = ()
     # A long fold in chunks of `chunk_steps` steps: each chunk folds `restarted` ((monoid or twist,
-    # accumulators) groups) from their identity and is then merged into the row's state, so a thread's
-    # sums chain over a chunk, not over its whole share (a chain of 20000 additions leans).
+    # register type, accumulators) groups) from their identity and is then merged into the row's
+    # state, so a thread's sums chain over a chunk, not over its whole share (a chain of 20000
+    # additions leans).
     chunk_steps: int = 0
-    restarted: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    restarted: tuple[tuple[str, DType, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Loop IR scalar statements as C++ for the CUDA templates.
 
 Values live in registers as float (f32, f16 and bf16: a half value is a float rounded to its
-type after every operation, as the numpy interpreter rounds), long long, int or bool; buffers
-hold the storage type. Operations follow tensor_ir.scalar_ops: maximum and minimum propagate
+type after every operation, as the numpy interpreter rounds), double (f64, with the double forms
+of the math functions and unsuffixed literals), long long, int or bool; buffers hold the storage
+type. Operations follow tensor_ir.scalar_ops: maximum and minimum propagate
 NaN like numpy's.
 """
 
@@ -21,10 +22,10 @@ from emmy.loop_ir import nodes as L
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
 # Narrow integers are registers of their own type, so arithmetic wraps as torch's (and numpy's) does.
-REGISTER = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.I64: "long long",
+REGISTER = {DType.F64: "double", DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.I64: "long long",
             DType.I32: "int", DType.I16: "short", DType.I8: "signed char", DType.U8: "unsigned char",
             DType.BOOL: "bool"}
-STORAGE = {DType.F32: "float", DType.F16: "__half", DType.BF16: "__nv_bfloat16", DType.I64: "long long",
+STORAGE = {DType.F64: "double", DType.F32: "float", DType.F16: "__half", DType.BF16: "__nv_bfloat16", DType.I64: "long long",
            DType.I32: "int", DType.I16: "short", DType.I8: "signed char", DType.U8: "unsigned char",
            DType.BOOL: "bool"}
 _MONOID_OP = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}  # Accumulate's op
@@ -55,6 +56,27 @@ _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "rescal
           "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "round": "rintf({0})",
           "max_key_position": "emmy::max_key_position({0})", "min_key_position": "emmy::min_key_position({0})"}
 
+# f64's forms: the C math functions without their float suffix (CUDA's double functions), double
+# literals, and exp for the online softmax's rescale (whose float form is tuned to f32's bits).
+_DOUBLE_NAMES = {"fabsf": "fabs", "expf": "exp", "logf": "log", "sqrtf": "sqrt", "rsqrtf": "rsqrt", "tanhf": "tanh",
+                 "erff": "erf", "cosf": "cos", "sinf": "sin", "log1pf": "log1p", "expm1f": "expm1", "log2f": "log2",
+                 "log10f": "log10", "exp2f": "exp2", "tanf": "tan", "atanf": "atan", "asinf": "asin",
+                 "acosf": "acos", "sinhf": "sinh", "coshf": "cosh", "asinhf": "asinh", "acoshf": "acosh",
+                 "atanhf": "atanh", "erfcf": "erfc", "lgammaf": "lgamma", "erfinvf": "erfinv",
+                 "cyl_bessel_i0f": "cyl_bessel_i0", "cyl_bessel_i1f": "cyl_bessel_i1", "floorf": "floor",
+                 "ceilf": "ceil", "truncf": "trunc", "rintf": "rint", "powf": "pow", "atan2f": "atan2",
+                 "hypotf": "hypot", "copysignf": "copysign", "emmy::rescale_exp": "exp"}
+
+
+def _double_form(form: str) -> str:
+    for single, double in _DOUBLE_NAMES.items():
+        form = form.replace(single + "(", double + "(")
+    return form.replace("1.0f", "1.0")
+
+
+_UNARY_F64 = {op: _double_form(form) for op, form in _UNARY.items()}
+_BINARY_F64 = {op: _double_form(form) for op, form in _BINARY.items()}
+
 
 def buffer_c(name: str) -> str:
     """A buffer's name in CUDA text: `g_` (global memory) and its name, so that no buffer can take
@@ -80,6 +102,8 @@ def literal(value, dtype: DType) -> str:
     if math.isinf(v):
         return "INFINITY" if v > 0 else "-INFINITY"
     text = repr(v)
+    if dtype == DType.F64:  # repr gives the shortest text that reads back as the same double
+        return text if ("." in text or "e" in text) else text + ".0"
     return text + ("f" if ("." in text or "e" in text) else ".0f")
 
 
@@ -97,8 +121,8 @@ def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = Non
     stored_to = stored_to or {}
     load_from = load_from or {}
     if isinstance(stmt, L.Init):
-        return f"float {stmt.acc} = {literal(REDUCE_OPS[stmt.op], DType.F32)};" if stmt.dtype.is_float else \
-            f"{REGISTER[stmt.dtype]} {stmt.acc} = {literal(REDUCE_OPS[stmt.op], stmt.dtype)};"
+        register = stmt.dtype.accumulator  # a half accumulator is a float
+        return f"{REGISTER[register]} {stmt.acc} = {literal(REDUCE_OPS[stmt.op], register)};"
     if isinstance(stmt, L.Accumulate):
         binary = _MONOID_OP.get(stmt.op, stmt.op)
         return f"{stmt.acc} = {_op(binary, (stmt.acc, operand(stmt.value)))};"
@@ -144,10 +168,13 @@ def statement(stmt, index_c, types: dict, vector_of: dict[str, str] | None = Non
 
 
 def _op(op: str, args: tuple[str, ...], dtype: DType | None = None) -> str:
-    if op in _BINARY:
-        return _BINARY[op].format(*args)
-    if op in _UNARY:
-        return _UNARY[op].format(*args)
+    """`op` of `args` as C; `dtype` is the result's (f64 takes the double forms; a comparison's bool
+    result has the same form for either)."""
+    binary, unary = (_BINARY_F64, _UNARY_F64) if dtype == DType.F64 else (_BINARY, _UNARY)
+    if op in binary:
+        return binary[op].format(*args)
+    if op in unary:
+        return unary[op].format(*args)
     if op == "where":
         return f"({args[0]} ? {args[1]} : {args[2]})"
     if op == "cast":

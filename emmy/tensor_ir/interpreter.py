@@ -105,8 +105,8 @@ def apply_scalar(op_name: str, out: DType, args: list[np.ndarray]) -> np.ndarray
         (x,) = args
         if out is DType.BOOL:
             return np.asarray(x != 0)
-        if out.is_float:
-            return to_storage(np.asarray(x, dtype=np.float32), out)
+        if out.is_float:  # one rounding, from the source straight to the type (int64 -> f64 exact to 2^53)
+            return to_storage(np.asarray(x, dtype=np.float64 if out is DType.F64 else np.float32), out)
         return _float_to_int(x, out)
     if op.kind == "arith":
         args = [_compute(a, out) for a in args]
