@@ -57,6 +57,7 @@ class Target:
     max_threads_per_block: int = 1024
     launch_seconds: float = 3.0e-6  # host-side launch overhead a kernel
     sfu_fraction: float = 1 / 8  # exp/rsqrt/... rate as a fraction of the fp32 FMA rate
+    fp64_fraction: float = 1 / 2  # f64 FMA rate as a fraction of the fp32 one
     clock_hz: float = 0.0  # boost clock: the instruction issue rate below
     memory_latency_cycles: float = 450.0  # a staged copy's round trip from issue to landing (estimate)
     l1_latency_cycles: float = 33.0  # a load that hits the SM's L1 (estimate)
@@ -127,6 +128,9 @@ _ESTIMATES = {
                          "Microbenchmarking', 2018, and its Turing sequel, 2019), until measured",
     "sfu_fraction": CUDA_GUIDE + " (arithmetic instruction throughput: 16 special-function results per "
                     "SM per clock against 128 fp32 FMAs)",
+    "fp64_fraction": CUDA_GUIDE + " (arithmetic instruction throughput, 64-bit floating-point add, multiply "
+                     "and multiply-add per SM per clock: 32 against 64 fp32 on 8.0, 64 against 128 on 9.0, 2 "
+                     "against 128 on 8.9 and 12.0)",
 }
 
 
@@ -138,7 +142,12 @@ def _target(gpu, name, cc, gpus, datasheet: str, *, sms, smem_per_block_kib, sme
     sources |= notes or {}
     return Target(name, cc, gpus, sms, smem_per_block_kib * _KIB, smem_per_sm_kib * _KIB, threads_per_sm,
                   blocks_per_sm, bandwidth, fp32, tensor, bf16, l2_mib * _KIB * _KIB, l2_bandwidth,
-                  128 * sms * boost_ghz * 1e9, clock_hz=boost_ghz * 1e9, sources=sources, gpu=gpu)
+                  128 * sms * boost_ghz * 1e9, clock_hz=boost_ghz * 1e9, sources=sources, gpu=gpu,
+                  fp64_fraction=_FP64_FRACTION[cc])
+
+
+# 64-bit FMAs per SM per clock over 32-bit ones, by compute capability (CUDA guide, as fp64_fraction's source)
+_FP64_FRACTION = {(8, 0): 32 / 64, (8, 9): 2 / 128, (9, 0): 64 / 128, (12, 0): 2 / 128}
 
 
 # The H100 and H200 (SXM) share the GH100 chip's compute, caches and limits; memory differs.

@@ -203,6 +203,18 @@ def test_an_fp32_matmul_is_priced_at_one_fma_per_multiply_add(target):
     assert bound <= best.arith_s < 1.1 * bound, (best.arith_s, bound)
 
 
+
+@pytest.mark.parametrize("target, fraction", [("sm_90", 1 / 2), ("sm_120", 1 / 64)])
+def test_an_f64_matmul_runs_on_the_fp64_pipes_at_their_rate(target, fraction):
+    """The same multiply-adds in f64 take the FP64 pipes, at the CUDA guide's fraction of the fp32
+    rate: half on Hopper, a 64th on a GeForce Blackwell."""
+    f32, f64 = (emmy.optimize(f"a=torch.randn(2048,2048{d}); b=torch.randn(2048,2048{d}); a @ b", target=target)
+                .explain().kernels[0].ranked[0] for d in ("", ",dtype=torch.float64"))
+    bound = 2 * 2048 ** 3 / (get_target(target).fp32_flops * fraction)
+    assert bound <= f64.arith_s < 1.1 * bound, (f64.arith_s, bound)
+    assert f64.arith_s > 1.8 * f32.arith_s
+
+
 def test_index_math_is_counted_where_it_runs_and_shares_the_issue_with_the_fma_work():
     """A floor division or modulo in an index runs once per iteration of the loops down to the
     innermost one it walks (2 and 3 integer instructions), and the model issues it beside the

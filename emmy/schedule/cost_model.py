@@ -128,7 +128,7 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     if shape.kind == "contraction" and g.mma and shape.prologue:
         arith += _fragment_prologue_ops(shape, row, g)
     arith = max(0.0, arith)
-    arith_s = arith / (target.fp32_flops / 2)
+    arith_s = arith / (target.fp32_flops / 2) + loop_cost.f64_ops / (target.fp32_flops / 2 * target.fp64_fraction)
     special_s = loop_cost.special_ops / (target.fp32_flops / 2 * target.sfu_fraction)
 
     resident = max(1, min(target.blocks_per_sm, target.threads_per_sm // g.threads,
@@ -143,7 +143,7 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
         if not g.mma:
             issue_s = simt_contraction_instructions(shape, g, loop_cost) / target.issue_rate
     elif shape.kind in ("map", "row", "column"):  # the FMA-pipe work and the index math share the issue
-        issue_s = (max(0.0, arith) + loop_cost.index_ops) / target.issue_rate
+        issue_s = (max(0.0, arith) + loop_cost.f64_ops + loop_cost.index_ops) / target.issue_rate
     waves = ceil(g.blocks / slots)
     tail = g.blocks / (waves * min(g.blocks, slots))
     spread = min(1.0, 2.0 * min(g.blocks, target.sms) / target.sms)  # an SM draws up to twice its share

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emmy.affine import FloorDiv, Gathered, Mod, gathered_reads
+from emmy.dtypes import DType
 from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Load, Loop, Masked, Op, Store, Update,
                                 parallel_loops)
 from emmy.schedule.held import held_loads, invariant_loads
@@ -28,6 +29,9 @@ EXPENSIVE = {"exp": 4, "log": 4, "sqrt": 4, "rsqrt": 4, "sigmoid": 4, "tanh": 4,
              "asinh": 8, "acosh": 8, "atanh": 8, "erfc": 8, "lgamma": 16, "atan2": 12, "hypot": 8,
              "erfinv": 12, "i0": 16, "i1": 16, "digamma": 24}
 SPECIAL_FUNCTIONS = set(EXPENSIVE)  # the SFU's work
+# A double-precision function is a sequence on the FP64 pipes (no SFU instruction takes doubles):
+# about this many of them, FMA-equivalents, as CUDA's exp(double) compiles (estimate, until measured)
+F64_FUNCTION_OPS = 20
 # Functions computed on the FMA pipes: instructions each (emmy::rescale_exp: 24 in its SASS for sm_90,
 # eleven of them FFMAs, beside its loads and stores)
 FMA_PIPE_FUNCTIONS = {"rescale_exp": 24}
@@ -68,6 +72,9 @@ class KernelCost:
     # order: (buffer, bytes as often as the Loop IR loads them, the position in `rereads` of the
     # other rows' reads of them, or -1). STAGE=regs/w<N> keeps the first N in shared memory.
     weights: tuple[tuple[str, float, int], ...] = ()
+    # f64 arithmetic, on the FP64 pipes (their rate is a fraction of the fp32 one, per target): not in
+    # arith_ops or special_ops; a function counts F64_FUNCTION_OPS
+    f64_ops: float = 0.0
 
     @property
     def reread_bytes(self) -> float:
@@ -102,7 +109,8 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
     as its loops run it; so is every load: the first read of each element is DRAM traffic, the rest
     are re-reads with the footprint that decides which cache serves them."""
     deps = _dependencies(kernel.body)
-    ops = arith = special = 0.0
+    ops = arith = special = wide = 0.0
+    wide_accs = {s.acc for s in _statements(kernel.body) if isinstance(s, Init) and s.dtype is DType.F64}
     rows_vars = {var for var, _ in parallel_loops(kernel.body)}
     loads: dict[str, list[tuple]] = {}  # buffer -> (reads, distinct, per row, rows, held, inside a fold, name)
     per_buffer: dict[str, list[float]] = {}  # buffer -> [loop, row, load statements, index, row after a fold, held]
@@ -148,7 +156,7 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
     loops_now: list[Loop] = []
 
     def walk(body, loops: list[Loop], shared: bool = False, after_fold: bool = False) -> None:
-        nonlocal ops, arith, special, loops_now
+        nonlocal ops, arith, special, wide, loops_now
         loops_now = loops
         for stmt in body:
             if isinstance(stmt, Loop):
@@ -176,7 +184,9 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                         note_load(gathered, n, loops, True, after_fold, False)
                 elif isinstance(stmt.expr, Op):
                     ops += n * EXPENSIVE.get(stmt.expr.op, FMA_PIPE_FUNCTIONS.get(stmt.expr.op, 1))
-                    if stmt.expr.op in SPECIAL_FUNCTIONS:
+                    if stmt.dtype is DType.F64 and stmt.expr.op != "cast":
+                        wide += n * (F64_FUNCTION_OPS if stmt.expr.op in SPECIAL_FUNCTIONS else 1)
+                    elif stmt.expr.op in SPECIAL_FUNCTIONS:
                         special += n
                     elif stmt.expr.op != "cast":
                         arith += n * FMA_PIPE_FUNCTIONS.get(stmt.expr.op, 1)
@@ -188,7 +198,11 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
                 ops += n
                 # a sum of products is one FMA per term (nvcc contracts the multiply into the add)
                 fused = isinstance(stmt, Accumulate) and stmt.op in ("add", "sum") and stmt.value in products
-                arith += n if isinstance(stmt, Accumulate) and not fused else 0
+                if isinstance(stmt, Accumulate) and not fused:
+                    if stmt.acc in wide_accs:
+                        wide += n
+                    else:
+                        arith += n
 
     products = {s.name for s in _statements(kernel.body)
                 if isinstance(s, Assign) and isinstance(s.expr, Op) and s.expr.op == "multiply"}
@@ -219,7 +233,8 @@ def kernel_cost(kernel: Kernel, buffer_sizes: dict[str, tuple[int, int]]) -> Ker
     accumulators = sum(1 for s in _statements(kernel.body) if isinstance(s, Init))
     return KernelCost(read, written, ops, arith, special, tuple(rereads), buffers, accumulators, index_ops,
                       tuple(held_rereads), len(set(held.values())), fold_read,
-                      tuple(across_of[name] for name in invariant_loads(kernel.body) if name in across_of))
+                      tuple(across_of[name] for name in invariant_loads(kernel.body) if name in across_of),
+                      f64_ops=wide)
 
 
 def _divisions(index) -> list:
