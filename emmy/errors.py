@@ -32,6 +32,13 @@ class CodeError(EmmyError):
 class UnsupportedOpError(EmmyError):
     """An ATen op that emmy cannot decompose into Tensor IR."""
 
+    @classmethod
+    def sized_by_values(cls, where: str) -> "UnsupportedOpError":
+        """The refusal of an op whose result's size depends on tensor values (masked_select, nonzero)."""
+        return cls(f"unsupported op {where}: the size of its result depends on tensor values (how many "
+                   "elements a mask or a count selects), which a compiled program must know before it runs; "
+                   "keep the shape fixed (torch.where with a fill instead of masked_select or nonzero)")
+
 
 class UnsupportedDtypeError(EmmyError):
     """A dtype that emmy's kernels do not handle."""

@@ -25,6 +25,8 @@ BAD_INPUT = [
     ("x=torch.randn(4,dtype=torch.complex128); x*2", [], ["unsupported dtype complex128 (input x)"]),
     ("e=torch.randn(0); b=torch.linspace(0,1,5)\ntorch.histogram(e, b)[0]", [],
      ["aten.histogram.bins_tensor (line 2: `torch.histogram(e, b)[0]`): it reads a tensor with no elements beside one"]),
+    ("x=torch.randn(10)\ntorch.masked_select(x, x > 0) * 2", [],
+     ["unsupported op aten.masked_select.default (line 2", "the size of its result depends on tensor values"]),
     ("x=torch.randn(4)\nx.to(torch.float8_e4m3fn).float() * 2", [],
      ["unsupported dtype float8_e4m3fn", "line 2: `x.to(torch.float8_e4m3fn).float() * 2`"]),
     (MATMUL, ["--target", "sm_70"], ["unknown target 'sm_70'", "sm_80, sm_89, sm_90, sm_120"]),

@@ -765,6 +765,20 @@ def test_complex_ops_emmy_does_not_take_are_one_clear_error():
         emmy.optimize(lambda x: torch.view_as_complex(x) * 2, torch.randn(4, 2))
 
 
+
+@pytest.mark.parametrize("select", [lambda x: torch.masked_select(x, x > 0) * 2, lambda x: torch.nonzero(x > 0),
+                                    lambda x: x[x > 0].sum(0)], ids=["masked_select", "nonzero", "boolean_index"])
+def test_results_sized_by_tensor_values_are_one_clear_error(select):
+    """torch.export names such a size by a symbol; decomposing it must refuse, not fail on a guard."""
+    from emmy.errors import UnsupportedOpError
+
+    class Select(torch.nn.Module):
+        def forward(self, x):
+            return select(x)
+
+    with pytest.raises(UnsupportedOpError, match="the size of its result depends on tensor values"):
+        emmy.optimize(Select(), torch.randn(10, 3))
+
 COMPUTED_INDEX_CASES = [
     "x = torch.randn(4, 7)\ns = torch.randn(4, 7)\nx.gather(1, s.argmax(1, keepdim=True))",
     "logits = torch.randn(3, 5, 10)\nemb = torch.randn(10, 4)\nemb[logits.argmax(-1)] * 2",  # a greedy step

@@ -30,7 +30,7 @@ from emmy.capture.errors import explain_export_failure, is_data_dependent
 from emmy.capture.exporting import quiet_torch
 from emmy.capture.source import CODE_FILENAME, Location, Source
 from emmy.config import settings
-from emmy.errors import CodeError, EmmyError
+from emmy.errors import CodeError, EmmyError, UnsupportedOpError
 
 FACTORIES = frozenset(
     {
@@ -312,6 +312,9 @@ def capture_code(code: str, label: str = "-c code") -> CodeCapture:
             raise explain_export_failure(err, source) from err
         where = _code_location(sys.exc_info()[2], source)
         at = f" at {where}" if where else ""
+        if type(err).__name__ == "DynamicOutputShapeException":  # fake tensors cannot size its result
+            raise UnsupportedOpError.sized_by_values(f"{_first_line(err)} ({str(where) if where else 'the code'})") \
+                from err
         raise CodeError(f"the {label} raised {type(err).__name__}{at}: {_first_line(err)}") from err
 
     result = namespace["__emmy_result__"]

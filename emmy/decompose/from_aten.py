@@ -180,6 +180,13 @@ def _resolve(value, env):
     return value
 
 
+def _sized_by_values(val) -> bool:
+    """Whether a node's result (FakeTensor metadata, or a tuple of them) has a size torch.export could only
+    name by a symbol (masked_select's count, nonzero's rows)."""
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    return any(not isinstance(s, int) for v in vals if hasattr(v, "shape") for s in v.shape)
+
+
 RANDOM_OPS = frozenset({"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
                         "uniform", "bernoulli", "multinomial", "exponential", "poisson", "native_dropout",
                         "random", "cauchy", "log_normal", "geometric"})  # ATen ops that draw random numbers
@@ -193,6 +200,8 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
     where = _located(captured, node)
     if key == "with_effects":
         return _with_effects(where, node)
+    if _sized_by_values(node.meta.get("val")):
+        raise UnsupportedOpError.sized_by_values(where)
     if has_no_elements(node.meta.get("val")):  # nothing to compute, whatever it reads
         return empty_result(node.meta["val"])
     read = _flat_args(node, env)
