@@ -25,7 +25,7 @@ PROGRAMS = {
     "promoted": f"x=torch.randn(8,64,{D}); y=torch.randn(8,64); (x * y + 0.1).sum(-1)",
     "widened_inside": "x=torch.randn(8,64); x.double().exp().sum(-1).float()",
     "special_functions": f"x=torch.randn(256,{D}); torch.digamma(x.abs()+0.1) + torch.erfinv(x.tanh()*0.99) + "
-                         "torch.special.i0(x) + torch.lgamma(x.abs()+0.5) + torch.rsqrt(x.abs()+0.1) + x.exp2()",
+                         "torch.special.i0(x) + torch.lgamma(x.abs()+0.5) + torch.rsqrt(x.abs()+0.1) + x.exp2() + torch.angle(x)",
     "floor_division": f"a=torch.randn(256,{D})*10; b=torch.randn(256,{D}); (a // b) + (a % b) + torch.fmod(a, b)",
     "long_cumsum": f"x=torch.randn(4,3000,{D}); x.cumsum(-1)",
     "variance": f"x=torch.randn(8,4000,{D}); torch.var_mean(x,-1)",

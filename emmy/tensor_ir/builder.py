@@ -93,7 +93,8 @@ class GraphBuilder:
                 pick = (tensors[-1] if op == "where" else tensors[0]) if tensors else named[0]
                 dtype = self.dtype(pick)
         shape = self.shape(tensors[0]) if tensors else ()
-        literal_dtype = dtype if kind == "arith" else self._operand_dtype(operands)
+        # a select's literals are of its result's type (two literals beside a bool condition: angle's pi)
+        literal_dtype = dtype if kind == "arith" or op == "where" else self._operand_dtype(operands)
         names = tuple(o if isinstance(o, str) else self.const(o, literal_dtype) for o in operands)
         node = Elementwise(self._name(suffix or op, name), TensorType(shape, dtype), op, names, self.origin)
         return self._add(node)
