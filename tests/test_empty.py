@@ -82,7 +82,18 @@ CASES = [
     # an op of empties whose results are part empty, part full: the empty part stays a marker
     ("a factorisation of a 0x0 matrix", lambda e: tuple(torch.linalg.cholesky_ex(e)), (torch.randn(0, 0),)),
     ("a checked inverse of a 0x0 matrix", lambda e: torch.linalg.inv(e), (torch.randn(0, 0),)),
+    # writes of nothing into a full tensor leave it as it was (a shifted window's mask by empty slices)
+    ("an empty slice assigned", lambda x: _assigned(x, slice(5, None), 7.0) + 1, (X,)),
+    ("an empty piece written", lambda x, e: torch.slice_scatter(x, e, 1, 2, 2) * 2, (X, torch.randn(3, 0))),
+    ("an index_add of no rows", lambda x, e: x.index_add(0, torch.zeros(0, dtype=torch.long), e), (X, torch.randn(0, 5))),
+    ("a scatter of no columns", lambda x: x.scatter(1, torch.zeros(3, 0, dtype=torch.long), 1.0) - x, (X,)),
 ]
+
+
+def _assigned(x, where, value):
+    y = x.clone()
+    y[:, where] = value
+    return y
 
 
 @pytest.mark.filterwarnings("ignore:var_mean\\(\\). degrees of freedom")  # eager's own, over nothing

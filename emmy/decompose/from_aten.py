@@ -251,6 +251,10 @@ def _from_empties(builder: GraphBuilder, node, env, read: list, constants: dict,
     reads_full = any(not isinstance(v, EmptyTensor) for v in graph_values)
     if reads_full and str(node.target) in BIASED_PRODUCTS:
         return _bias_of_empty_product(builder, node, args, kwargs, constants, where)
+    if str(node.target) in WRITES_INTO and not isinstance(read[0], EmptyTensor) \
+            and all(isinstance(v, EmptyTensor) for v in graph_values[1:]):
+        # nothing is written: the destination as it is (a shifted window's mask filled by an empty slice)
+        return builder.cast(read[0], Context(builder, node, where, constants, pairs=set()).out_type().dtype)
     result = computed_from_empties(node, args, kwargs, where, reads_full)
     ctx = Context(builder, node, where, constants, pairs=set())
 
@@ -263,6 +267,14 @@ def _from_empties(builder: GraphBuilder, node, env, read: list, constants: dict,
         return ctx.constant(values, dtype)
 
     return tuple(constant(r) for r in result) if isinstance(result, (list, tuple)) else constant(result)
+
+
+# ops that write their other tensors into their first (the destination) and return it
+WRITES_INTO = frozenset({"aten.slice_scatter.default", "aten.select_scatter.default", "aten.diagonal_scatter.default",
+                         "aten.index_put.default", "aten.index_copy.default", "aten.index_add.default",
+                         "aten.index_fill.int_Scalar", "aten.index_fill.int_Tensor", "aten.scatter.src",
+                         "aten.scatter.value", "aten.scatter_add.default", "aten.scatter_reduce.two",
+                         "aten.masked_scatter.default"})
 
 
 # beta * bias + alpha * (first factor @ second factor), in that argument order
