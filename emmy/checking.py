@@ -222,6 +222,9 @@ def _run_reference(captured, inputs, mode: str, device: str) -> list:
             value = value.float()
         elif value.is_floating_point() and mode != "native":
             value = value.double().abs() if mode == "absolute" else value.double()
+        elif value.is_complex() and mode not in ("native", "float32"):  # a complex weight, widened alike
+            value = value.to(torch.complex128)
+            value = torch.complex(value.real.abs(), value.imag.abs()) if mode == "absolute" else value
         args.append(value.to(device))
     widened = {"float32": torch.float32, "native": None}.get(mode, torch.float64)
     with torch.no_grad():

@@ -1,8 +1,9 @@
 """complex64 as pairs of f32: a complex tensor of shape S is the real tensor of shape (*S, 2) that
 torch.view_as_real shows (real part, then imaginary), so view_as_complex and view_as_real are free
 and rotary embeddings written with complex numbers (Meta's Llama: xq as complex times freqs_cis)
-compile to the same arithmetic as their real spelling. Views, slices and products of complex
-tensors are taken; any other op on one is refused with the op named.
+compile to the same arithmetic as their real spelling. Views, slices, writes, sums, products
+and matrix products of complex tensors are taken, their magnitude and angle, and Fourier transforms
+(emmy.decompose.fourier); any other op on one is refused with the op named.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def lower_complex(ctx, key: str, args: list, kwargs: dict, pairs: set) -> object
     fn = COMPLEX_OPS.get(key)
     if fn is None:
         raise UnsupportedOpError(f"unsupported op {ctx.where}: {key} on complex numbers (emmy takes view_as_complex, "
-                                 "view_as_real, polar, views, slices and products of complex tensors)")
+                                 "view_as_real, polar, views, slices, writes, sums, products, matrix products, "
+                                 "abs, angle and Fourier transforms of complex tensors)")
     result = fn(ctx, *args, **kwargs)
     if is_complex(ctx.node.meta.get("val")):
         pairs.add(result)
@@ -48,7 +50,78 @@ def pairs_view(ctx, x):
 
 @complex_op("aten.clone.default", "aten.alias.default", "aten._to_copy.default", "aten.contiguous.default")
 def same(ctx, x, *args, **kwargs):
-    return x
+    """The same values; a real tensor made complex gains an imaginary part of zeros."""
+    if x in ctx.pairs:
+        return x
+    if not is_complex(ctx.node.meta.get("val")):
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: a complex tensor made real (take .real or .abs())")
+    return as_pair(ctx, x, _shape(ctx))
+
+
+@complex_op("aten.full.default")
+def full(ctx, size, value, **kwargs):
+    value = complex(value)
+    shape = _shape(ctx)
+    return _pair(ctx, ctx.b.fill(value.real, shape[:-1], DType.F32), ctx.b.fill(value.imag, shape[:-1], DType.F32),
+                 shape)
+
+
+@complex_op("aten.copy.default")
+def copy(ctx, dst, src, non_blocking=False):
+    """dst's shape, src's values (broadcast; a real src with no imaginary part)."""
+    return as_pair(ctx, src, _shape(ctx))
+
+
+@complex_op("aten.slice_scatter.default")
+def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
+    """x with x[.., start:end:step, ..] = src, on the pairs (their last axis untouched)."""
+    from emmy.decompose.scatter import slice_written
+
+    shape = _shape(ctx)
+    dim %= len(shape) - 1
+    src = as_pair(ctx, src, None)
+    index, written = slice_written(shape, dim, start, end, step, ctx.b.shape(src)[dim])
+    b = ctx.b
+    value = b.index_map(src, shape, index, written, 0.0, suffix="written")
+    mask = b.index_map(b.const(True, DType.BOOL), shape, (), guards=written, fill=False, suffix="where_written")
+    return b.elementwise("where", mask, value, as_pair(ctx, x, shape), dtype=DType.F32, name=ctx.name)
+
+
+@complex_op("aten.mm.default", "aten.bmm.default")
+def matrix_product(ctx, a, b):
+    """(ar + i ai)(br + i bi) as four real products (a real operand: two)."""
+    from emmy.decompose.linalg import product_of
+
+    shape = _shape(ctx)
+    (ar, ai), (br, bi) = split(ctx, a), split(ctx, b)
+    mm = lambda x, y: product_of(ctx, x, y, DType.F32)  # noqa: E731
+    if ai is None or bi is None:
+        real, imag = (mm(ar, br), mm(ar, bi)) if ai is None else (mm(ar, br), mm(ai, br))
+    else:
+        real = ctx.b.elementwise("subtract", mm(ar, br), mm(ai, bi), suffix="re")
+        imag = ctx.b.elementwise("add", mm(ar, bi), mm(ai, br), suffix="im")
+    return _pair(ctx, real, imag, shape)
+
+
+@complex_op("aten.sum.dim_IntList", "aten.sum.default")
+def sum_(ctx, x, dims=None, keepdim=False, **kwargs):
+    """Each part summed on its own: the pair axis is never reduced."""
+    rank = len(ctx.b.shape(x)) - 1
+    axes = list(range(rank)) if not dims else [d % rank for d in dims]
+    return ctx.b.reduce_axes("sum", as_pair(ctx, x, None), axes, bool(keepdim), name=ctx.name)
+
+
+@complex_op("aten.abs.default")
+def magnitude(ctx, x):
+    """|re + i im|, a real tensor (hypot: no overflow of the squares)."""
+    re, im = split(ctx, x)
+    return ctx.b.elementwise("hypot", re, im, name=ctx.name)
+
+
+@complex_op("aten.angle.default")
+def angle(ctx, x):
+    re, im = split(ctx, x)
+    return ctx.b.elementwise("atan2", im, re, name=ctx.name)
 
 
 @complex_op("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.unsqueeze.default",
@@ -134,8 +207,29 @@ def _parts(ctx, value, shape) -> tuple:
     return tuple(parts)
 
 
-def _pair(ctx, real, imag, shape):
-    """The pair tensor (.., 2) of two real ones."""
+def split(ctx, x) -> tuple:
+    """(real part, imaginary part or None) of a tensor at its own shape (a real one: no imaginary part)."""
+    b = ctx.b
+    if x not in ctx.pairs:
+        return ctx.tensor(x, DType.F32), None
+    shape = b.shape(x)
+    rank = len(shape) - 1
+    return tuple(b.index_map(x, shape[:-1], [Affine.dim(d) for d in range(rank)] + [Affine.constant(k)],
+                             suffix=("re", "im")[k]) for k in (0, 1))
+
+
+def as_pair(ctx, x, shape):
+    """x as pairs broadcast to `shape` (with the pair axis; None: x's own), a real x with zeros."""
+    b = ctx.b
+    if x in ctx.pairs:
+        return x if shape is None or b.shape(x) == shape else b.broadcast_to(x, shape)
+    real = ctx.tensor(x, DType.F32) if shape is None else ctx.tensor(x, DType.F32, shape[:-1])
+    shape = shape or (*b.shape(real), 2)
+    return _pair(ctx, real, b.fill(0.0, shape[:-1], DType.F32), shape, name=None)
+
+
+def _pair(ctx, real, imag, shape, name: str | None = ""):
+    """The pair tensor (.., 2) of two real ones, named as the op's result ("") or by `name`."""
     b = ctx.b
     rank = len(shape) - 1
     spread = [Affine.dim(d) for d in range(rank)]
@@ -143,4 +237,4 @@ def _pair(ctx, real, imag, shape):
     im = b.index_map(imag, shape, spread, suffix="pair_im")
     first = b.index_map(b.const(True, DType.BOOL), shape, (), guards=[Guard(Affine.dim(rank), None, 1)], fill=False,
                         suffix="is_re")
-    return b.elementwise("where", first, re, im, dtype=DType.F32, name=ctx.name)
+    return b.elementwise("where", first, re, im, dtype=DType.F32, name=ctx.name if name == "" else name)

@@ -16,6 +16,7 @@ import numpy as np
 
 # Importing the op modules fills the registry.
 from emmy.decompose import elementwise, indexing, layout, linalg, nn, reductions, resample, scatter, searching, sorting, windows  # noqa: F401
+from emmy.decompose import fourier  # noqa: F401  (complex ops: Fourier transforms)
 from emmy.decompose.complex_pairs import is_complex, lower_complex
 from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_result, has_no_elements, mixed_reads,
                                   reads_empty, without_empty_pieces)

@@ -16,8 +16,11 @@ from emmy.errors import UnsupportedOpError
 
 def matmul(ctx: Context, a: str, b: str, name: str | None) -> str:
     """Batched a[..., M, K] @ b[..., K, N] with equal batch shapes, in the accumulator type."""
-    out = ctx.out_type()
-    acc = out.dtype.accumulator
+    return product_of(ctx, a, b, ctx.out_type().dtype.accumulator, name)
+
+
+def product_of(ctx: Context, a: str, b: str, acc: DType, name: str | None = None) -> str:
+    """Batched a[..., M, K] @ b[..., K, N] with equal batch shapes, in `acc`."""
     bld = ctx.b
     a_shape, b_shape = bld.shape(a), bld.shape(b)
     batch = a_shape[:-2]

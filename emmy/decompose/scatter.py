@@ -27,17 +27,21 @@ def copy(ctx: Context, dst, src, non_blocking=False):
 @lowers("aten.slice_scatter.default")
 def slice_scatter(ctx: Context, x, src, dim=0, start=None, end=None, step=1):
     """x with x[.., start:end:step, ..] = src."""
-    b = ctx.b
-    shape = b.shape(x)
+    shape = ctx.b.shape(x)
     dim %= len(shape)
+    index, written = slice_written(shape, dim, start, end, step, ctx.b.shape(src)[dim])
+    return _written_over(ctx, x, src, index, written)
+
+
+def slice_written(shape, dim: int, start, end, step, count: int) -> tuple[list, list[Guard]]:
+    """Where x[.., start:end:step, ..] = src writes in a tensor of `shape` (a slice of `count` along
+    `dim`): (src's index per output coordinate, the guards that hold on the written ones)."""
     start, end, step = slice(start, end, step).indices(shape[dim])
-    count = b.shape(src)[dim]
     d = Affine.dim(dim)
     written = [Guard(d, start, start + (count - 1) * step + 1)]
     if step > 1:
         written.append(Guard((d - start).mod(step, shape), None, 1))
-    index = [Affine.dim(k) if k != dim else (d - start).floordiv(step, shape) for k in range(len(shape))]
-    return _written_over(ctx, x, src, index, written)
+    return [Affine.dim(k) if k != dim else (d - start).floordiv(step, shape) for k in range(len(shape))], written
 
 
 @lowers("aten.diagonal_scatter.default")
