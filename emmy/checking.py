@@ -235,7 +235,15 @@ def _run_reference(captured, inputs, mode: str, device: str) -> list:
         nodes = [n for n in program.graph.nodes if n.op == "output"][0].args[0]
         results = [r.to(node.meta["val"].dtype) if hasattr(node, "meta") and "val" in node.meta else r
                    for r, node in zip(results, nodes)]
-    return [r.detach().double().cpu().numpy() for r, spec in zip(results, specs) if spec.kind.name == "USER_OUTPUT"]
+    return [_real(r).detach().double().cpu().numpy() for r, spec in zip(results, specs)
+            if spec.kind.name == "USER_OUTPUT"]
+
+
+def _real(tensor):
+    """A complex result as the (.., 2) pairs emmy computes it as (view_as_real's layout)."""
+    import torch
+
+    return torch.view_as_real(tensor.resolve_conj()) if tensor.is_complex() else tensor
 
 
 def torch_comparison(captured, inputs=None, device: str = "cpu") -> list[tuple]:

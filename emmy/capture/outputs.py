@@ -3,7 +3,8 @@ the name of each output tensor, so that a compiled program returns what the modu
 tables name outputs as the user does, never by a decomposition temporary (`add_5`).
 
 Names: a single tensor or a tuple/list of them is `out0`, `out1`, ...; a dict's or a named tuple's
-entries keep their keys (`logits`, `cache.k` where nested).
+entries keep their keys (`logits`, `cache.k` where nested). A complex output is computed as its
+pairs (emmy.decompose.complex_pairs) and handed back as complex (torch.view_as_complex).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ class OutputStructure:
     names: tuple[str, ...]  # the output tensors'
     # leaves that are no tensor (a None in place of a cache, a count): (leaf position, value), returned as they are
     constants: tuple[tuple[int, object], ...] = ()
+    complex: tuple[int, ...] = ()  # positions among the output tensors computed as (.., 2) pairs of a complex one
 
     @classmethod
-    def flat(cls, count: int) -> OutputStructure:
-        return cls(None, tuple(f"out{k}" for k in range(count)))
+    def flat(cls, count: int, complex: tuple[int, ...] = ()) -> OutputStructure:
+        return cls(None, tuple(f"out{k}" for k in range(count)), (), complex)
 
     @classmethod
     def of_exported(cls, exported) -> OutputStructure:
@@ -28,9 +30,13 @@ class OutputStructure:
 
         user = [s for s in exported.graph_signature.output_specs if s.kind.name in ("USER_OUTPUT", "LOSS_OUTPUT")]
         constants = tuple((k, s.arg.value) for k, s in enumerate(user) if type(s.arg).__name__ == "ConstantArgument")
+        values = {n.name: n.meta.get("val") for n in exported.graph.nodes}
+        tensors = [s for s in user if type(s.arg).__name__ != "ConstantArgument"]
+        complex = tuple(k for k, s in enumerate(tensors)
+                        if getattr(getattr(values.get(getattr(s.arg, "name", None)), "dtype", None), "is_complex", False))
         spec = exported.call_spec.out_spec
         if spec is None:
-            return cls.flat(len(user) - len(constants))
+            return cls.flat(len(user) - len(constants), complex)
         try:
             text = pytree.treespec_dumps(spec)
         except Exception:  # a container pytree cannot serialize: hand back a flat tuple
@@ -39,13 +45,13 @@ class OutputStructure:
                 names = tuple(getattr(spec.type, "__match_args__", ()))  # its fields: values, indices
                 if len(names) != spec.num_leaves:
                     names = tuple(f"out{k}" for k in range(spec.num_leaves))
-                return cls(STRUCTSEQ + structseq, names, ())
-            return cls.flat(spec.num_leaves - len(constants))
+                return cls(STRUCTSEQ + structseq, names, (), complex)
+            return cls.flat(spec.num_leaves - len(constants), complex)
         paths = [path for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(range(spec.num_leaves),
                                                                                            spec))[0]]
         fixed = {k for k, _ in constants}
         tensors = [k for k in range(len(paths)) if k not in fixed]
-        return cls(text, tuple(_name(paths[k], n) for n, k in enumerate(tensors)), constants)
+        return cls(text, tuple(_name(paths[k], n) for n, k in enumerate(tensors)), constants, complex)
 
     def with_fixed_tensors(self, fixed: tuple) -> OutputStructure:
         """This structure with some output tensors handed back as they are, not computed (a tensor
@@ -56,10 +62,16 @@ class OutputStructure:
         chosen = dict(fixed)
         names = tuple(name for n, name in enumerate(self.names) if n not in chosen)
         constants = tuple(sorted(self.constants + tuple((leaves[n], t) for n, t in chosen.items())))
-        return OutputStructure(self.spec, names, constants)
+        computed = [n for n in range(len(self.names)) if n not in chosen]
+        return OutputStructure(self.spec, names, constants,
+                               tuple(computed.index(n) for n in self.complex if n not in chosen))
 
     def pack(self, tensors: list):
         """The outputs in the structure the program returned them: a lone tensor as itself."""
+        if self.complex:
+            import torch
+
+            tensors = [torch.view_as_complex(t.contiguous()) if n in self.complex else t for n, t in enumerate(tensors)]
         leaves, given, fixed = [], iter(tensors), dict(self.constants)
         for k in range(len(tensors) + len(fixed)):
             leaves.append(fixed[k] if k in fixed else next(given))

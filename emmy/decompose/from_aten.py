@@ -111,10 +111,7 @@ def to_tensor_ir(captured) -> TensorProgram:
             for r in results if isinstance(results, (list, tuple)) else [results]:
                 if not hasattr(r, "op") or env.get(r.name) is _TOKEN:  # a None or a number the module returns
                     continue  # (returned as it is), or an effect token
-                value = env[r.name]
-                if value in pairs:
-                    raise UnsupportedDtypeError(f"unsupported output of {_located(captured, r)}: a complex tensor "
-                                                "(return torch.view_as_real of it)")
+                value = env[r.name]  # a complex one as its pairs (capture.outputs hands it back complex)
                 if not isinstance(value, (str, EmptyTensor)):
                     raise UnsupportedOpError(f"unsupported output of {_located(captured, r)}: not a single tensor")
                 outputs.append(value)
