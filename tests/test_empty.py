@@ -86,6 +86,7 @@ CASES = [
     ("an empty slice assigned", lambda x: _assigned(x, slice(5, None), 7.0) + 1, (X,)),
     ("an empty piece written", lambda x, e: torch.slice_scatter(x, e, 1, 2, 2) * 2, (X, torch.randn(3, 0))),
     ("an index_add of no rows", lambda x, e: x.index_add(0, torch.zeros(0, dtype=torch.long), e), (X, torch.randn(0, 5))),
+    ("a split's piece of size 0 returned", lambda x: torch.split(x, [2, 0, 3], dim=1), (X,)),
     ("a scatter of no columns", lambda x: x.scatter(1, torch.zeros(3, 0, dtype=torch.long), 1.0) - x, (X,)),
 ]
 

@@ -231,11 +231,20 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
     try:
         if on_complex:  # complex tensors as f32 pairs take their own table
             return lower_complex(ctx, key, args, kwargs, pairs)
-        return fn(ctx, *args, **kwargs)
+        return _empty_parts_marked(fn(ctx, *args, **kwargs), node.meta.get("val"))
     except EmmyError:
         raise
     except TypeError as err:
         raise UnsupportedOpError(f"unsupported op {where}: unexpected arguments ({err})") from err
+
+
+def _empty_parts_marked(result, val):
+    """A tuple result's parts with no elements (split's piece of size 0) as EmptyTensor markers: no
+    kernel computes nothing, and an output with none is handed back as it is."""
+    if not isinstance(result, (list, tuple)) or not isinstance(val, (list, tuple)) or len(result) != len(val):
+        return result
+    return type(result)(EmptyTensor.of(v) if hasattr(v, "numel") and v.numel() == 0 else r
+                        for r, v in zip(result, val))
 
 
 def _from_empties(builder: GraphBuilder, node, env, read: list, constants: dict, where: str):
