@@ -50,12 +50,16 @@ def pairs_view(ctx, x):
 
 @complex_op("aten.clone.default", "aten.alias.default", "aten._to_copy.default", "aten.contiguous.default")
 def same(ctx, x, *args, **kwargs):
-    """The same values; a real tensor made complex gains an imaginary part of zeros."""
-    if x in ctx.pairs:
-        return x
+    """The same values; a real tensor made complex gains an imaginary part of zeros, a complex one
+    made real keeps its real part (as torch casts, with its warning)."""
     if not is_complex(ctx.node.meta.get("val")):
-        raise UnsupportedOpError(f"unsupported op {ctx.where}: a complex tensor made real (take .real or .abs())")
-    return as_pair(ctx, x, _shape(ctx))
+        return ctx.b.cast(parts_of(ctx, x)[0], ctx.out_type().dtype)
+    return x if x in ctx.pairs else as_pair(ctx, x, _shape(ctx))
+
+
+@complex_op("aten._assert_tensor_metadata.default")
+def assertion(ctx, *args, **kwargs):
+    return None  # a check torch.export already made; nothing to compute
 
 
 @complex_op("aten.full.default")
@@ -93,7 +97,7 @@ def matrix_product(ctx, a, b):
     from emmy.decompose.linalg import product_of
 
     shape = _shape(ctx)
-    (ar, ai), (br, bi) = split(ctx, a), split(ctx, b)
+    (ar, ai), (br, bi) = parts_of(ctx, a), parts_of(ctx, b)
     mm = lambda x, y: product_of(ctx, x, y, DType.F32)  # noqa: E731
     if ai is None or bi is None:
         real, imag = (mm(ar, br), mm(ar, bi)) if ai is None else (mm(ar, br), mm(ai, br))
@@ -114,13 +118,13 @@ def sum_(ctx, x, dims=None, keepdim=False, **kwargs):
 @complex_op("aten.abs.default")
 def magnitude(ctx, x):
     """|re + i im|, a real tensor (hypot: no overflow of the squares)."""
-    re, im = split(ctx, x)
+    re, im = parts_of(ctx, x)
     return ctx.b.elementwise("hypot", re, im, name=ctx.name)
 
 
 @complex_op("aten.angle.default")
 def angle(ctx, x):
-    re, im = split(ctx, x)
+    re, im = parts_of(ctx, x)
     return ctx.b.elementwise("atan2", im, re, name=ctx.name)
 
 
@@ -207,7 +211,7 @@ def _parts(ctx, value, shape) -> tuple:
     return tuple(parts)
 
 
-def split(ctx, x) -> tuple:
+def parts_of(ctx, x) -> tuple:
     """(real part, imaginary part or None) of a tensor at its own shape (a real one: no imaginary part)."""
     b = ctx.b
     if x not in ctx.pairs:

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from emmy.affine import Affine
-from emmy.decompose.complex_pairs import _pair, _shape, complex_op, split
+from emmy.decompose.complex_pairs import _pair, _shape, complex_op, parts_of
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
 
@@ -29,7 +29,7 @@ LONGEST_AXIS = 4096  # a dense n x n matrix beyond this costs more memory and ti
 def real_to_complex(ctx, x, dim, normalization, onesided):
     dims = _axes(ctx, x, dim, ctx.b.shape(x))
     scale = _scale(normalization, [ctx.b.shape(x)[d] for d in dims])
-    parts = split(ctx, x)
+    parts = parts_of(ctx, x)
     last = dims[-1]
     n = ctx.b.shape(x)[last]
     parts = _along(ctx, parts, last, n, n // 2 + 1 if onesided else n, -1, scale)
@@ -43,7 +43,7 @@ def complex_to_complex(ctx, x, dim, normalization, forward):
     shape = ctx.b.shape(x)[:-1]
     dims = _axes(ctx, x, dim, shape)
     scale = _scale(normalization, [shape[d] for d in dims])
-    parts = split(ctx, x)
+    parts = parts_of(ctx, x)
     for k, d in enumerate(dims):
         parts = _along(ctx, parts, d, shape[d], shape[d], -1 if forward else 1, scale if k == 0 else 1.0)
     return _pair(ctx, *parts, _shape(ctx))
@@ -61,7 +61,7 @@ def complex_to_real(ctx, x, dim, normalization, last_dim_size):
         raise UnsupportedOpError(f"unsupported op {ctx.where}: a half spectrum of {shape[dims[-1]]} for a signal "
                                  f"of {n} (n // 2 + 1 expected)")
     scale = _scale(normalization, [shape[d] for d in dims[:-1]] + [n])
-    parts = split(ctx, x)
+    parts = parts_of(ctx, x)
     for d in dims[:-1]:
         parts = _along(ctx, parts, d, shape[d], shape[d], 1, 1.0)
     weights = np.array([1.0 if k == 0 or 2 * k == n else 2.0 for k in range(n // 2 + 1)])
@@ -90,9 +90,16 @@ def _along(ctx, parts, axis: int, n: int, count: int, sign: int, scale: float, w
     length = ctx.b.shape(re)[axis]
     j = np.arange(length)[:, None]
     k = np.arange(count)[None, :]
-    angle = 2.0 * np.pi * ((j * k) % n) / n  # the product reduced mod n first: exact angles for long axes
+    turn = (j * k) % n  # the product reduced mod n first: exact angles for long axes
+    cosine, sine = np.cos(2.0 * np.pi * turn / n), np.sin(2.0 * np.pi * turn / n)
+    # quarter turns exactly (sin(pi) is 1.2e-16 in floating point): a Nyquist bin's imaginary part is
+    # then 0, not a rounding of either sign that flips its angle between pi and -pi
+    quarter = (4 * turn) % n == 0
+    steps = (4 * turn) // n % 4
+    cosine = np.where(quarter, np.array([1.0, 0.0, -1.0, 0.0])[steps], cosine)
+    sine = np.where(quarter, np.array([0.0, 1.0, 0.0, -1.0])[steps], sine)
     w = (np.ones(length) if weights is None else weights)[:, None] * scale
-    cos, sin = ctx.constant(w * np.cos(angle), DType.F32), ctx.constant(w * np.sin(angle), DType.F32)
+    cos, sin = ctx.constant(w * cosine, DType.F32), ctx.constant(w * sine, DType.F32)
     b = ctx.b
 
     def times(x, m):
