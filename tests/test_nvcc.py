@@ -105,11 +105,11 @@ def test_sampled_rows_compile_for_every_target_they_are_legal_on_without_spills(
 
     from emmy.errors import EmmyError
     from emmy.kernel_ir.cuda import program_source
-    from tests.test_kernel_ir import _sample_rows
+    from tests.sampled_rows import sample_rows
 
     code = get(name).sim_code or get(name).code
     reference = emmy.optimize(code, target="sm_90")
-    sample = _sample_rows(reference)
+    sample = sample_rows(reference)
     built = 0
     for target in ("sm_80", "sm_90", "sm_120"):
         base = emmy.optimize(code, target=target)
