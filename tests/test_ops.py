@@ -222,6 +222,7 @@ CASES = [
     ("aten.bitwise_xor.Tensor", X + "((x > 0) ^ (y > 0)).float()"),
     ("aten.dist.default", X + "torch.dist(x, y) + torch.dist(x, y, 1)"),
     ("aten._cdist_forward.default", "a=torch.randn(2,7,5); b=torch.randn(1,9,5); torch.cdist(a, b) + torch.cdist(a, b, p=3)"),
+    ("aten._pdist_forward.default", "a=torch.randn(7,5); torch.cat([F.pdist(a), F.pdist(a, p=1), F.pdist(a, p=float('inf'))])"),
     ("aten.rrelu_with_noise_functional.default", X + "F.rrelu(x, training=False)"),
     ("aten.empty_permuted.default", X + "F.hinge_embedding_loss(x, torch.sign(y))"),
     ("aten._assert_async.msg", X + "F.one_hot(torch.argmax(x, -1), 6).float() * x"),

@@ -384,6 +384,24 @@ def cdist(ctx: Context, x1, x2, p=2.0, compute_mode=None):
     return ctx.b.cast(_norm(ctx, magnitude, p, [len(full) - 1], False, acc), out.dtype)
 
 
+@lowers("aten._pdist_forward.default")
+def pdist(ctx: Context, x, p=2.0):
+    """out[k] = ||x[i] - x[j]||_p over the pairs i < j in row order (scipy's condensed form): the
+    rows of each pair read through constant tables of i and j, the norm as cdist's."""
+    out = ctx.out_type()
+    acc = out.dtype.accumulator
+    n, m = ctx.b.shape(x)
+    first, second = np.triu_indices(n, 1)
+    pairs = (len(first), m)
+
+    def rows(table, suffix):
+        at = Gathered(ctx.constant(table, DType.I64), (Affine.dim(0),), (len(first),), n)
+        return ctx.b.index_map(ctx.tensor(x, acc), pairs, [Affine(((at, 1),), 0), Affine.dim(1)], suffix=suffix)
+
+    difference = ctx.b.elementwise("subtract", rows(first, "first"), rows(second, "second"), suffix="difference")
+    return ctx.b.cast(_norm(ctx, ctx.b.elementwise("abs", difference), p, [1], False, acc), out.dtype)
+
+
 def _norm(ctx: Context, magnitude: str, ord, axes: list[int], keepdim: bool, acc: DType) -> str:
     """The `ord`-norm of |values| (`magnitude`) over `axes`, in `acc`."""
     import math
