@@ -51,6 +51,9 @@ PROGRAMS = {
     "power_spectrogram": (lambda x: torch.stft(x, 16, hop_length=4, window=torch.hann_window(16),
                                                return_complex=True).abs().pow(2), (torch.randn(2, 64),)),
     "spectral_conv": (SpectralConv(), (torch.randn(2, 3, 8, 8),)),
+    # a complex64 input, taken as its pairs (the caller's tensor viewed as real)
+    "complex_input": (lambda z, x: (torch.view_as_real(torch.fft.ifft(z * torch.fft.fft(x))), (z * z).abs()),
+                      (torch.randn(3, 8, dtype=torch.cfloat), torch.randn(3, 8))),
 }
 
 
@@ -73,6 +76,16 @@ def test_bins_on_quarter_turns_are_exact_so_their_angles_do_not_flip():
         torch.manual_seed(seed)
         x = torch.randn(6, 5)
         torch.testing.assert_close(emmy.optimize(fn, x)(x), fn(x))
+
+
+def test_a_complex_input_is_taken_on_every_route_and_complex128_is_refused():
+    fn, (z, x) = PROGRAMS["complex_input"]
+    program = emmy.optimize(Calls(fn), z, x)
+    for got in (program(z, x, sim_mode="asan"), program(z, x, device="interpret")):
+        for have, want in zip(got, fn(z, x)):
+            torch.testing.assert_close(have, want)
+    with pytest.raises(emmy.EmmyError, match="unsupported dtype complex128 \\(input .*\\); emmy takes complex64"):
+        emmy.optimize(Calls(lambda z: z * 2), z.to(torch.complex128))
 
 
 def test_a_transform_too_long_for_a_dense_product_is_refused_by_name():

@@ -87,7 +87,7 @@ def to_tensor_ir(captured) -> TensorProgram:
             if node.name in weights and is_complex(val):  # complex64 kept as its (.., 2) f32 pairs
                 target, tensor = weights[node.name]
                 if val.dtype != torch_complex64():
-                    raise UnsupportedDtypeError(f"unsupported dtype {val.dtype} (weight {target}); emmy takes "
+                    raise UnsupportedDtypeError(f"unsupported dtype {str(val.dtype).removeprefix('torch.')} (weight {target}); emmy takes "
                                                 "complex64 as pairs of f32")
                 name = builder.weight(_identifier(target), TensorType((*(int(s) for s in val.shape), 2), DType.F32))
                 weight_arrays[name], _ = to_numpy(view_as_real(tensor))
@@ -98,6 +98,12 @@ def to_tensor_ir(captured) -> TensorProgram:
                 type_ = TensorType(tuple(int(s) for s in val.shape), from_torch(val.dtype, where))
                 name = builder.weight(_identifier(target), type_)
                 weight_arrays[name], _ = to_numpy(tensor)
+            elif is_complex(val):  # a complex64 input as its (.., 2) f32 pairs (runtime.check_inputs views it so)
+                if val.dtype != torch_complex64():
+                    raise UnsupportedDtypeError(f"unsupported dtype {str(val.dtype).removeprefix('torch.')} (input {node.name}); emmy takes "
+                                                "complex64 as pairs of f32")
+                name = builder.input(node.name, TensorType((*(int(s) for s in val.shape), 2), DType.F32))
+                pairs.add(name)
             else:
                 type_ = TensorType(tuple(int(s) for s in val.shape), from_torch(val.dtype, f"input {node.name}"))
                 name = builder.input(node.name, type_)  # an empty one too: the program still takes it
