@@ -51,6 +51,14 @@ PROGRAMS = {
     "power_spectrogram": (lambda x: torch.stft(x, 16, hop_length=4, window=torch.hann_window(16),
                                                return_complex=True).abs().pow(2), (torch.randn(2, 64),)),
     "spectral_conv": (SpectralConv(), (torch.randn(2, 3, 8, 8),)),
+    "shift_conjugate_frequencies": (lambda x: (torch.fft.fftshift(torch.fft.fft2(x)).abs(),
+                                               torch.fft.hfft(torch.fft.rfft(x[0])),  # hfft conjugates
+                                               x[0, :, :5] * torch.fft.rfftfreq(8)), (torch.randn(2, 6, 8),)),
+    "fft_convolution_and_istft": (lambda x, k: (torch.fft.irfft(torch.fft.rfft(x, n=32) * torch.fft.rfft(k, n=32), n=32),
+                                                torch.istft(torch.stft(x, 8, 2, window=torch.hann_window(8),
+                                                                       return_complex=True), 8, 2,
+                                                            window=torch.hann_window(8), length=16)),
+                                  (torch.randn(4, 16), torch.randn(4, 16))),
     # a complex64 input, taken as its pairs (the caller's tensor viewed as real)
     "complex_input": (lambda z, x: (torch.view_as_real(torch.fft.ifft(z * torch.fft.fft(x))), (z * z).abs()),
                       (torch.randn(3, 8, dtype=torch.cfloat), torch.randn(3, 8))),

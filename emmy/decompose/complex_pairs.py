@@ -115,6 +115,31 @@ def sum_(ctx, x, dims=None, keepdim=False, **kwargs):
     return ctx.b.reduce_axes("sum", as_pair(ctx, x, None), axes, bool(keepdim), name=ctx.name)
 
 
+@complex_op("aten.roll.default")
+def roll(ctx, x, shifts, dims=()):
+    """The pairs rolled along the complex tensor's dims (fftshift), the pair axis untouched."""
+    from emmy.decompose.layout import _rolled
+
+    rank = len(ctx.b.shape(x)) - 1
+    shifts = [int(s) for s in (shifts if isinstance(shifts, (list, tuple)) else [shifts])]
+    dims = [int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+    if not dims:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: a complex tensor rolled flat (give the dims)")
+    by_dim: dict[int, int] = {}
+    for d, shift in zip(dims, shifts):
+        by_dim[d % rank] = by_dim.get(d % rank, 0) + shift
+    return _rolled(ctx, x, by_dim, name=ctx.name)
+
+
+@complex_op("aten._conj.default", "aten.conj_physical.default", "aten.resolve_conj.default")
+def conjugate(ctx, x):
+    """re - i im (resolve_conj: the values a conjugate view shows, which _conj already made)."""
+    if "resolve" in str(ctx.node.target):
+        return x
+    re, im = parts_of(ctx, x)
+    return _pair(ctx, re, ctx.b.elementwise("negative", im), _shape(ctx))
+
+
 @complex_op("aten.abs.default")
 def magnitude(ctx, x):
     """|re + i im|, a real tensor (hypot: no overflow of the squares)."""

@@ -19,6 +19,7 @@ import numpy as np
 
 from emmy.affine import Affine
 from emmy.decompose.complex_pairs import _pair, _shape, complex_op, parts_of
+from emmy.decompose.registry import lowers
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
 
@@ -66,6 +67,13 @@ def complex_to_real(ctx, x, dim, normalization, last_dim_size):
         parts = _along(ctx, parts, d, shape[d], shape[d], 1, 1.0)
     weights = np.array([1.0 if k == 0 or 2 * k == n else 2.0 for k in range(n // 2 + 1)])
     return _along(ctx, parts, dims[-1], n, n, 1, scale, weights=weights, real_only=True)[0]
+
+
+@lowers("aten.fft_rfftfreq.default", "aten.fft_fftfreq.default")
+def frequencies(ctx, n, d=1.0, **kwargs):
+    """The sample frequencies of a transform of n (numpy's, the same values as torch's): a constant."""
+    values = (np.fft.rfftfreq if "rfftfreq" in str(ctx.node.target) else np.fft.fftfreq)(int(n), float(d))
+    return ctx.constant(values, ctx.out_type().dtype)
 
 
 def _axes(ctx, x, dim, shape) -> list[int]:
