@@ -54,6 +54,8 @@ PROGRAMS = {
     "shift_conjugate_frequencies": (lambda x: (torch.fft.fftshift(torch.fft.fft2(x)).abs(),
                                                torch.fft.hfft(torch.fft.rfft(x[0])),  # hfft conjugates
                                                x[0, :, :5] * torch.fft.rfftfreq(8)), (torch.randn(2, 6, 8),)),
+    "padded_and_ihfft": (lambda x: (torch.fft.fft2(x, s=(8, 10)), torch.fft.ihfft2(x)),  # complex pads, _conj_physical
+                         (torch.randn(2, 6, 8),)),
     "fft_convolution_and_istft": (lambda x, k: (torch.fft.irfft(torch.fft.rfft(x, n=32) * torch.fft.rfft(k, n=32), n=32),
                                                 torch.istft(torch.stft(x, 8, 2, window=torch.hann_window(8),
                                                                        return_complex=True), 8, 2,

@@ -131,7 +131,26 @@ def roll(ctx, x, shifts, dims=()):
     return _rolled(ctx, x, by_dim, name=ctx.name)
 
 
-@complex_op("aten._conj.default", "aten.conj_physical.default", "aten.resolve_conj.default")
+@complex_op("aten.constant_pad_nd.default")
+def pad(ctx, x, padding, value=0.0):
+    """Zeros around the complex tensor (a transform of n beyond its length pads so): `padding` holds
+    (before, after) per dim from the last complex one back; negative amounts crop."""
+    if complex(value) != 0:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: a complex tensor padded with {value} (emmy pads with 0)")
+    shape = _shape(ctx)
+    rank = len(shape) - 1
+    index, guards = [Affine.dim(d) for d in range(rank + 1)], []
+    source = ctx.b.shape(x)
+    for k in range(len(padding) // 2):
+        d = rank - 1 - k
+        before = int(padding[2 * k])
+        index[d] = Affine.dim(d) - before
+        guards.append(Guard(Affine.dim(d), before, before + source[d]))
+    return ctx.b.index_map(as_pair(ctx, x, None), shape, index, guards, 0.0, name=ctx.name)
+
+
+@complex_op("aten._conj.default", "aten.conj_physical.default", "aten._conj_physical.default",
+            "aten.resolve_conj.default")
 def conjugate(ctx, x):
     """re - i im (resolve_conj: the values a conjugate view shows, which _conj already made)."""
     if "resolve" in str(ctx.node.target):
