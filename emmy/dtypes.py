@@ -66,8 +66,8 @@ class DType(enum.Enum):
             ) from None
 
 
-_ITEMSIZE = {DType.F64: 8, DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.I64: 8, DType.I32: 4, DType.I16: 2, DType.I8: 1,
-             DType.U8: 1, DType.BOOL: 1}
+_ITEMSIZE = {DType.F64: 8, DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.I64: 8, DType.I32: 4, DType.I16: 2,
+             DType.I8: 1, DType.U8: 1, DType.BOOL: 1}
 _NUMPY = {
     DType.F64: np.float64,
     DType.F32: np.float32,

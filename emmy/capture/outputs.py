@@ -32,8 +32,7 @@ class OutputStructure:
         constants = tuple((k, s.arg.value) for k, s in enumerate(user) if type(s.arg).__name__ == "ConstantArgument")
         values = {n.name: n.meta.get("val") for n in exported.graph.nodes}
         tensors = [s for s in user if type(s.arg).__name__ != "ConstantArgument"]
-        complex = tuple(k for k, s in enumerate(tensors)
-                        if getattr(getattr(values.get(getattr(s.arg, "name", None)), "dtype", None), "is_complex", False))
+        complex = tuple(k for k, s in enumerate(tensors) if _is_complex(values.get(getattr(s.arg, "name", None))))
         spec = exported.call_spec.out_spec
         if spec is None:
             return cls.flat(len(user) - len(constants), complex)
@@ -84,6 +83,10 @@ class OutputStructure:
         import torch.utils._pytree as pytree
 
         return pytree.tree_unflatten(leaves, pytree.treespec_loads(self.spec))
+
+
+def _is_complex(value) -> bool:
+    return bool(getattr(getattr(value, "dtype", None), "is_complex", False))
 
 
 STRUCTSEQ = "structseq:"  # a spec naming one of torch.return_types, whose tree spec does not serialize

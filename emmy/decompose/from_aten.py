@@ -87,8 +87,7 @@ def to_tensor_ir(captured) -> TensorProgram:
             if node.name in weights and is_complex(val):  # complex64 kept as its (.., 2) f32 pairs
                 target, tensor = weights[node.name]
                 if val.dtype != torch_complex64():
-                    raise UnsupportedDtypeError(f"unsupported dtype {str(val.dtype).removeprefix('torch.')} (weight {target}); emmy takes "
-                                                "complex64 as pairs of f32")
+                    raise _not_complex64(val, f"weight {target}")
                 name = builder.weight(_identifier(target), TensorType((*(int(s) for s in val.shape), 2), DType.F32))
                 weight_arrays[name], _ = to_numpy(view_as_real(tensor))
                 pairs.add(name)
@@ -100,8 +99,7 @@ def to_tensor_ir(captured) -> TensorProgram:
                 weight_arrays[name], _ = to_numpy(tensor)
             elif is_complex(val):  # a complex64 input as its (.., 2) f32 pairs (runtime.check_inputs views it so)
                 if val.dtype != torch_complex64():
-                    raise UnsupportedDtypeError(f"unsupported dtype {str(val.dtype).removeprefix('torch.')} (input {node.name}); emmy takes "
-                                                "complex64 as pairs of f32")
+                    raise _not_complex64(val, f"input {node.name}")
                 name = builder.input(node.name, TensorType((*(int(s) for s in val.shape), 2), DType.F32))
                 pairs.add(name)
             else:
@@ -127,6 +125,11 @@ def to_tensor_ir(captured) -> TensorProgram:
     returned = [v for v in returned if not isinstance(v, EmptyTensor)]
     return TensorProgram(builder.finish(returned + [u for u, _ in kept]), weight_arrays,
                          tuple(m for _, m in kept), empties)
+
+
+def _not_complex64(val, where: str) -> UnsupportedDtypeError:
+    return UnsupportedDtypeError(f"unsupported dtype {str(val.dtype).removeprefix('torch.')} ({where}); emmy takes "
+                                 "complex64 as pairs of f32")
 
 
 _TOKEN = object()  # the value of torch.export's effect tokens

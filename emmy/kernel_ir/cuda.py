@@ -109,8 +109,8 @@ def _identities(op: str, accs) -> tuple:
 def _render_split_finish(n: K.SplitFinish, template, k, types) -> str:
     register = next(p.dtype for p in k.params if p.name == n.workspace)  # the partial results' type
     accs = [(acc, literal(REDUCE_OPS[op], register), merge_c(op, (acc,), "")) for acc, op in n.accs]
-    return template.render(n=n, accs=accs, register=REGISTER[register], M=prod(e for _, e in n.m_vars), N=prod(e for _, e in n.n_vars),
-                           B=prod(e for _, e in n.batch_vars), m_dec=_decomposition(n.m_vars),
+    return template.render(n=n, accs=accs, register=REGISTER[register], M=prod(e for _, e in n.m_vars),
+                           N=prod(e for _, e in n.n_vars), B=prod(e for _, e in n.batch_vars), m_dec=_decomposition(n.m_vars),
                            n_dec=_decomposition(n.n_vars), b_dec=_decomposition(n.batch_vars),
                            epilogue=_lines(n.epilogue, types))
 

@@ -204,7 +204,7 @@ def _row_atomic(tile: TileKernel) -> str:
     monoids = {MONOID[s.op] for s in fold.combine if isinstance(s, L.Accumulate)}
     if len(monoids) != 1 or any(isinstance(s, L.Update) for s in fold.combine):
         raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs one monoid")
-    if any(i.dtype.accumulator is not DType.F32 for i in fold.init):  # the runtime header's atomics combine floats
+    if any(i.dtype.accumulator is not DType.F32 for i in fold.init):  # the runtime header's atomics combine f32
         raise Unsupported(f"kernel {tile.kernel.name}: an atomic split needs f32 accumulators")
     return monoids.pop()
 

@@ -22,11 +22,11 @@ from emmy.loop_ir import nodes as L
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
 # Narrow integers are registers of their own type, so arithmetic wraps as torch's (and numpy's) does.
-REGISTER = {DType.F64: "double", DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.I64: "long long",
-            DType.I32: "int", DType.I16: "short", DType.I8: "signed char", DType.U8: "unsigned char",
+REGISTER = {DType.F64: "double", DType.F32: "float", DType.F16: "float", DType.BF16: "float",
+            DType.I64: "long long", DType.I32: "int", DType.I16: "short", DType.I8: "signed char", DType.U8: "unsigned char",
             DType.BOOL: "bool"}
-STORAGE = {DType.F64: "double", DType.F32: "float", DType.F16: "__half", DType.BF16: "__nv_bfloat16", DType.I64: "long long",
-           DType.I32: "int", DType.I16: "short", DType.I8: "signed char", DType.U8: "unsigned char",
+STORAGE = {DType.F64: "double", DType.F32: "float", DType.F16: "__half", DType.BF16: "__nv_bfloat16",
+           DType.I64: "long long", DType.I32: "int", DType.I16: "short", DType.I8: "signed char", DType.U8: "unsigned char",
            DType.BOOL: "bool"}
 _MONOID_OP = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}  # Accumulate's op
 _ROUND = {DType.F16: "emmy::round_half", DType.BF16: "emmy::round_bf16"}
