@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 # Every program the tests run in the simulator runs under AddressSanitizer unless the caller says
 # otherwise (EMMY_SIM_MODE=plain, or a test's own mode): an out-of-bounds access fails the test.
@@ -57,3 +58,14 @@ def check_against_torch(program, inputs=None):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+class Calls(torch.nn.Module):
+    """A module whose forward calls `fn` (a lambda as a module, for emmy.optimize and eager alike)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)

@@ -9,16 +9,7 @@ import torch.nn.functional as F
 import emmy
 from emmy.errors import UnsupportedOpError
 
-from tests.conftest import run_emmy
-
-
-class Calls(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
+from tests.conftest import Calls, run_emmy
 
 
 class CachedAttention(torch.nn.Module):

@@ -7,15 +7,7 @@ import torch
 import emmy
 from emmy.errors import UnsupportedOpError
 from emmy.runtime import check_program
-
-
-class Calls(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
+from tests.conftest import Calls
 
 
 class SpectralConv(torch.nn.Module):
