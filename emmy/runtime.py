@@ -51,8 +51,8 @@ def check_inputs(program, inputs, device: str = "cpu") -> list:
 
     # a Python number where the program takes a rank-0 input
     inputs = [scalar_tensor(g) if not t.shape else g for (_, t), g in zip(expected, inputs)]
-    # a complex64 input is compiled as its (.., 2) f32 pairs: the same memory, viewed as real
-    inputs = [torch.view_as_real(g.resolve_conj()) if isinstance(g, torch.Tensor) and g.dtype == torch.complex64
+    # a complex input is compiled as its (.., 2) real pairs: the same memory, viewed as real
+    inputs = [torch.view_as_real(g.resolve_conj()) if isinstance(g, torch.Tensor) and g.is_complex()
               and t.shape == (*g.shape, 2) else g for (_, t), g in zip(expected, inputs)]
     for position, ((name, type_), given) in enumerate(zip(expected, inputs)):
         where = f"input {position} ({name})"

@@ -80,14 +80,28 @@ def test_bins_on_quarter_turns_are_exact_so_their_angles_do_not_flip():
         torch.testing.assert_close(emmy.optimize(fn, x)(x), fn(x))
 
 
-def test_a_complex_input_is_taken_on_every_route_and_complex128_is_refused():
+def test_a_complex_input_is_taken_on_every_route():
     fn, (z, x) = PROGRAMS["complex_input"]
     program = emmy.optimize(Calls(fn), z, x)
     for got in (program(z, x, sim_mode="asan"), program(z, x, device="interpret")):
         for have, want in zip(got, fn(z, x)):
             torch.testing.assert_close(have, want)
-    with pytest.raises(emmy.EmmyError, match="unsupported dtype complex128 \\(input .*\\); emmy takes complex64"):
-        emmy.optimize(Calls(lambda z: z * 2), z.to(torch.complex128))
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")  # torch's own, making complex32
+def test_complex128_is_pairs_of_f64_to_f64_precision():
+    """A float64 program's spectrum: complex128 inputs, outputs and Python complex scalars (a spectral
+    derivative, 1j * k * u_hat), checked at f64's tolerance; complex32 is refused by name."""
+    u = torch.sin(torch.linspace(0, 2 * torch.pi, 17, dtype=torch.float64)[:16]).repeat(2, 1)
+    k = torch.fft.rfftfreq(16, 1 / 16).to(torch.float64) * 2 * torch.pi
+    derivative = emmy.optimize(Calls(lambda u: torch.fft.irfft(1j * k * torch.fft.rfft(u), n=16)), u)
+    spectrum = emmy.optimize(Calls(lambda z: (torch.fft.fft(z), (z * z).abs())), torch.randn(3, 8, dtype=torch.complex128))
+    for program in (derivative, spectrum):
+        checks = check_program(program, mode="asan")
+        assert checks and all(c.ok for c in checks), checks
+    assert spectrum(*spectrum.example_inputs)[0].dtype == torch.complex128
+    with pytest.raises(emmy.EmmyError, match="unsupported dtype complex32 .*emmy takes complex64 and complex128"):
+        emmy.optimize(Calls(lambda z: z * 2), torch.randn(4, dtype=torch.complex64).to(torch.complex32))
 
 
 def test_a_transform_too_long_for_a_dense_product_is_refused_by_name():

@@ -68,8 +68,13 @@ def store(code: str, program, cache_dir: Path) -> None:
     if getattr(program.example_inputs, "pending", 0):  # its inputs are too large to keep on disk
         log.info("capture cache: not storing a capture with inputs over EMMY_LAZY_INPUT_MB")
         return
-    entry = CachedCapture(code, program.tensor_program, tuple(to_numpy(t) for t in program.example_inputs),
-                          print_torch_ir(program.captured), program.captured.outputs)
+    # a complex input is kept as its real pairs, which the compiled program takes as well
+    import torch
+
+    decomposed = program.tensor_program  # first: an unsupported op or input dtype is refused by name here
+    inputs = tuple(to_numpy(torch.view_as_real(t.resolve_conj()) if t.is_complex() else t)
+                   for t in program.example_inputs)
+    entry = CachedCapture(code, decomposed, inputs, print_torch_ir(program.captured), program.captured.outputs)
     path = _path(code, cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as fh:

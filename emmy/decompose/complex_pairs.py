@@ -1,5 +1,5 @@
-"""complex64 as pairs of f32: a complex tensor of shape S is the real tensor of shape (*S, 2) that
-torch.view_as_real shows (real part, then imaginary), so view_as_complex and view_as_real are free
+"""complex64 as pairs of f32 (complex128 of f64): a complex tensor of shape S is the real tensor of
+shape (*S, 2) that torch.view_as_real shows (real part, then imaginary), so view_as_complex and view_as_real are free
 and rotary embeddings written with complex numbers (Meta's Llama: xq as complex times freqs_cis)
 compile to the same arithmetic as their real spelling. Views, slices, writes, sums, products
 and matrix products of complex tensors are taken, their magnitude and angle, and Fourier transforms
@@ -36,6 +36,14 @@ def lower_complex(ctx, key: str, args: list, kwargs: dict, pairs: set) -> object
     return result
 
 
+def _part(ctx) -> DType:
+    """The real type of the op's complex values: f64 where complex128 is among what it reads or makes
+    (a float64 program's spectrum), else f32 (complex64)."""
+    vals = [ctx.node.meta.get("val")] + [n.meta.get("val") for n in ctx.node.all_input_nodes]
+    flat = [v for x in vals for v in (x if isinstance(x, (list, tuple)) else [x])]
+    return DType.F64 if any(str(getattr(v, "dtype", "")) == "torch.complex128" for v in flat) else DType.F32
+
+
 def _shape(ctx) -> tuple[int, ...]:
     """The complex result's shape with the pair axis."""
     return (*(int(s) for s in ctx.node.meta["val"].shape), 2)
@@ -66,7 +74,7 @@ def assertion(ctx, *args, **kwargs):
 def full(ctx, size, value, **kwargs):
     value = complex(value)
     shape = _shape(ctx)
-    return _pair(ctx, ctx.b.fill(value.real, shape[:-1], DType.F32), ctx.b.fill(value.imag, shape[:-1], DType.F32),
+    return _pair(ctx, ctx.b.fill(value.real, shape[:-1], _part(ctx)), ctx.b.fill(value.imag, shape[:-1], _part(ctx)),
                  shape)
 
 
@@ -88,7 +96,7 @@ def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
     b = ctx.b
     value = b.index_map(src, shape, index, written, 0.0, suffix="written")
     mask = b.index_map(b.const(True, DType.BOOL), shape, (), guards=written, fill=False, suffix="where_written")
-    return b.elementwise("where", mask, value, as_pair(ctx, x, shape), dtype=DType.F32, name=ctx.name)
+    return b.elementwise("where", mask, value, as_pair(ctx, x, shape), dtype=_part(ctx), name=ctx.name)
 
 
 @complex_op("aten.mm.default", "aten.bmm.default")
@@ -98,7 +106,7 @@ def matrix_product(ctx, a, b):
 
     shape = _shape(ctx)
     (ar, ai), (br, bi) = parts_of(ctx, a), parts_of(ctx, b)
-    mm = lambda x, y: product_of(ctx, x, y, DType.F32)  # noqa: E731
+    mm = lambda x, y: product_of(ctx, x, y, _part(ctx))  # noqa: E731
     if ai is None or bi is None:
         real, imag = (mm(ar, br), mm(ar, bi)) if ai is None else (mm(ar, br), mm(ai, br))
     else:
@@ -213,7 +221,7 @@ def arithmetic(ctx, a, b, alpha=1):
         name = "add" if op == "add" else "subtract"
         real = builder.elementwise(name, parts_a[0], parts_b[0], suffix="re")
         imag = builder.elementwise(name, parts_a[1], parts_b[1], suffix="im") if (parts_a[1] or parts_b[1]) else None
-        return _pair(ctx, real, imag or builder.fill(0.0, shape[:-1], DType.F32), shape)
+        return _pair(ctx, real, imag or builder.fill(0.0, shape[:-1], _part(ctx)), shape)
     (ar, ai), (br, bi) = parts_a, parts_b
     mul = lambda x, y: builder.elementwise("multiply", x, y)  # noqa: E731
     if ai is None or bi is None:  # one side real: each part scales
@@ -228,8 +236,8 @@ def arithmetic(ctx, a, b, alpha=1):
 def polar(ctx, magnitude, angle):
     shape = _shape(ctx)
     b = ctx.b
-    m = ctx.tensor(magnitude, DType.F32, shape[:-1])
-    t = ctx.tensor(angle, DType.F32, shape[:-1])
+    m = ctx.tensor(magnitude, _part(ctx), shape[:-1])
+    t = ctx.tensor(angle, _part(ctx), shape[:-1])
     real = b.elementwise("multiply", m, b.elementwise("cos", t))
     imag = b.elementwise("multiply", m, b.elementwise("sin", t))
     return _pair(ctx, real, imag, shape)
@@ -242,10 +250,12 @@ def _scaled(ctx, value, alpha):
 def _parts(ctx, value, shape) -> tuple:
     """(real part, imaginary part or None) of an operand, broadcast to the result's shape."""
     b = ctx.b
-    if not isinstance(value, str):  # a Python number
-        return b.fill(float(value), shape[:-1], DType.F32), None
+    if not isinstance(value, str):  # a Python number, complex too (1j * x)
+        value = complex(value)
+        imag = b.fill(value.imag, shape[:-1], _part(ctx)) if value.imag else None
+        return b.fill(value.real, shape[:-1], _part(ctx)), imag
     if value not in ctx.pairs:
-        return ctx.tensor(value, DType.F32, shape[:-1]), None
+        return ctx.tensor(value, _part(ctx), shape[:-1]), None
     rank = len(shape) - 1
     full = b.broadcast_to(value, shape) if b.shape(value) != shape else value
     parts = []
@@ -259,7 +269,7 @@ def parts_of(ctx, x) -> tuple:
     """(real part, imaginary part or None) of a tensor at its own shape (a real one: no imaginary part)."""
     b = ctx.b
     if x not in ctx.pairs:
-        return ctx.tensor(x, DType.F32), None
+        return ctx.tensor(x, _part(ctx)), None
     shape = b.shape(x)
     rank = len(shape) - 1
     return tuple(b.index_map(x, shape[:-1], [Affine.dim(d) for d in range(rank)] + [Affine.constant(k)],
@@ -271,9 +281,9 @@ def as_pair(ctx, x, shape):
     b = ctx.b
     if x in ctx.pairs:
         return x if shape is None or b.shape(x) == shape else b.broadcast_to(x, shape)
-    real = ctx.tensor(x, DType.F32) if shape is None else ctx.tensor(x, DType.F32, shape[:-1])
+    real = ctx.tensor(x, _part(ctx)) if shape is None else ctx.tensor(x, _part(ctx), shape[:-1])
     shape = shape or (*b.shape(real), 2)
-    return _pair(ctx, real, b.fill(0.0, shape[:-1], DType.F32), shape, name=None)
+    return _pair(ctx, real, b.fill(0.0, shape[:-1], _part(ctx)), shape, name=None)
 
 
 def _pair(ctx, real, imag, shape, name: str | None = ""):
@@ -285,4 +295,4 @@ def _pair(ctx, real, imag, shape, name: str | None = ""):
     im = b.index_map(imag, shape, spread, suffix="pair_im")
     first = b.index_map(b.const(True, DType.BOOL), shape, (), guards=[Guard(Affine.dim(rank), None, 1)], fill=False,
                         suffix="is_re")
-    return b.elementwise("where", first, re, im, dtype=DType.F32, name=ctx.name if name == "" else name)
+    return b.elementwise("where", first, re, im, dtype=_part(ctx), name=ctx.name if name == "" else name)

@@ -18,9 +18,8 @@ import math
 import numpy as np
 
 from emmy.affine import Affine
-from emmy.decompose.complex_pairs import _pair, _shape, complex_op, parts_of
+from emmy.decompose.complex_pairs import _pair, _part, _shape, complex_op, parts_of
 from emmy.decompose.registry import lowers
-from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
 
 LONGEST_AXIS = 4096  # a dense n x n matrix beyond this costs more memory and time than it is worth
@@ -107,7 +106,7 @@ def _along(ctx, parts, axis: int, n: int, count: int, sign: int, scale: float, w
     cosine = np.where(quarter, np.array([1.0, 0.0, -1.0, 0.0])[steps], cosine)
     sine = np.where(quarter, np.array([0.0, 1.0, 0.0, -1.0])[steps], sine)
     w = (np.ones(length) if weights is None else weights)[:, None] * scale
-    cos, sin = ctx.constant(w * cosine, DType.F32), ctx.constant(w * sine, DType.F32)
+    cos, sin = ctx.constant(w * cosine, _part(ctx)), ctx.constant(w * sine, _part(ctx))
     b = ctx.b
 
     def times(x, m):

@@ -84,11 +84,9 @@ def to_tensor_ir(captured) -> TensorProgram:
             if has_no_elements(val) and node.name in weights:  # an empty cache: nothing to store
                 env[node.name] = EmptyTensor.of(val)
                 continue
-            if node.name in weights and is_complex(val):  # complex64 kept as its (.., 2) f32 pairs
+            if node.name in weights and is_complex(val):  # complex kept as its (.., 2) real pairs
                 target, tensor = weights[node.name]
-                if val.dtype != torch_complex64():
-                    raise _not_complex64(val, f"weight {target}")
-                name = builder.weight(_identifier(target), TensorType((*(int(s) for s in val.shape), 2), DType.F32))
+                name = builder.weight(_identifier(target), _pairs_type(val, f"weight {target}"))
                 weight_arrays[name], _ = to_numpy(view_as_real(tensor))
                 pairs.add(name)
             elif node.name in weights:
@@ -97,10 +95,8 @@ def to_tensor_ir(captured) -> TensorProgram:
                 type_ = TensorType(tuple(int(s) for s in val.shape), from_torch(val.dtype, where))
                 name = builder.weight(_identifier(target), type_)
                 weight_arrays[name], _ = to_numpy(tensor)
-            elif is_complex(val):  # a complex64 input as its (.., 2) f32 pairs (runtime.check_inputs views it so)
-                if val.dtype != torch_complex64():
-                    raise _not_complex64(val, f"input {node.name}")
-                name = builder.input(node.name, TensorType((*(int(s) for s in val.shape), 2), DType.F32))
+            elif is_complex(val):  # a complex input as its (.., 2) real pairs (runtime.check_inputs views it so)
+                name = builder.input(node.name, _pairs_type(val, f"input {node.name}"))
                 pairs.add(name)
             else:
                 type_ = TensorType(tuple(int(s) for s in val.shape), from_torch(val.dtype, f"input {node.name}"))
@@ -127,9 +123,13 @@ def to_tensor_ir(captured) -> TensorProgram:
                          tuple(m for _, m in kept), empties)
 
 
-def _not_complex64(val, where: str) -> UnsupportedDtypeError:
-    return UnsupportedDtypeError(f"unsupported dtype {str(val.dtype).removeprefix('torch.')} ({where}); emmy takes "
-                                 "complex64 as pairs of f32")
+def _pairs_type(val, where: str) -> TensorType:
+    """A complex tensor's type as emmy holds it: (.., 2) pairs of f32 (complex64) or f64 (complex128)."""
+    part = {"torch.complex64": DType.F32, "torch.complex128": DType.F64}.get(str(val.dtype))
+    if part is None:
+        raise UnsupportedDtypeError(f"unsupported dtype {str(val.dtype).removeprefix('torch.')} ({where}); emmy "
+                                    "takes complex64 and complex128 as pairs of f32 and f64")
+    return TensorType((*(int(s) for s in val.shape), 2), part)
 
 
 _TOKEN = object()  # the value of torch.export's effect tokens
@@ -334,12 +334,6 @@ def _flat_args(node, env) -> list:
             if hasattr(item, "op") and hasattr(item, "name") and item.name in env:
                 values.append(env[item.name])
     return values
-
-
-def torch_complex64():
-    import torch
-
-    return torch.complex64
 
 
 def view_as_real(tensor):
