@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emmy.dtypes import DType
+from emmy.dtypes import DType, real_pairs
 
 # (rtol, atol): PyTorch's defaults for f32; about one part in 100 (f16) or 50 (bf16). f64 results
 # meet a reference of their own precision, so theirs is some thousands of f64 ulps (torch.testing
@@ -235,15 +235,8 @@ def _run_reference(captured, inputs, mode: str, device: str) -> list:
         nodes = [n for n in program.graph.nodes if n.op == "output"][0].args[0]
         results = [r.to(node.meta["val"].dtype) if hasattr(node, "meta") and "val" in node.meta else r
                    for r, node in zip(results, nodes)]
-    return [_real(r).detach().double().cpu().numpy() for r, spec in zip(results, specs)
-            if spec.kind.name == "USER_OUTPUT"]
-
-
-def _real(tensor):
-    """A complex result as the (.., 2) pairs emmy computes it as (view_as_real's layout)."""
-    import torch
-
-    return torch.view_as_real(tensor.resolve_conj()) if tensor.is_complex() else tensor
+    # a complex result as the pairs emmy computes it as
+    return [real_pairs(r).double().cpu().numpy() for r, spec in zip(results, specs) if spec.kind.name == "USER_OUTPUT"]
 
 
 def torch_comparison(captured, inputs=None, device: str = "cpu") -> list[tuple]:

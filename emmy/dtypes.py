@@ -156,6 +156,14 @@ def to_numpy(tensor) -> tuple[np.ndarray, DType]:
     return t.numpy().copy(), dtype
 
 
+def real_pairs(tensor):
+    """A complex tensor as the (.., 2) real pairs emmy holds it as (view_as_real's layout: the same
+    memory); any other tensor as it is."""
+    import torch
+
+    return torch.view_as_real(tensor.detach().resolve_conj()) if tensor.is_complex() else tensor
+
+
 def from_numpy(values: np.ndarray, dtype: DType):
     import torch
 

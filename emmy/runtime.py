@@ -39,7 +39,7 @@ def check_inputs(program, inputs, device: str = "cpu") -> list:
     says which input is wrong and what it expected (InputMismatchError). Returns the inputs as tensors."""
     import torch
 
-    from emmy.dtypes import from_torch
+    from emmy.dtypes import from_torch, real_pairs
 
     from emmy.capture import flat_inputs, scalar_tensor
 
@@ -52,8 +52,8 @@ def check_inputs(program, inputs, device: str = "cpu") -> list:
     # a Python number where the program takes a rank-0 input
     inputs = [scalar_tensor(g) if not t.shape else g for (_, t), g in zip(expected, inputs)]
     # a complex input is compiled as its (.., 2) real pairs: the same memory, viewed as real
-    inputs = [torch.view_as_real(g.resolve_conj()) if isinstance(g, torch.Tensor) and g.is_complex()
-              and t.shape == (*g.shape, 2) else g for (_, t), g in zip(expected, inputs)]
+    inputs = [real_pairs(g) if isinstance(g, torch.Tensor) and t.shape == (*g.shape, 2) else g
+              for (_, t), g in zip(expected, inputs)]
     for position, ((name, type_), given) in enumerate(zip(expected, inputs)):
         where = f"input {position} ({name})"
         want = f"{type_.dtype}{list(type_.shape)}"

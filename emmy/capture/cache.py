@@ -63,17 +63,14 @@ def lookup(code: str, cache_dir: Path) -> CachedCapture | None:
 def store(code: str, program, cache_dir: Path) -> None:
     """Remember `program`'s capture (emmy.program.Program built from `code`)."""
     from emmy.capture.printer import print_torch_ir
-    from emmy.dtypes import to_numpy
+    from emmy.dtypes import real_pairs, to_numpy
 
     if getattr(program.example_inputs, "pending", 0):  # its inputs are too large to keep on disk
         log.info("capture cache: not storing a capture with inputs over EMMY_LAZY_INPUT_MB")
         return
-    # a complex input is kept as its real pairs, which the compiled program takes as well
-    import torch
-
     decomposed = program.tensor_program  # first: an unsupported op or input dtype is refused by name here
-    inputs = tuple(to_numpy(torch.view_as_real(t.resolve_conj()) if t.is_complex() else t)
-                   for t in program.example_inputs)
+    # a complex input is kept as its real pairs, which the compiled program takes as well
+    inputs = tuple(to_numpy(real_pairs(t)) for t in program.example_inputs)
     entry = CachedCapture(code, decomposed, inputs, print_torch_ir(program.captured), program.captured.outputs)
     path = _path(code, cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)

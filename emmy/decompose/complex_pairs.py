@@ -126,17 +126,12 @@ def sum_(ctx, x, dims=None, keepdim=False, **kwargs):
 @complex_op("aten.roll.default")
 def roll(ctx, x, shifts, dims=()):
     """The pairs rolled along the complex tensor's dims (fftshift), the pair axis untouched."""
-    from emmy.decompose.layout import _rolled
+    from emmy.decompose.layout import _rolled, shifts_by_dim
 
-    rank = len(ctx.b.shape(x)) - 1
-    shifts = [int(s) for s in (shifts if isinstance(shifts, (list, tuple)) else [shifts])]
-    dims = [int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
     if not dims:
         raise UnsupportedOpError(f"unsupported op {ctx.where}: a complex tensor rolled flat (give the dims)")
-    by_dim: dict[int, int] = {}
-    for d, shift in zip(dims, shifts):
-        by_dim[d % rank] = by_dim.get(d % rank, 0) + shift
-    return _rolled(ctx, x, by_dim, name=ctx.name)
+    shifts = [int(s) for s in (shifts if isinstance(shifts, (list, tuple)) else [shifts])]
+    return _rolled(ctx, x, shifts_by_dim(shifts, dims, len(ctx.b.shape(x)) - 1), name=ctx.name)
 
 
 @complex_op("aten.constant_pad_nd.default")

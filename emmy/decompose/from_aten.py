@@ -21,7 +21,7 @@ from emmy.decompose.complex_pairs import is_complex, lower_complex
 from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_result, has_no_elements, mixed_reads,
                                   reads_empty, without_empty_pieces)
 from emmy.decompose.registry import LOWERINGS, Context
-from emmy.dtypes import DType, from_torch, to_numpy
+from emmy.dtypes import DType, from_torch, real_pairs, to_numpy
 from emmy.errors import EmmyError, UnsupportedDtypeError, UnsupportedOpError
 from emmy.tensor_ir.builder import GraphBuilder
 from emmy.tensor_ir.nodes import TensorGraph, TensorType
@@ -87,7 +87,7 @@ def to_tensor_ir(captured) -> TensorProgram:
             if node.name in weights and is_complex(val):  # complex kept as its (.., 2) real pairs
                 target, tensor = weights[node.name]
                 name = builder.weight(_identifier(target), _pairs_type(val, f"weight {target}"))
-                weight_arrays[name], _ = to_numpy(view_as_real(tensor))
+                weight_arrays[name], _ = to_numpy(real_pairs(tensor))
                 pairs.add(name)
             elif node.name in weights:
                 target, tensor = weights[node.name]
@@ -267,12 +267,12 @@ def _from_empties(builder: GraphBuilder, node, env, read: list, constants: dict,
     reads_full = any(not isinstance(v, EmptyTensor) for v in graph_values)
     if reads_full and str(node.target) in BIASED_PRODUCTS:
         return _bias_of_empty_product(builder, node, args, kwargs, constants, where)
+    ctx = Context(builder, node, where, constants, pairs=set())
     if str(node.target) in WRITES_INTO and not isinstance(read[0], EmptyTensor) \
             and all(isinstance(v, EmptyTensor) for v in graph_values[1:]):
         # nothing is written: the destination as it is (a shifted window's mask filled by an empty slice)
-        return builder.cast(read[0], Context(builder, node, where, constants, pairs=set()).out_type().dtype)
+        return builder.cast(read[0], ctx.out_type().dtype)
     result = computed_from_empties(node, args, kwargs, where, reads_full)
-    ctx = Context(builder, node, where, constants, pairs=set())
 
     def constant(value):
         if not hasattr(value, "numel"):
@@ -334,12 +334,6 @@ def _flat_args(node, env) -> list:
             if hasattr(item, "op") and hasattr(item, "name") and item.name in env:
                 values.append(env[item.name])
     return values
-
-
-def view_as_real(tensor):
-    import torch
-
-    return torch.view_as_real(tensor.detach().resolve_conj())
 
 
 # FX names follow ATen's; a few are long enough to drown the printed IR.

@@ -228,11 +228,15 @@ def roll(ctx: Context, x, shifts, dims=()):
         flat = ctx.b.reshape(x, (max(1, _count(shape)),), suffix="flat")
         rolled = _rolled(ctx, flat, {0: shifts[0]}, suffix="flat_rolled")
         return ctx.b.reshape(rolled, shape, name=ctx.name)
-    dims = [int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+    return _rolled(ctx, x, shifts_by_dim(shifts, dims, len(shape)), name=ctx.name)
+
+
+def shifts_by_dim(shifts: list[int], dims, rank: int) -> dict[int, int]:
+    """roll's (shift, dim) pairs as the total shift of each dim (a dim named twice adds up)."""
     by_dim: dict[int, int] = {}
-    for d, shift in zip(dims, shifts):
-        by_dim[d % len(shape)] = by_dim.get(d % len(shape), 0) + shift
-    return _rolled(ctx, x, by_dim, name=ctx.name)
+    for d, shift in zip([int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims])], shifts):
+        by_dim[d % rank] = by_dim.get(d % rank, 0) + shift
+    return by_dim
 
 
 def _rolled(ctx: Context, x, shifts: dict[int, int], name=None, suffix="rolled"):
