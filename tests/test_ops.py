@@ -272,6 +272,15 @@ CASES = [
     ("aten.index_put.default",
      "x=torch.randn(4,3); i=torch.tensor([0,2,2,4]); torch.zeros(5,3).index_put((i,), x, accumulate=True)"),
     ("aten.index_put.default", "k=torch.randn(1,2,8); p=torch.tensor([3,15]); c=torch.zeros(1,16,8); c.index_copy_(1, p, k); c"),
+    # ids of any shape, and several index tensors: an embedding's gradient, x[i, j] += v, x[:, i, j] = v
+    ("aten.index_put.default", "g=torch.randn(2,3,4); i=torch.tensor([[1,3,-1],[1,0,4]]); "
+                               "torch.zeros(5,4).index_put((i,), g, accumulate=True)"),
+    ("aten.index_put.default", X + "i=torch.tensor([[0,3],[3,-4]]); j=torch.tensor([5,-1]); z=x.clone(); z[i, j] = y[0, :2]; "
+                               "(z, x.index_put((i, j), torch.ones(()), accumulate=True))"),
+    ("aten.index_put.default", "x=torch.randn(3,5,4,2); i=torch.tensor([[0],[4],[2]]); j=torch.tensor([1,3]); "
+                               "z=x.clone(); z[:, i, j] = torch.randn(3,3,2,2); z"),  # adjacent, behind a ':'
+    ("aten.index_put.default", "x=torch.randn(5,6,4); i=torch.tensor([0,4,2]); j=torch.tensor([1,3,3]); "
+                               "z=x.clone(); z[i, :, j] = torch.randn(3,6); z"),  # apart: the ids' axis first
     ("aten.scatter.value", "t=torch.randint(0,7,(4,)); torch.zeros(4,7).scatter(1, t[:, None], 1.0)"),
     ("aten.scatter_add.default", X + "t=torch.randint(0,5,(4,6)); torch.zeros(5,6).scatter_add(0, t, x)"),
     ("aten.scatter_reduce.two", X + "t=torch.randint(0,6,(4,9)); x.scatter_reduce(1, t, torch.randn(4,9), 'amax')"),
@@ -483,15 +492,17 @@ def test_advanced_indexing_and_resampling_run_right_in_the_simulator(dtype):
 def test_writes_into_part_of_a_tensor_run_right_in_the_simulator(dtype):
     """Slice and select assignment, x[mask] = v (one value, and one row or column per hit), a diagonal
     added to in place and filled (as_strided),
-    a KV cache written at positions (repeats: the last write wins), scatter_add (by an index shorter
-    than the output too) and a one-hot,
+    a KV cache written at positions (repeats: the last write wins), an embedding's gradient (2-D ids,
+    added up), x[i, j] = v, scatter_add (by an index shorter than the output too) and a one-hot,
     compiled to CUDA (ASan on)."""
     code = (f"x=torch.randn(6,10,dtype=torch.{dtype}); k=torch.randn(3,10,dtype=torch.{dtype}); "
             "p=torch.tensor([5,0,5]); t=torch.randint(0,10,(6,4)); "
             "z = x.clone(); z[:, 2:8:2] = k[0, :3]; z[z < -1] = 0; z[3] = 2.0; z.diagonal(2).add_(3); z.fill_diagonal_(1.5); "
             "c = torch.zeros(8, 10, dtype=x.dtype); c[p] = k; "
             "r = x.clone(); r[torch.tensor([True,False,True,False,False,True])] = k * 2; r[:, torch.arange(10) % 4 == 1] = x[:, :3]; "
-            "(z, c, r, torch.zeros(6, 10, dtype=x.dtype).scatter_add(1, t, x[:, :4]), "
+            "e = torch.zeros(5, 10, dtype=x.dtype).index_put((t[:2, :3] % 5,), x[:6].view(2, 3, 10), accumulate=True); "
+            "q = x.clone(); q[p, t[0, :3]] = k[:, 0]; "
+            "(z, c, r, e, q, torch.zeros(6, 10, dtype=x.dtype).scatter_add(1, t, x[:, :4]), "
             "torch.zeros(6, 10, dtype=x.dtype).scatter(1, t, 1.0), torch.zeros(6, 10, dtype=x.dtype).scatter_add(0, t[:3] % 6, x))")
     _runs_right_in_the_simulator(code)
 
@@ -579,6 +590,15 @@ def test_a_write_through_an_id_outside_its_axis_is_reported_not_dropped():
     for device in ("interpret", "sim"):
         with pytest.raises(IndexOutOfRangeError, match=r"input 1 \(ids\): index 5 at \[1, 2\] is outside \[0, 5\)"):
             program(x, bad, src, device=device)
+
+    def pair_write(x, rows, cols):  # two index tensors: each id checked against its own axis
+        return x.index_put((rows, cols), torch.ones(()), accumulate=True)
+
+    x, rows, cols = torch.zeros(4, 6), torch.tensor([0, 3, 3]), torch.tensor([5, 0, -6])
+    program = emmy.optimize(pair_write, x, rows, cols)
+    torch.testing.assert_close(program(x, rows, cols), pair_write(x, rows, cols))
+    with pytest.raises(IndexOutOfRangeError, match=r"input 2 \(cols\): index 6 at \[1\] is outside \[-6, 6\)"):
+        program(x, rows, torch.tensor([5, 6, 0]), device="sim")
 
     def cache_write(cache, positions, values):  # index_put: negative positions count from the end
         cache = cache.clone()

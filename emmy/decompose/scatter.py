@@ -69,33 +69,71 @@ def _written_over(ctx: Context, x, src, index, written: list[Guard]) -> str:
 
 @lowers("aten.index_put.default")
 def index_put(ctx: Context, x, indices, values, accumulate=False):
-    """x[mask] = value for a bool mask over x's leading dimensions (one value), or x[.., ids, ..] =
-    values along one dimension by an integer tensor of ids (index_copy_, a KV cache written at
-    positions): where ids repeat, the last write wins (as torch does on the CPU), or all add up
-    with accumulate."""
+    """x[mask] = value for a bool mask over x's leading dimensions, or x[.., ids, ..] = values by
+    integer tensors of ids in one or more dimensions (index_copy_, a KV cache written at positions,
+    the gradient of an embedding or of x[i, j]): where ids repeat, the last write wins (as torch does
+    on the CPU), or all add up with accumulate."""
+    b = ctx.b
+    given = [(k, t) for k, t in enumerate(indices) if t is not None]
+    masks = [k for k, t in given if b.dtype(t) is DType.BOOL]
+    if masks:
+        if len(given) != 1:
+            raise UnsupportedOpError(f"unsupported op {ctx.where}: a bool mask with other index tensors "
+                                     "(emmy writes x[mask] = v with the mask alone)")
+        (dim, mask), = given
+        return _masked_put(ctx, x, dim, mask, values, accumulate)
+    return _put_by_ids(ctx, x, given, values, accumulate)
+
+
+def _put_by_ids(ctx: Context, x, given: list, values, accumulate: bool) -> str:
+    """x[.., i, j, ..] = values by integer ids in the dimensions `given` names, as torch indexes: the
+    ids broadcast to one index shape, which stands in place of adjacent indexed dimensions and
+    first where they are apart. Written as one axis: x viewed with its indexed dimensions moved
+    together and merged, each id checked against its own extent, the ids combined row-major."""
     b = ctx.b
     out = ctx.out_type()
-    given = [(k, t) for k, t in enumerate(indices) if t is not None]
-    if len(given) != 1:
-        raise UnsupportedOpError(f"unsupported op {ctx.where}: writing through {len(given)} index tensors at "
-                                 "once (emmy writes through one: x[mask] = v, x[ids] = v)")
-    (dim, ids), = given
-    if b.dtype(ids) is DType.BOOL:
-        return _masked_put(ctx, x, dim, ids, values, accumulate)
-    if len(b.shape(ids)) != 1:
-        raise UnsupportedOpError(f"unsupported op {ctx.where}: writing by ids of shape {list(b.shape(ids))} "
-                                 "(emmy writes by a 1-D tensor of ids)")
-    shape = out.shape
-    rank = len(shape)
-    count = b.shape(ids)[0]
-    full = (*shape, count)
-    k = Affine.dim(rank)
-    ids_full = _checked(ctx, ids, [k], shape[dim], full, wrap=True)
-    ids_full = b.elementwise("remainder", ids_full, shape[dim], dtype=DType.I64, suffix="wrapped")  # -1: the last
-    written = (*shape[:dim], count, *shape[dim + 1:])
-    at = [Affine.dim(a) if a != dim else k for a in range(rank)]
-    values_full = b.index_map(ctx.tensor(values, out.dtype, written), full, at, suffix="values")
-    return _scattered(ctx, x, dim, ids_full, values_full, accumulate)
+    shape, rank = out.shape, len(out.shape)
+    dims = [k for k, _ in given]
+    adjacent = dims == list(range(dims[0], dims[-1] + 1))
+    order = list(range(rank)) if adjacent else dims + [d for d in range(rank) if d not in dims]
+    start = dims[0] if adjacent else 0
+    moved_shape = tuple(shape[d] for d in order)
+    block = moved_shape[start:start + len(dims)]
+    lead, trail = moved_shape[:start], moved_shape[start + len(dims):]
+    index_shape = _broadcast_shape([b.shape(t) for _, t in given], ctx.where)
+    count = max(math.prod(index_shape), 1)
+    merged = (*lead, math.prod(block), *trail)
+    full = (*merged, count)
+    k = Affine.dim(len(merged))
+    linear, stride = None, 1
+    for extent, (_, ids) in reversed(list(zip(block, given))):
+        flat = b.reshape(ctx.tensor(ids, DType.I64, index_shape), (count,), suffix="flat_ids")
+        wrapped = b.elementwise("remainder", _checked(ctx, flat, [k], extent, full, wrap=True), extent,
+                                dtype=DType.I64, suffix="wrapped")  # -1: the last
+        term = wrapped if stride == 1 else b.elementwise("multiply", wrapped, stride, dtype=DType.I64, suffix="strided")
+        linear = term if linear is None else b.elementwise("add", linear, term, dtype=DType.I64, suffix="linear_ids")
+        stride *= extent
+    written = b.reshape(ctx.tensor(values, out.dtype, (*lead, *index_shape, *trail)), (*lead, count, *trail))
+    at = [Affine.dim(a) for a in range(len(lead))] + [k] + [Affine.dim(a) for a in range(len(lead) + 1, len(merged))]
+    values_full = b.index_map(written, full, at, suffix="values")
+    moved = b.reshape(b.permute(ctx.tensor(x, out.dtype), order), merged)
+    if merged == shape:  # one 1-D tensor of ids: the write is x's own
+        return _scattered(ctx, moved, start, linear, values_full, accumulate)
+    result = b.reshape(_scattered(ctx, moved, start, linear, values_full, accumulate, shape=merged), moved_shape)
+    return b.permute(result, [order.index(d) for d in range(rank)], name=ctx.name)
+
+
+def _broadcast_shape(shapes: list, where: str) -> tuple[int, ...]:
+    rank = max(len(s) for s in shapes)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    result = []
+    for extents in zip(*padded):
+        wide = {e for e in extents if e != 1}
+        if len(wide) > 1:
+            raise UnsupportedOpError(f"unsupported op {where}: index tensors of shapes "
+                                     f"{[list(s) for s in shapes]} do not broadcast together")
+        result.append(wide.pop() if wide else 1)
+    return tuple(result)
 
 
 def _masked_put(ctx: Context, x, dim: int, mask, values, accumulate: bool) -> str:
