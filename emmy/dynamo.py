@@ -50,8 +50,9 @@ _LOCK = threading.Lock()
 def emmy_backend(gm, example_inputs, options: dict | None = None):
     """The Dynamo backend: returns a callable that runs `gm` with emmy's parts compiled."""
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
 
-    from emmy.capture.exporting import decomposition_table
+    from emmy.capture.training import training_decomposition_table
 
     settings = _Options.of(options)
     if any(_is_symbolic(x) for x in example_inputs):
@@ -59,15 +60,13 @@ def emmy_backend(gm, example_inputs, options: dict | None = None):
                  "eagerly (torch.compile(..., dynamic=False) gives emmy one graph per shape)")
         return gm.forward
 
-    def compile_forward(fx_graph, fake_inputs):
-        return partition(fx_graph, settings)
+    def compile_graph(fx_graph, fake_inputs):
+        # AOTAutograd calls what a compiler returns with one list of arguments ("boxed")
+        return make_boxed_func(partition(fx_graph, settings))
 
-    return aot_autograd(fw_compiler=compile_forward, bw_compiler=_eager,
-                        decompositions=decomposition_table())(gm, example_inputs)
-
-
-def _eager(gm, example_inputs):
-    return gm
+    # the backward graph (a training step's gradients) is ATen too: its parts compile as the forward's
+    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+                        decompositions=training_decomposition_table())(gm, example_inputs)
 
 
 class _Options:
@@ -150,12 +149,33 @@ def _plain(value) -> bool:
     return value is None or isinstance(value, (int, float, bool))
 
 
+def _traced_strides(graph_module) -> list:
+    """The strides of each output as traced: AOTAutograd's code around a part (views, its eager ops)
+    may rely on them, where emmy's outputs are contiguous."""
+    (output,) = [n for n in graph_module.graph.nodes if n.op == "output"]
+    values = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
+    return [tuple(v.meta["val"].stride()) if hasattr(v, "meta") and isinstance(v.meta.get("val"), torch.Tensor)
+            else None for v in values]
+
+
+def _restrided(out, strides: list):
+    """emmy's outputs laid out with the traced strides (a copy only where they differ)."""
+    single = not isinstance(out, (tuple, list))
+    values = [out] if single else list(out)
+    for k, (value, stride) in enumerate(zip(values, strides)):
+        if stride is not None and isinstance(value, torch.Tensor) and value.stride() != stride and value.numel() > 1:
+            laid_out = torch.empty_strided(value.shape, stride, dtype=value.dtype, device=value.device)
+            values[k] = laid_out.copy_(value)
+    return values[0] if single else type(out)(values)
+
+
 class EmmyPart(torch.nn.Module):
     """One supported part: compiled by emmy per input signature on first use, else run eagerly."""
 
     def __init__(self, graph_module, name: str, settings: _Options):
         super().__init__()
         self.graph_module, self.name, self.settings = graph_module, name, settings
+        self.strides = _traced_strides(graph_module)
         self.programs: OrderedDict = OrderedDict()  # signature -> Program, or None where emmy failed
         self.warned = False
 
@@ -180,7 +200,7 @@ class EmmyPart(torch.nn.Module):
             self._fall_back(err)
             self.programs[key] = None
             return self.graph_module(*args)
-        return out
+        return _restrided(out, self.strides)
 
     def _compile(self, args, on_gpu: bool):
         import emmy

@@ -14,6 +14,9 @@ import torch
 
 KEPT_WHOLE = (
     "scaled_dot_product_attention.default",
+    # a training graph's attention (torch.compile on CPU tensors): torch's decomposition returns the
+    # attention weights in place of the log-sum-exp its backward reads; emmy lowers the op itself
+    "_scaled_dot_product_flash_attention_for_cpu.default",
     "rms_norm.default",
     "_softmax.default",
     "native_layer_norm.default",

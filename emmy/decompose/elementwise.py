@@ -48,6 +48,16 @@ def binary(ctx: Context, a, b):
     return _arith(ctx, _BINARY[packet], a, b)
 
 
+@lowers("prims.fma.default")
+def fused_multiply_add(ctx: Context, a, b, c):
+    """a * b + c (torch's lerp and Adam's moment updates decompose to it): a product and a sum,
+    which nvcc contracts back into one FMA where it keeps them together."""
+    out = ctx.out_type()
+    a, b, c = (ctx.operand(v, out.dtype, out.shape) for v in (a, b, c))
+    product = ctx.b.elementwise("multiply", a, b, dtype=out.dtype, suffix="product")
+    return ctx.b.elementwise("add", product, c, dtype=out.dtype, name=ctx.name)
+
+
 @lowers("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode", "aten.div.Scalar_mode")
 def div(ctx: Context, a, b, rounding_mode=None):
     if rounding_mode is None:

@@ -99,10 +99,39 @@ def rms_norm(ctx: Context, x, normalized_shape, weight=None, eps=None):
 
 @lowers("aten.scaled_dot_product_attention.default")
 def attention(ctx: Context, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    if dropout_p:
-        raise UnsupportedOpError(f"unsupported op {ctx.where}: dropout_p={dropout_p} (emmy compiles inference)")
     out = ctx.out_type()
-    acc = out.dtype.accumulator
+    last = out.dtype.accumulator is out.dtype
+    result, _ = _attend(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                        name=ctx.name if last else None)
+    return ctx.b.cast(result, out.dtype)
+
+
+@lowers("aten._scaled_dot_product_flash_attention_for_cpu.default")
+def attention_with_logsumexp(ctx: Context, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    """Attention as a training graph's forward holds it (torch.compile of a CPU model): the output
+    and, for the backward, each query's log-sum-exp of its scaled scores [N, H, L] (0 for a query that
+    sees no key, as torch's kernel gives)."""
+    out, lse_type = ctx.out_type(0), ctx.out_type(1)
+    b = ctx.b
+    heads_differ = b.shape(q)[-3] != b.shape(k)[-3]
+    result, scores = _attend(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, heads_differ, name=None)
+    rows = b.shape(scores)[:-1]
+    peak = b.reduce("max", scores, -1, suffix="peak")
+    shifted = b.elementwise("subtract", scores, b.broadcast_to(peak, b.shape(scores)), suffix="shifted")
+    total = b.reduce("sum", b.elementwise("exp", shifted, suffix="exp"), -1, suffix="sum")
+    lse = b.elementwise("add", peak, b.elementwise("log", total, suffix="log_sum"), suffix="lse")
+    seen = b.elementwise("not_equal", peak, float("-inf"), dtype=DType.BOOL, suffix="sees_a_key")
+    lse = b.reshape(b.elementwise("where", seen, lse, 0.0, dtype=b.dtype(lse), suffix="lse_safe"), rows)
+    return (b.cast(result, out.dtype), b.cast(lse, lse_type.dtype))
+
+
+def _attend(ctx: Context, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+            name: str | None) -> tuple[str, str]:
+    """(softmax(q k^T * scale + masks) v in the accumulator type, the masked scores)."""
+    if dropout_p:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: dropout_p={dropout_p} (its random mask is "
+                                 "torch's to draw; it runs eagerly under torch.compile)")
+    acc = ctx.out_type(0).dtype.accumulator
     b = ctx.b
     q_shape, k_shape, v_shape = b.shape(q), b.shape(k), b.shape(v)
     if len(q_shape) < 2 or len(k_shape) != len(q_shape) or len(v_shape) != len(q_shape):
@@ -161,11 +190,10 @@ def attention(ctx: Context, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=Fa
                       suffix="v")
     pv = b.elementwise("multiply", p_b, v_b, suffix="pv")
     total = b.reduce("sum", pv, nb + 1, suffix="pv_sum")
-    last = acc is out.dtype and attn_mask is None
-    result = b.keep_axes(total, [i for i in range(nb + 3) if i != nb + 1], name=ctx.name if last else None)
+    result = b.keep_axes(total, [i for i in range(nb + 3) if i != nb + 1], name=name if attn_mask is None else None)
     if attn_mask is not None:
-        result = _zero_where_all_masked(ctx, result, allowed, nb, name=ctx.name if acc is out.dtype else None)
-    return b.cast(result, out.dtype)
+        result = _zero_where_all_masked(ctx, result, allowed, nb, name=name)
+    return result, scores
 
 
 def _zero_where_all_masked(ctx: Context, result: str, allowed: str, nb: int, name: str | None) -> str:

@@ -1,0 +1,176 @@
+"""Backward ops of a training graph spelled out in ops emmy lowers, as gathers rather than scatters.
+
+torch keeps these whole (convolution_backward, avg_pool2d_backward, the attention backward) or
+decomposes them into scatter_add over indices (max_pool2d_with_indices_backward), which emmy can
+only write as a dense match of every position against every write. Here each input position
+gathers what reaches it instead: the taps of the windows that cover it, through `col2im` (F.fold,
+which emmy sums per pixel), and weight gradients are contractions with `im2col` (F.unfold).
+
+A function returns NotImplemented where its form is not covered (a transposed or 3-D convolution,
+3-D pooling); torch then keeps the op and it runs eagerly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+
+def flash_attention_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
+                             attn_mask=None, scale=None):
+    """(grad_query, grad_key, grad_value) of `_scaled_dot_product_flash_attention_for_cpu`, from its
+    saved output and log-sum-exp: P = exp(S - lse), dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)),
+    dQ = dS K * scale, dK = dS^T Q * scale (query heads share a key head in groups)."""
+    if dropout_p:
+        return NotImplemented  # its random mask is torch's
+    acc = torch.float64 if query.dtype == torch.float64 else torch.float32
+    q, k, v, g, o = (t.to(acc) for t in (query, key, value, grad_out, out))
+    n, heads, length, _ = q.shape
+    key_heads, keys = k.shape[1], k.shape[2]
+    group = heads // key_heads
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if is_causal:
+        visible = torch.ones(length, keys, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~visible, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+            else scores + attn_mask.to(acc)
+    probs = torch.exp(scores - logsumexp.to(acc).unsqueeze(-1))
+    grad_v = torch.matmul(probs.transpose(-2, -1), g)
+    grad_scores = probs * (torch.matmul(g, v.transpose(-2, -1)) - (g * o).sum(dim=-1, keepdim=True)) * scale
+    grad_q = torch.matmul(grad_scores, k)
+    grad_k = torch.matmul(grad_scores.transpose(-2, -1), q)
+    if group > 1:
+        grad_k = grad_k.view(n, key_heads, group, keys, -1).sum(dim=2)
+        grad_v = grad_v.view(n, key_heads, group, keys, -1).sum(dim=2)
+    return grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v.to(value.dtype)
+
+
+def convolution_backward(grad_out, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    """(grad_input, grad_weight, grad_bias) of a 1-D or 2-D convolution: the weight's gradient is
+    the output gradient contracted with the input's windows (im2col), the input's is the weight
+    contracted with the output gradient, its taps summed back onto the pixels (col2im)."""
+    if transposed or x.dim() not in (3, 4):
+        return NotImplemented
+    one_d = x.dim() == 3
+    if one_d:  # a 1-D convolution is a 2-D one over rows of height 1
+        x, weight, grad_out = x.unsqueeze(2), weight.unsqueeze(2), grad_out.unsqueeze(2)
+        stride, padding, dilation = (1, *stride), (0, *padding), (1, *dilation)
+    n, channels_in, height, width = x.shape
+    channels_out, per_group, kh, kw = weight.shape
+    taps = per_group * kh * kw
+    positions = grad_out.shape[2] * grad_out.shape[3]
+    g = grad_out.reshape(n, groups, channels_out // groups, positions)
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        w = weight.reshape(groups, channels_out // groups, taps)
+        columns = torch.einsum("gok,ngol->ngkl", w, g).reshape(n, groups * taps, positions)
+        grad_input = aten.col2im(columns, [height, width], [kh, kw], list(dilation), list(padding), list(stride))
+        grad_input = grad_input.squeeze(2) if one_d else grad_input
+    if output_mask[1]:
+        windows = aten.im2col(x, [kh, kw], list(dilation), list(padding), list(stride))
+        windows = windows.reshape(n, groups, taps, positions)
+        grad_weight = torch.einsum("ngol,ngkl->gok", g, windows).reshape(weight.shape)
+        grad_weight = grad_weight.squeeze(2) if one_d else grad_weight
+    if output_mask[2]:
+        grad_bias = grad_out.sum(dim=[0, 2, 3])
+    return grad_input, grad_weight, grad_bias
+
+
+def _fold_extent(pooled: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    """The extent along an axis that `pooled` windows tile exactly (what col2im takes): past the
+    input where a last window reaches beyond it (ceil_mode), short of it where no window covers its
+    end; the fold's result is cut or padded back to the input."""
+    return max((pooled - 1) * stride + dilation * (kernel - 1) + 1 - 2 * padding, 1)
+
+
+def _tap_positions(pooled: int, kernel: int, stride: int, padding: int, dilation: int):
+    """[kernel, pooled]: the input position each tap of each window reads along an axis."""
+    return (torch.arange(pooled) * stride - padding).unsqueeze(0) + torch.arange(kernel).unsqueeze(1) * dilation
+
+
+def _folded(taps_values, n, channels, kernel, dilation, padding, stride, extents, size):
+    """Per-window tap values [n, c, kh, kw, ho, wo] summed onto the pixels [n, c, h, w]."""
+    (kh, kw), (eh, ew), (h, w) = kernel, extents, size
+    columns = taps_values.reshape(n, channels * kh * kw, -1)
+    pixels = aten.col2im(columns, [eh, ew], [kh, kw], list(dilation), list(padding), list(stride))
+    pixels = pixels[:, :, :h, :w]  # taps past the input (ceil_mode) carry nothing to keep
+    return torch.nn.functional.pad(pixels, (0, w - pixels.shape[3], 0, h - pixels.shape[2]))
+
+
+def _as_batched(x, grad_out, *more):
+    if x.dim() == 3:
+        return True, (x.unsqueeze(0), grad_out.unsqueeze(0), *(t.unsqueeze(0) for t in more))
+    return False, (x, grad_out, *more)
+
+
+def max_pool2d_backward(grad_out, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """Each window's gradient goes to the tap its forward chose (indices: flat positions in the
+    plane), summed where windows overlap."""
+    unbatched, (x, grad_out, indices) = _as_batched(x, grad_out, indices)
+    kernel, stride, padding, dilation = _pairs(kernel_size, stride or kernel_size, padding, dilation)
+    n, channels, h, w = x.shape
+    ho, wo = grad_out.shape[2:]
+    eh, ew = (_fold_extent(p, k, s, pad, d) for p, k, s, pad, d in zip((ho, wo), kernel, stride, padding, dilation))
+    rows, cols = (_tap_positions(p, k, s, pad, d) for p, k, s, pad, d in zip((ho, wo), kernel, stride, padding, dilation))
+    # a tap outside the input may name another pixel's flat position, but the fold drops what it
+    # carries (it lands in the padding, or past the input's end)
+    flat = (rows[:, None, :, None] * w + cols[None, :, None, :]).to(x.device)
+    chosen = indices.unsqueeze(2).unsqueeze(2) == flat  # [n, c, kh, kw, ho, wo]
+    values = torch.where(chosen, grad_out.unsqueeze(2).unsqueeze(2), 0)
+    grad = _folded(values, n, channels, kernel, dilation, padding, stride, (eh, ew), (h, w))
+    return grad.squeeze(0) if unbatched else grad
+
+
+def avg_pool2d_backward(grad_out, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override=None):
+    """Each window's gradient over its divisor, spread on its taps (those in the padding dropped)."""
+    unbatched, (x, grad_out) = _as_batched(x, grad_out)
+    kernel, stride, padding = _pairs(kernel_size, stride or kernel_size, padding)
+    n, channels, h, w = x.shape
+    ho, wo = grad_out.shape[2:]
+    divisor = _avg_divisor(h, ho, kernel[0], stride[0], padding[0], count_include_pad)[:, None] * \
+        _avg_divisor(w, wo, kernel[1], stride[1], padding[1], count_include_pad)[None, :]
+    if divisor_override:
+        divisor = torch.full_like(divisor, divisor_override)
+    share = (grad_out / divisor.to(grad_out.device, grad_out.dtype)).unsqueeze(2).unsqueeze(2)
+    values = share.expand(n, channels, kernel[0], kernel[1], ho, wo)
+    eh, ew = (_fold_extent(p, k, s, pad, 1) for p, k, s, pad in zip((ho, wo), kernel, stride, padding))
+    grad = _folded(values, n, channels, kernel, (1, 1), padding, stride, (eh, ew), (h, w))
+    return grad.squeeze(0) if unbatched else grad
+
+
+def _avg_divisor(size: int, pooled: int, kernel: int, stride: int, padding: int, count_include_pad: bool):
+    """Per window along one axis, how many of its taps it averages (torch's CPU rule: the window
+    clipped to the padded input, or to the input itself without count_include_pad)."""
+    start = torch.arange(pooled) * stride - padding
+    end = torch.clamp(start + kernel, max=size + padding)
+    if count_include_pad:
+        return (end - start).to(torch.float64)
+    return (torch.clamp(end, max=size) - torch.clamp(start, min=0)).to(torch.float64)
+
+
+def adaptive_avg_pool2d_backward(grad_out, x):
+    """Adaptive average pooling is separable: out = A_h x A_w^T with A's rows averaging torch's
+    windows [floor(i*H/Ho), ceil((i+1)*H/Ho)); the gradient is A_h^T g A_w."""
+    rows = _adaptive_matrix(x.shape[-2], grad_out.shape[-2]).to(grad_out.device, grad_out.dtype)
+    cols = _adaptive_matrix(x.shape[-1], grad_out.shape[-1]).to(grad_out.device, grad_out.dtype)
+    return torch.einsum("ih,...ij,jw->...hw", rows, grad_out, cols)
+
+
+def _adaptive_matrix(size: int, pooled: int):
+    i = torch.arange(pooled).unsqueeze(1)
+    at = torch.arange(size).unsqueeze(0)
+    start, end = (i * size) // pooled, ((i + 1) * size + pooled - 1) // pooled
+    return ((at >= start) & (at < end)).to(torch.float64) / (end - start)
+
+
+def _pairs(*values):
+    return [tuple(v) * (2 // len(v)) if isinstance(v, (list, tuple)) else (v, v) for v in values]

@@ -1,0 +1,35 @@
+"""The decompositions of a training graph: what torch.compile's AOTAutograd hands emmy's backend
+(emmy.dynamo), a forward that keeps what its backward reads and the backward itself.
+
+torch.export's table is made for inference. The attention op a CPU training graph holds,
+`_scaled_dot_product_flash_attention_for_cpu`, emmy lowers itself (its output and the log-sum-exp
+its backward reads: torch's decomposition gives the attention weights there, and a causal attention
+block's q/k/v gradients came out 0.8-4x off, torch 2.13). The backward ops torch keeps whole, or
+spells as scatters, are emmy's own (emmy.capture.backward_ops); batch norm in training mode (batch
+statistics, running statistics updated) takes torch's decomposition, which export's table leaves out.
+"""
+
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+
+def training_decomposition_table() -> dict:
+    """emmy's decomposition table (emmy.capture.exporting) made right for a training graph."""
+    from torch._decomp import get_decompositions
+
+    from emmy.capture import backward_ops
+    from emmy.capture.exporting import decomposition_table
+
+    table = decomposition_table()
+    table.update(get_decompositions([aten._native_batch_norm_legit_functional.default]))
+    table.update({
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default: backward_ops.flash_attention_backward,
+        aten.convolution_backward.default: backward_ops.convolution_backward,
+        aten.max_pool2d_with_indices_backward.default: backward_ops.max_pool2d_backward,
+        aten.avg_pool2d_backward.default: backward_ops.avg_pool2d_backward,
+        aten._adaptive_avg_pool2d_backward.default: backward_ops.adaptive_avg_pool2d_backward,
+    })
+    return table

@@ -1,0 +1,129 @@
+"""emmy's spellings of the backward ops a training graph holds (emmy.capture.backward_ops), each
+checked in eager torch against torch's own op over the forms real models use, and the training
+table (emmy.capture.training) checked to hold them and no decomposition that changes what an op's
+backward reads."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from emmy.capture import backward_ops
+from emmy.capture.training import training_decomposition_table
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("shape, weight, stride, padding, dilation, groups", [
+    ((2, 4, 9, 9), (6, 4, 3, 3), [1, 1], [1, 1], [1, 1], 1),
+    ((2, 4, 11, 10), (6, 4, 3, 2), [2, 3], [1, 0], [1, 1], 1),  # strides that skip pixels
+    ((1, 6, 9, 9), (6, 2, 3, 3), [1, 1], [2, 2], [2, 2], 3),  # grouped and dilated
+    ((2, 4, 7, 7), (4, 1, 3, 3), [2, 2], [1, 1], [1, 1], 4),  # depthwise
+    ((2, 3, 8, 8), (5, 3, 1, 1), [1, 1], [0, 0], [1, 1], 1),  # pointwise
+    ((2, 4, 13), (5, 4, 3), [2], [1], [1], 1),  # 1-D
+    ((2, 4, 13), (4, 2, 5), [1], [4], [2], 2),  # 1-D, grouped and dilated
+], ids=["plain", "strided", "grouped_dilated", "depthwise", "pointwise", "conv1d", "conv1d_grouped"])
+def test_convolution_backward_matches_torch(shape, weight, stride, padding, dilation, groups):
+    torch.manual_seed(0)
+    x, w = torch.randn(shape, dtype=torch.float64), torch.randn(weight, dtype=torch.float64)
+    out = aten.convolution(x, w, None, stride, padding, dilation, False, [0] * len(stride), groups)
+    grad = torch.randn_like(out)
+    args = (grad, x, w, [weight[0]], stride, padding, dilation, False, [0] * len(stride), groups)
+    want = aten.convolution_backward(*args, [True, True, True])
+    got = backward_ops.convolution_backward(*args, [True, True, True])
+    for g, t in zip(got, want):
+        torch.testing.assert_close(g, t)
+    only_weight = backward_ops.convolution_backward(*args, [False, True, False])
+    assert only_weight[0] is None and only_weight[2] is None
+
+
+def test_a_transposed_or_3d_convolution_backward_is_left_to_torch():
+    x, w, g = torch.randn(1, 2, 4, 4, 4), torch.randn(3, 2, 2, 2, 2), torch.randn(1, 3, 3, 3, 3)
+    assert backward_ops.convolution_backward(g, x, w, [3], [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1,
+                                             [True, True, True]) is NotImplemented
+    assert backward_ops.convolution_backward(g[..., 0], x[..., 0], w[..., 0], [3], [1, 1], [0, 0], [1, 1], True,
+                                             [0, 0], 1, [True, True, True]) is NotImplemented
+
+
+@pytest.mark.parametrize("shape, kernel, stride, padding, dilation, ceil_mode", [
+    ((2, 3, 8, 8), 2, 2, 0, 1, False),
+    ((2, 3, 11, 11), 3, 2, 1, 1, False),  # ResNet's stem: windows overlap
+    ((2, 3, 10, 9), (3, 2), (2, 1), (1, 0), (1, 2), True),  # ceil_mode: a last window past the input
+    ((3, 7, 7), 2, 2, 0, 1, True),  # unbatched
+    ((1, 2, 5, 5), 2, 2, 0, 1, False),  # the last row and column in no window
+], ids=["plain", "overlapping", "ceil_dilated", "unbatched", "uncovered"])
+def test_max_pool_backward_matches_torch(shape, kernel, stride, padding, dilation, ceil_mode):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64)
+    out, indices = aten.max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode)
+    grad = torch.randn_like(out)
+    pairs = [list(v) if isinstance(v, tuple) else [v, v] for v in (kernel, stride, padding, dilation)]
+    want = aten.max_pool2d_with_indices_backward(grad, x, *pairs, ceil_mode, indices)
+    got = backward_ops.max_pool2d_backward(grad, x, *pairs, ceil_mode, indices)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("shape, kernel, stride, padding, ceil_mode, count_include_pad, divisor", [
+    ((2, 3, 8, 8), [2, 2], [2, 2], [0, 0], False, True, None),
+    ((2, 3, 9, 10), [3, 3], [2, 2], [1, 1], True, False, None),
+    ((2, 3, 9, 10), [3, 2], [2, 1], [1, 1], True, True, None),
+    ((3, 7, 7), [3, 3], [], [1, 1], False, True, 4),  # unbatched, stride defaults to the kernel, divisor_override
+], ids=["plain", "ceil_excluding_pad", "ceil_including_pad", "unbatched_divisor"])
+def test_avg_pool_backward_matches_torch(shape, kernel, stride, padding, ceil_mode, count_include_pad, divisor):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64)
+    out = aten.avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor)
+    grad = torch.randn_like(out)
+    want = aten.avg_pool2d_backward(grad, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor)
+    got = backward_ops.avg_pool2d_backward(grad, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("shape, pooled", [((2, 3, 7, 7), (1, 1)), ((2, 3, 10, 7), (3, 4)), ((3, 5, 9), (5, 2))])
+def test_adaptive_avg_pool_backward_matches_torch(shape, pooled):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64)
+    grad = torch.randn_like(F.adaptive_avg_pool2d(x, pooled))
+    torch.testing.assert_close(backward_ops.adaptive_avg_pool2d_backward(grad, x),
+                               aten._adaptive_avg_pool2d_backward(grad, x))
+
+
+@pytest.mark.parametrize("heads, key_heads, causal, mask, scale", [
+    (4, 4, True, None, None),
+    (4, 2, False, "float", 0.3),  # grouped heads, an additive mask with a row that sees no key
+    (2, 2, False, None, None),
+], ids=["causal", "grouped_masked", "plain"])
+def test_attention_backward_matches_torch(heads, key_heads, causal, mask, scale):
+    torch.manual_seed(0)
+    q = torch.randn(2, heads, 5, 8)
+    k, v = torch.randn(2, key_heads, 6, 8), torch.randn(2, key_heads, 6, 8)
+    attn_mask = None
+    if mask:
+        seen = torch.rand(5, 6) > 0.4
+        seen[2] = False
+        attn_mask = torch.zeros(5, 6).masked_fill(~seen, float("-inf"))
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=attn_mask, scale=scale)
+    grad = torch.randn_like(out)
+    args = (grad, q, k, v, out, lse, 0.0, causal)
+    want = aten._scaled_dot_product_flash_attention_for_cpu_backward(*args, attn_mask=attn_mask, scale=scale)
+    got = backward_ops.flash_attention_backward(*args, attn_mask=attn_mask, scale=scale)
+    for g, t in zip(got, want):
+        torch.testing.assert_close(g, t, atol=1e-5, rtol=1e-4)
+
+
+def test_the_training_table_holds_the_backward_ops_and_not_torchs_attention_decomposition():
+    """torch's decomposition of the CPU attention op returns the attention weights where the op
+    returns the log-sum-exp its backward reads: a training graph built with it gets wrong q/k/v
+    gradients, so neither table may hold it."""
+    from emmy.capture.exporting import decomposition_table
+
+    table = training_decomposition_table()
+    assert aten._scaled_dot_product_flash_attention_for_cpu.default not in table
+    assert aten._scaled_dot_product_flash_attention_for_cpu.default not in decomposition_table()
+    for op, spelled in [(aten.convolution_backward, backward_ops.convolution_backward),
+                        (aten.max_pool2d_with_indices_backward, backward_ops.max_pool2d_backward),
+                        (aten.avg_pool2d_backward, backward_ops.avg_pool2d_backward),
+                        (aten._adaptive_avg_pool2d_backward, backward_ops.adaptive_avg_pool2d_backward),
+                        (aten._scaled_dot_product_flash_attention_for_cpu_backward,
+                         backward_ops.flash_attention_backward)]:
+        assert table[op.default] is spelled
+    assert aten._native_batch_norm_legit_functional.default in table
