@@ -159,14 +159,27 @@ def _traced_strides(graph_module) -> list:
 
 
 def _restrided(out, strides: list):
-    """emmy's outputs laid out with the traced strides (a copy only where they differ)."""
+    """emmy's outputs laid out with the traced strides where those are a permutation of a dense
+    layout (a transposed result); a copy only where they differ."""
     single = not isinstance(out, (tuple, list))
     values = [out] if single else list(out)
     for k, (value, stride) in enumerate(zip(values, strides)):
-        if stride is not None and isinstance(value, torch.Tensor) and value.stride() != stride and value.numel() > 1:
+        if stride is not None and isinstance(value, torch.Tensor) and value.stride() != stride and \
+                _dense(value.shape, stride):
             laid_out = torch.empty_strided(value.shape, stride, dtype=value.dtype, device=value.device)
             values[k] = laid_out.copy_(value)
     return values[0] if single else type(out)(values)
+
+
+def _dense(shape, stride) -> bool:
+    """Whether `stride` lays `shape` out in one block with no gaps or repeats (not a broadcast,
+    which a copy into would write one place many times)."""
+    step = 1
+    for size, s in sorted(((n, s) for n, s in zip(shape, stride) if n > 1), key=lambda p: p[1]):
+        if s != step:
+            return False
+        step *= size
+    return True
 
 
 class EmmyPart(torch.nn.Module):

@@ -46,11 +46,12 @@ def test_a_transposed_or_3d_convolution_backward_is_left_to_torch():
 
 @pytest.mark.parametrize("shape, kernel, stride, padding, dilation, ceil_mode", [
     ((2, 3, 8, 8), 2, 2, 0, 1, False),
-    ((2, 3, 11, 11), 3, 2, 1, 1, False),  # ResNet's stem: windows overlap
+    ((2, 3, 11, 11), 3, 2, 1, 1, False),  # windows overlap
+    ((2, 3, 16, 16), 3, 2, 1, 1, False),  # ResNet's stem: on an even input the windows stop short of the padding
     ((2, 3, 10, 9), (3, 2), (2, 1), (1, 0), (1, 2), True),  # ceil_mode: a last window past the input
     ((3, 7, 7), 2, 2, 0, 1, True),  # unbatched
     ((1, 2, 5, 5), 2, 2, 0, 1, False),  # the last row and column in no window
-], ids=["plain", "overlapping", "ceil_dilated", "unbatched", "uncovered"])
+], ids=["plain", "overlapping", "resnet_stem", "ceil_dilated", "unbatched", "uncovered"])
 def test_max_pool_backward_matches_torch(shape, kernel, stride, padding, dilation, ceil_mode):
     torch.manual_seed(0)
     x = torch.randn(shape, dtype=torch.float64)
@@ -65,9 +66,10 @@ def test_max_pool_backward_matches_torch(shape, kernel, stride, padding, dilatio
 @pytest.mark.parametrize("shape, kernel, stride, padding, ceil_mode, count_include_pad, divisor", [
     ((2, 3, 8, 8), [2, 2], [2, 2], [0, 0], False, True, None),
     ((2, 3, 9, 10), [3, 3], [2, 2], [1, 1], True, False, None),
+    ((2, 3, 8, 12), [3, 3], [2, 2], [1, 1], False, True, None),  # windows stop short of the padding
     ((2, 3, 9, 10), [3, 2], [2, 1], [1, 1], True, True, None),
     ((3, 7, 7), [3, 3], [], [1, 1], False, True, 4),  # unbatched, stride defaults to the kernel, divisor_override
-], ids=["plain", "ceil_excluding_pad", "ceil_including_pad", "unbatched_divisor"])
+], ids=["plain", "ceil_excluding_pad", "short_of_padding", "ceil_including_pad", "unbatched_divisor"])
 def test_avg_pool_backward_matches_torch(shape, kernel, stride, padding, ceil_mode, count_include_pad, divisor):
     torch.manual_seed(0)
     x = torch.randn(shape, dtype=torch.float64)
@@ -127,3 +129,40 @@ def test_the_training_table_holds_the_backward_ops_and_not_torchs_attention_deco
                          backward_ops.flash_attention_backward)]:
         assert table[op.default] is spelled
     assert aten._native_batch_norm_legit_functional.default in table
+
+
+def test_pooling_and_convolution_backward_match_torch_over_drawn_geometries():
+    """Sizes, kernels, strides, paddings, dilations and ceil_mode drawn at random (legal for
+    torch): every geometry agrees with torch's op, not just the ones named above."""
+    rng = torch.Generator().manual_seed(7)
+
+    def draw(lo, hi):
+        return int(torch.randint(lo, hi + 1, (), generator=rng))
+
+    checked = 0
+    while checked < 150:
+        h, w = draw(3, 13), draw(3, 13)
+        kernel, stride, dilation = [draw(1, 4), draw(1, 4)], [draw(1, 3), draw(1, 3)], [draw(1, 2), draw(1, 2)]
+        padding = [draw(0, kernel[0] // 2), draw(0, kernel[1] // 2)]
+        ceil_mode = bool(draw(0, 1))
+        x = torch.randn(2, 3, h, w, dtype=torch.float64, generator=rng)
+        try:
+            out, indices = aten.max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode)
+            averaged = aten.avg_pool2d(x, kernel, stride, padding, ceil_mode, bool(checked % 2), None)
+            convolved = aten.convolution(x, torch.randn(4, 3, *kernel, dtype=torch.float64, generator=rng), None,
+                                         stride, padding, dilation, False, [0, 0], 1)
+        except RuntimeError:
+            continue  # a geometry torch refuses (an output of no positions, padding past half the kernel)
+        checked += 1
+        grad = torch.randn_like(out)
+        torch.testing.assert_close(
+            backward_ops.max_pool2d_backward(grad, x, kernel, stride, padding, dilation, ceil_mode, indices),
+            aten.max_pool2d_with_indices_backward(grad, x, kernel, stride, padding, dilation, ceil_mode, indices))
+        grad = torch.randn_like(averaged)
+        args = (grad, x, kernel, stride, padding, ceil_mode, bool(checked % 2), None)
+        torch.testing.assert_close(backward_ops.avg_pool2d_backward(*args), aten.avg_pool2d_backward(*args))
+        weight = torch.randn(4, 3, *kernel, dtype=torch.float64, generator=rng)
+        grad = torch.randn_like(convolved)
+        args = (grad, x, weight, [4], stride, padding, dilation, False, [0, 0], 1, [True, True, True])
+        for got, want in zip(backward_ops.convolution_backward(*args), aten.convolution_backward(*args)):
+            torch.testing.assert_close(got, want)

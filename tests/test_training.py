@@ -74,7 +74,7 @@ class TinyLM(nn.Module):
 
 MODELS = {
     "classifier": (Classifier, lambda: (torch.randn(4, 16), torch.randint(0, 8, (4,)))),
-    "convnet": (ConvNet, lambda: (torch.randn(2, 3, 11, 11), torch.randint(0, 4, (2,)))),
+    "convnet": (ConvNet, lambda: (torch.randn(2, 3, 12, 12), torch.randint(0, 4, (2,)))),
     "tiny_lm": (TinyLM, lambda: (torch.randint(0, 40, (2, 6)), torch.randint(0, 40, (2, 6)))),
 }
 
@@ -145,3 +145,15 @@ def test_outputs_keep_the_strides_eager_gives():
     want = transposed(x)
     torch.testing.assert_close(got, want)
     assert got.stride() == want.stride() == (1, 3)
+
+
+def test_an_output_traced_as_a_broadcast_comes_back_with_its_values():
+    """A result torch traced as an expand (stride 0) is not copied into that layout (the copy would
+    write one place many times: BERT's training graph returned one)."""
+    def spread(x):
+        return (x.sum(0) * 2).expand(4, -1)
+
+    x = torch.randn(3, 5)
+    with torch.no_grad():
+        got = torch.compile(spread, backend="emmy", dynamic=False, options=SIMULATE)(x)
+    torch.testing.assert_close(got, spread(x))

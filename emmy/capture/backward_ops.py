@@ -84,11 +84,11 @@ def convolution_backward(grad_out, x, weight, bias_sizes, stride, padding, dilat
     return grad_input, grad_weight, grad_bias
 
 
-def _fold_extent(pooled: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
-    """The extent along an axis that `pooled` windows tile exactly (what col2im takes): past the
-    input where a last window reaches beyond it (ceil_mode), short of it where no window covers its
-    end; the fold's result is cut or padded back to the input."""
-    return max((pooled - 1) * stride + dilation * (kernel - 1) + 1 - 2 * padding, 1)
+def _fold_extent(pooled: int, kernel: int, stride: int, dilation: int) -> int:
+    """The extent `pooled` windows tile exactly from the padded input's start (what col2im takes,
+    with no padding of its own: its symmetric padding would drop a real pixel where the windows
+    stop short of the padded end, as k=3, s=2, p=1 on an even input does)."""
+    return (pooled - 1) * stride + dilation * (kernel - 1) + 1
 
 
 def _tap_positions(pooled: int, kernel: int, stride: int, padding: int, dilation: int):
@@ -97,11 +97,13 @@ def _tap_positions(pooled: int, kernel: int, stride: int, padding: int, dilation
 
 
 def _folded(taps_values, n, channels, kernel, dilation, padding, stride, extents, size):
-    """Per-window tap values [n, c, kh, kw, ho, wo] summed onto the pixels [n, c, h, w]."""
-    (kh, kw), (eh, ew), (h, w) = kernel, extents, size
+    """Per-window tap values [n, c, kh, kw, ho, wo] summed onto the pixels [n, c, h, w]: folded
+    over the padded input, then cut to the input (taps in the padding, or past the input's end in
+    ceil_mode, carry nothing to keep) and padded where no window reaches its end."""
+    (kh, kw), (eh, ew), (h, w), (ph, pw) = kernel, extents, size, padding
     columns = taps_values.reshape(n, channels * kh * kw, -1)
-    pixels = aten.col2im(columns, [eh, ew], [kh, kw], list(dilation), list(padding), list(stride))
-    pixels = pixels[:, :, :h, :w]  # taps past the input (ceil_mode) carry nothing to keep
+    pixels = aten.col2im(columns, [eh, ew], [kh, kw], list(dilation), [0, 0], list(stride))
+    pixels = pixels[:, :, ph:ph + h, pw:pw + w]
     return torch.nn.functional.pad(pixels, (0, w - pixels.shape[3], 0, h - pixels.shape[2]))
 
 
@@ -118,10 +120,10 @@ def max_pool2d_backward(grad_out, x, kernel_size, stride, padding, dilation, cei
     kernel, stride, padding, dilation = _pairs(kernel_size, stride or kernel_size, padding, dilation)
     n, channels, h, w = x.shape
     ho, wo = grad_out.shape[2:]
-    eh, ew = (_fold_extent(p, k, s, pad, d) for p, k, s, pad, d in zip((ho, wo), kernel, stride, padding, dilation))
+    eh, ew = (_fold_extent(p, k, s, d) for p, k, s, d in zip((ho, wo), kernel, stride, dilation))
     rows, cols = (_tap_positions(p, k, s, pad, d) for p, k, s, pad, d in zip((ho, wo), kernel, stride, padding, dilation))
-    # a tap outside the input may name another pixel's flat position, but the fold drops what it
-    # carries (it lands in the padding, or past the input's end)
+    # a tap outside the input may name another pixel's flat position, but what it carries lands
+    # outside the input and is cut
     flat = (rows[:, None, :, None] * w + cols[None, :, None, :]).to(x.device)
     chosen = indices.unsqueeze(2).unsqueeze(2) == flat  # [n, c, kh, kw, ho, wo]
     values = torch.where(chosen, grad_out.unsqueeze(2).unsqueeze(2), 0)
@@ -142,7 +144,7 @@ def avg_pool2d_backward(grad_out, x, kernel_size, stride, padding, ceil_mode, co
         divisor = torch.full_like(divisor, divisor_override)
     share = (grad_out / divisor.to(grad_out.device, grad_out.dtype)).unsqueeze(2).unsqueeze(2)
     values = share.expand(n, channels, kernel[0], kernel[1], ho, wo)
-    eh, ew = (_fold_extent(p, k, s, pad, 1) for p, k, s, pad in zip((ho, wo), kernel, stride, padding))
+    eh, ew = (_fold_extent(p, k, s, 1) for p, k, s in zip((ho, wo), kernel, stride))
     grad = _folded(values, n, channels, kernel, (1, 1), padding, stride, (eh, ew), (h, w))
     return grad.squeeze(0) if unbatched else grad
 
