@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import emmy.dynamo
+
 SIMULATE = {"simulate": True, "sim_mode": "asan"}
 
 
@@ -157,3 +159,36 @@ def test_an_output_traced_as_a_broadcast_comes_back_with_its_values():
     with torch.no_grad():
         got = torch.compile(spread, backend="emmy", dynamic=False, options=SIMULATE)(x)
     torch.testing.assert_close(got, spread(x))
+
+
+def test_dropout_draws_eagerly_and_its_mask_and_gradient_compile(caplog, monkeypatch):
+    """Training-mode dropout: the uniform draw runs eagerly from torch's generator (a seed repeats
+    it), the mask, the 1/(1-p) scaling and the backward through the kept elements compile in the
+    same parts as the ops around them."""
+    monkeypatch.setattr(emmy.dynamo, "_REPORTED", set())  # unsupported ops are logged once a process
+    torch.manual_seed(0)
+    weight = nn.Parameter(torch.randn(6))
+    drop = nn.Dropout(0.25).train()
+
+    def layer(x):
+        return drop(torch.tanh(x * weight))
+
+    x = torch.randn(50, 6)
+    compiled = torch.compile(layer, backend="emmy", dynamic=False, options=SIMULATE)
+    with caplog.at_level(logging.INFO, logger="emmy"):
+        y = compiled(x)
+        y.sum().backward()
+    kept = y != 0
+    assert 0.6 < kept.float().mean() < 0.9
+    activation = torch.tanh(x * weight.detach())
+    torch.testing.assert_close(y[kept], activation[kept] / 0.75)
+    torch.testing.assert_close(weight.grad, ((1 - activation**2) * x * kept / 0.75).sum(0))
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if "not supported" in m] == ["emmy: aten.rand.default is not supported; it runs eagerly"]
+    assert len([m for m in messages if m.startswith("emmy: compiled fused_")]) == 2  # one forward part, one backward
+    with torch.no_grad():
+        torch.manual_seed(3)
+        first = compiled(x)
+        torch.manual_seed(3)
+        again, next_draw = compiled(x), compiled(x)
+    assert torch.equal(first, again) and not torch.equal(again, next_draw)

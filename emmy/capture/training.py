@@ -6,7 +6,8 @@ torch.export's table is made for inference. The attention op a CPU training grap
 its backward reads: torch's decomposition gives the attention weights there, and a causal attention
 block's q/k/v gradients came out 0.8-4x off, torch 2.13). The backward ops torch keeps whole, or
 spells as scatters, are emmy's own (emmy.capture.backward_ops); batch norm in training mode (batch
-statistics, running statistics updated) takes torch's decomposition, which export's table leaves out.
+statistics, running statistics updated) and dropout take torch's decompositions, which export's
+table leaves out.
 """
 
 from __future__ import annotations
@@ -14,6 +15,18 @@ from __future__ import annotations
 import torch
 
 aten = torch.ops.aten
+
+
+def dropout(x, p: float, train: bool | None):
+    """native_dropout as a uniform draw > p: the draw runs eagerly (torch's generator, so
+    torch.manual_seed repeats it; not eager dropout's stream), the mask and the scaling compile
+    with the ops around them. The draw reads only x's shape, so it cuts no part in two."""
+    if not train or p == 0 or p == 1 or not x.dtype.is_floating_point:
+        from torch._decomp import decomposition_table
+
+        return decomposition_table[aten.native_dropout.default](x, p, train)
+    kept = torch.rand(x.shape, dtype=x.dtype, device=x.device) > p
+    return kept * x * (1.0 / (1.0 - p)), kept
 
 
 def training_decomposition_table() -> dict:
@@ -25,6 +38,7 @@ def training_decomposition_table() -> dict:
 
     table = decomposition_table()
     table.update(get_decompositions([aten._native_batch_norm_legit_functional.default]))
+    table[aten.native_dropout.default] = dropout
     table.update({
         aten._scaled_dot_product_flash_attention_for_cpu_backward.default: backward_ops.flash_attention_backward,
         aten.convolution_backward.default: backward_ops.convolution_backward,
