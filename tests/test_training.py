@@ -192,3 +192,23 @@ def test_dropout_draws_eagerly_and_its_mask_and_gradient_compile(caplog, monkeyp
         torch.manual_seed(3)
         again, next_draw = compiled(x), compiled(x)
     assert torch.equal(first, again) and not torch.equal(again, next_draw)
+
+
+@pytest.mark.parametrize("rows", [50, 5000], ids=["positions", "vocabulary"])
+def test_an_embeddings_gradient_compiles_for_a_small_table_and_stays_torchs_for_a_vocabulary(rows, caplog, monkeypatch):
+    """emmy adds up x[ids] += v as a match of every row against every id: a position table's
+    gradient compiles, a vocabulary's (over 1024 rows: the match is 1000x the sum's work) stays
+    torch's kernel; both are right."""
+    monkeypatch.setattr(emmy.dynamo, "_REPORTED", set())
+    torch.manual_seed(0)
+    table = nn.Embedding(rows, 8)
+    ids = torch.randint(0, rows, (2, 5))
+    ids[1, 3] = ids[0, 0]  # a repeated id: its gradients add up
+    compiled = torch.compile(lambda i: (table(i) * 2).tanh().sum(), backend="emmy", dynamic=False, options=SIMULATE)
+    with caplog.at_level(logging.INFO, logger="emmy"):
+        compiled(ids).backward()
+    want = torch.zeros_like(table.weight).index_put_((ids,), (1 - (table.weight.detach()[ids] * 2).tanh() ** 2) * 2,
+                                                     accumulate=True)
+    torch.testing.assert_close(table.weight.grad, want)
+    eager = [r.getMessage() for r in caplog.records if "not supported" in r.getMessage()]
+    assert eager == ([] if rows <= 1024 else ["emmy: aten.embedding_dense_backward.default is not supported; it runs eagerly"])

@@ -29,6 +29,23 @@ def dropout(x, p: float, train: bool | None):
     return kept * x * (1.0 / (1.0 - p)), kept
 
 
+# emmy writes x[ids] += v as a match of every row against every id (emmy.decompose.scatter): work
+# rows x ids x width where the sum needs ids x width. Past this many rows the match is over a
+# thousand times the sum's work, and torch's own kernel does better.
+DENSE_MATCH_ROWS = 1024
+
+
+def embedding_backward(grad, ids, num_weights: int, padding_idx: int, scale_grad_by_freq: bool):
+    """An embedding table's gradient: torch's decomposition (an index_put that adds up) for a small
+    table, a position or token-type embedding; a vocabulary's stays torch's kernel (eager)."""
+    if num_weights > DENSE_MATCH_ROWS:
+        return NotImplemented
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[aten.embedding_dense_backward.default](grad, ids, num_weights, padding_idx,
+                                                                      scale_grad_by_freq)
+
+
 def training_decomposition_table() -> dict:
     """emmy's decomposition table (emmy.capture.exporting) made right for a training graph."""
     from torch._decomp import get_decompositions
@@ -39,6 +56,7 @@ def training_decomposition_table() -> dict:
     table = decomposition_table()
     table.update(get_decompositions([aten._native_batch_norm_legit_functional.default]))
     table[aten.native_dropout.default] = dropout
+    table[aten.embedding_dense_backward.default] = embedding_backward
     table.update({
         aten._scaled_dot_product_flash_attention_for_cpu_backward.default: backward_ops.flash_attention_backward,
         aten.convolution_backward.default: backward_ops.convolution_backward,
