@@ -88,10 +88,8 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
     taken = (*example_inputs, keywords) if keywords else example_inputs
     _check_inputs(flat_inputs(taken))
     if isinstance(graph, torch.nn.Module):
-        with _in_eval_mode(graph):
-            program = _export(graph, example_inputs, Source(), keywords or None)
-        return Captured(_decomposed(program, Source()), Source(), taken, keywords=tuple(keywords))
-    if callable(graph):
+        module = graph
+    elif callable(graph):
         # staticmethod keeps the function's own signature, so inputs keep their names.
         module = type("FunctionProgram", (torch.nn.Module,), {"forward": staticmethod(graph)})()
     else:
@@ -99,8 +97,16 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
             f"emmy.optimize cannot capture a {type(graph).__name__}; give -c code, an nn.Module, "
             "a function, an fx.GraphModule or an ExportedProgram"
         )
-    program = _export(module, example_inputs, Source(), keywords or None)
-    return Captured(_decomposed(program, Source()), Source(), taken, keywords=tuple(keywords))
+    with _in_eval_mode(module):
+        try:
+            program = _decomposed(_export(module, example_inputs, Source(), keywords or None), Source())
+        except EmmyError:  # a program that takes gradients: export or its decompositions refuse it
+            from emmy.capture.gradients import trace_gradient_program
+
+            program = trace_gradient_program(module, example_inputs, keywords)
+            if program is None:
+                raise
+    return Captured(program, Source(), taken, keywords=tuple(keywords))
 
 
 @contextlib.contextmanager

@@ -2,8 +2,9 @@
 hands a backend (emmy.dynamo), captured without running torch.export again.
 
 It stands in for the ExportedProgram that emmy.capture.Captured holds, with the few parts emmy
-reads: the graph, an input signature in which every placeholder is a user input, no weights (the
-backend passes parameters as inputs) and the nesting of the outputs.
+reads: the graph, an input signature (user inputs; the backend passes parameters as inputs too, a
+program that takes gradients has its module's weights first: emmy.capture.gradients) and the
+nesting of the outputs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 class Kind(enum.Enum):
     USER_INPUT = "user_input"
+    PARAMETER = "parameter"
     USER_OUTPUT = "user_output"
 
 
@@ -47,7 +49,9 @@ class CallSpec:
 class AtenGraph:
     """An ATen fx.GraphModule whose placeholders and ops carry `meta["val"]`, as emmy.optimize's input."""
 
-    def __init__(self, graph_module):
+    def __init__(self, graph_module, weights: dict | None = None):
+        """`weights`: placeholder name -> (the module's name for it, its tensor), for placeholders
+        that hold weights rather than the caller's inputs."""
         import torch.utils._pytree as pytree
 
         from emmy.errors import EmmyError
@@ -61,11 +65,14 @@ class AtenGraph:
                                 "emmy captures such a graph only as torch.compile hands it over")
         (output,) = [n for n in self.graph.nodes if n.op == "output"]
         leaves, spec = pytree.tree_flatten(output.args[0])
-        self.graph_signature = GraphSignature(tuple(Spec(Kind.USER_INPUT, Arg(n.name)) for n in placeholders),
+        weights = dict(weights or {})
+        self.graph_signature = GraphSignature(tuple(Spec(Kind.PARAMETER, Arg(n.name), weights[n.name][0])
+                                                    if n.name in weights else Spec(Kind.USER_INPUT, Arg(n.name))
+                                                    for n in placeholders),
                                               tuple(Spec(Kind.USER_OUTPUT, Arg(getattr(n, "name", str(n))))
                                                     for n in leaves))
         self.call_spec = CallSpec(spec)
-        self.state_dict: dict = {}
+        self.state_dict: dict = {target: tensor for target, tensor in weights.values()}
         self.constants: dict = {}
 
     def module(self):
