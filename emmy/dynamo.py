@@ -1,9 +1,10 @@
 """`torch.compile(model, backend="emmy")`: emmy as a TorchDynamo backend.
 
 Registered through the `torch_dynamo_backends` entry point (pyproject.toml), so the name works once
-emmy is installed. Dynamo hands over an FX graph; AOTAutograd (with the decompositions emmy's own
-capture uses) turns it into ATen ops; the graph is split into the parts emmy decomposes and the
-rest, which runs eagerly (one log line per unsupported op, once per process). Each supported part
+emmy is installed. Dynamo hands over an FX graph; AOTAutograd (with emmy's training decompositions,
+emmy.capture.training) turns it into ATen graphs, a forward and, where gradients are wanted, a
+backward; each is split into the parts emmy decomposes and the rest, which runs eagerly (one log
+line per unsupported op, once per process). Each supported part
 compiles to an emmy program the first time it runs with a given input signature (shapes, dtypes,
 device), in a bounded cache per part:
 

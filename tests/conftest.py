@@ -56,6 +56,14 @@ def check_against_torch(program, inputs=None):
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """torch.compile's caches emptied before and after a test, so each one compiles afresh."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(0)
 

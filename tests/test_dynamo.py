@@ -12,11 +12,7 @@ import torch.nn.functional as F
 import emmy.dynamo
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class LlamaMLP(nn.Module):

@@ -16,11 +16,7 @@ import emmy.dynamo
 SIMULATE = {"simulate": True, "sim_mode": "asan"}
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class Classifier(nn.Module):
@@ -212,3 +208,22 @@ def test_an_embeddings_gradient_compiles_for_a_small_table_and_stays_torchs_for_
     torch.testing.assert_close(table.weight.grad, want)
     eager = [r.getMessage() for r in caplog.records if "not supported" in r.getMessage()]
     assert eager == ([] if rows <= 1024 else ["emmy: aten.embedding_dense_backward.default is not supported; it runs eagerly"])
+
+
+def test_the_cpu_attention_op_gives_torchs_output_and_log_sum_exp():
+    """The op a CPU training graph's attention is: its second output is each query's log-sum-exp
+    (0 where the mask lets a query see no key), which its backward reads."""
+    import emmy
+
+    def attention(q, k, v, mask):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+                                                                          scale=0.4)
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    seen = torch.rand(5, 6) > 0.4
+    seen[3] = False
+    mask = torch.zeros(5, 6).masked_fill(~seen, float("-inf"))
+    program = emmy.optimize(attention, q, k, v, mask)
+    for got, want in zip(program(q, k, v, mask, sim_mode="asan"), attention(q, k, v, mask)):
+        torch.testing.assert_close(got, want)

@@ -17,19 +17,19 @@ from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
 
 
-def _softmax_parts(ctx: Context, xf: str, axis: int) -> tuple[str, str, str]:
-    """(shifted = x - max, exp(shifted), sum of exp) over `axis`."""
+def _softmax_parts(ctx: Context, xf: str, axis: int) -> tuple[str, str, str, str]:
+    """(max, shifted = x - max, exp(shifted), sum of exp) over `axis`."""
     b = ctx.b
     shape = b.shape(xf)
     peak = b.reduce("max", xf, axis, suffix="max")
     shifted = b.elementwise("subtract", xf, b.broadcast_to(peak, shape), suffix="shifted")
     e = b.elementwise("exp", shifted, suffix="exp")
     total = b.reduce("sum", e, axis, suffix="sum")
-    return shifted, e, total
+    return peak, shifted, e, total
 
 
 def softmax_of(ctx: Context, xf: str, axis: int, name: str | None = None) -> str:
-    shifted, e, total = _softmax_parts(ctx, xf, axis)
+    _, shifted, e, total = _softmax_parts(ctx, xf, axis)
     return ctx.b.elementwise("divide", e, ctx.b.broadcast_to(total, ctx.b.shape(xf)), name=name)
 
 
@@ -43,7 +43,7 @@ def softmax(ctx: Context, x, dim, half_to_float=False):
     axis = dim % len(b.shape(xf))
     final = ctx.name if acc is out.dtype else None
     if "_log_softmax" in str(ctx.node.target):
-        shifted, _, total = _softmax_parts(ctx, xf, axis)
+        _, shifted, _, total = _softmax_parts(ctx, xf, axis)
         log_total = b.elementwise("log", total, suffix="logsum")
         y = b.elementwise("subtract", shifted, b.broadcast_to(log_total, b.shape(xf)), name=final)
     else:
@@ -116,9 +116,7 @@ def attention_with_logsumexp(ctx: Context, q, k, v, dropout_p=0.0, is_causal=Fal
     heads_differ = b.shape(q)[-3] != b.shape(k)[-3]
     result, scores = _attend(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, heads_differ, name=None)
     rows = b.shape(scores)[:-1]
-    peak = b.reduce("max", scores, -1, suffix="peak")
-    shifted = b.elementwise("subtract", scores, b.broadcast_to(peak, b.shape(scores)), suffix="shifted")
-    total = b.reduce("sum", b.elementwise("exp", shifted, suffix="exp"), -1, suffix="sum")
+    peak, _, _, total = _softmax_parts(ctx, scores, len(rows))
     lse = b.elementwise("add", peak, b.elementwise("log", total, suffix="log_sum"), suffix="lse")
     seen = b.elementwise("not_equal", peak, float("-inf"), dtype=DType.BOOL, suffix="sees_a_key")
     lse = b.reshape(b.elementwise("where", seen, lse, 0.0, dtype=b.dtype(lse), suffix="lse_safe"), rows)
