@@ -198,3 +198,23 @@ def test_every_schedule_ruleset_is_listed_by_emmy_rules():
     assert listing.returncode == 0, listing.stderr
     for name, description in SCHEDULE_DESCRIPTIONS.items():
         assert f"  {name.ljust(max(map(len, names)))}  {description}" in listing.stdout
+
+
+def test_a_contraction_that_also_stores_an_epilogue_is_offered_no_atomic_split():
+    """A kernel storing its accumulator raw and an epilogue of it (a training graph's convolution,
+    saved for the backward, beside its batch norm and ReLU) was flagged raw: the space offered a
+    split-K with atomics (chosen for 2x512 outputs over K=2304), which lowering refused. Every row
+    it offers now lowers, and the program runs right."""
+    import torch
+
+    def saved_and_activated(x, w, s):
+        y = x @ w
+        return y, torch.relu(y * s + 1.0)
+
+    x, w, s = torch.randn(2, 2304), torch.randn(2304, 512), torch.randn(512)
+    program = emmy.optimize(saved_and_activated, x, w, s)
+    (kernel,) = program.loop_ir.kernels
+    assert kernel_shape(kernel).epilogue  # not "raw": atomics need the accumulator as the only store
+    assert not any(r.row.reduce.atomic for r in program.ranked_rows(kernel))
+    for got, want in zip(program(x, w, s), saved_and_activated(x, w, s)):
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-5)

@@ -104,7 +104,9 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
     stmts = list(statements(kernel.body))
     folds = [s for s in stmts if isinstance(s, (Accumulate, Update))]
     atomic_ok = all(isinstance(s, Accumulate) and s.op in ("sum", "max", "min") for s in folds)
-    output_is_acc = any(getattr(s, "value", None) in {f.acc for f in folds} for s in stmts if type(s).__name__ == "Store")
+    # raw: every store writes an accumulator as it is (a kernel that also stores an epilogue of it,
+    # a conv's output saved for a backward beside its batch norm and ReLU, has an epilogue)
+    output_is_acc = all(getattr(s, "value", None) in {f.acc for f in folds} for s in stmts if type(s).__name__ == "Store")
     attention = _attention(outer, reductions)
     if attention is not None:
         rows, cols, batch, inner, mma, m_vars, n_vars = attention
@@ -115,7 +117,7 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
     if contraction is not None:
         rows, cols, batch, mma, m_vars, n_vars, prologue_ops = contraction
         return KernelShape(kernel.name, "contraction", rows, cols, red, red, itemsize, batch=batch,
-                           epilogue=not output_is_acc, atomic_ok=atomic_ok, mma=mma,
+                           epilogue=not output_is_acc, atomic_ok=atomic_ok and len(folds) == 1, mma=mma,
                            free_vars=tuple(l[0] for l in outer), m_vars=m_vars, n_vars=n_vars,
                            prologue=prologue_ops is not None, prologue_ops=prologue_ops or (0, 0),
                            **_panels(reductions[0], m_vars, n_vars, [l[0] for l in outer]))
