@@ -96,11 +96,12 @@ def _tap_positions(pooled: int, kernel: int, stride: int, padding: int, dilation
     return (torch.arange(pooled) * stride - padding).unsqueeze(0) + torch.arange(kernel).unsqueeze(1) * dilation
 
 
-def _folded(taps_values, n, channels, kernel, dilation, padding, stride, extents, size):
+def _folded(taps_values, n, channels, kernel, dilation, padding, stride, size):
     """Per-window tap values [n, c, kh, kw, ho, wo] summed onto the pixels [n, c, h, w]: folded
     over the padded input, then cut to the input (taps in the padding, or past the input's end in
     ceil_mode, carry nothing to keep) and padded where no window reaches its end."""
-    (kh, kw), (eh, ew), (h, w), (ph, pw) = kernel, extents, size, padding
+    (kh, kw), (h, w), (ph, pw) = kernel, size, padding
+    eh, ew = (_fold_extent(p, k, s, d) for p, k, s, d in zip(taps_values.shape[-2:], kernel, stride, dilation))
     columns = taps_values.reshape(n, channels * kh * kw, -1)
     pixels = aten.col2im(columns, [eh, ew], [kh, kw], list(dilation), [0, 0], list(stride))
     pixels = pixels[:, :, ph:ph + h, pw:pw + w]
@@ -120,14 +121,13 @@ def max_pool2d_backward(grad_out, x, kernel_size, stride, padding, dilation, cei
     kernel, stride, padding, dilation = _pairs(kernel_size, stride or kernel_size, padding, dilation)
     n, channels, h, w = x.shape
     ho, wo = grad_out.shape[2:]
-    eh, ew = (_fold_extent(p, k, s, d) for p, k, s, d in zip((ho, wo), kernel, stride, dilation))
     rows, cols = (_tap_positions(p, k, s, pad, d) for p, k, s, pad, d in zip((ho, wo), kernel, stride, padding, dilation))
     # a tap outside the input may name another pixel's flat position, but what it carries lands
     # outside the input and is cut
     flat = (rows[:, None, :, None] * w + cols[None, :, None, :]).to(x.device)
     chosen = indices.unsqueeze(2).unsqueeze(2) == flat  # [n, c, kh, kw, ho, wo]
     values = torch.where(chosen, grad_out.unsqueeze(2).unsqueeze(2), 0)
-    grad = _folded(values, n, channels, kernel, dilation, padding, stride, (eh, ew), (h, w))
+    grad = _folded(values, n, channels, kernel, dilation, padding, stride, (h, w))
     return grad.squeeze(0) if unbatched else grad
 
 
@@ -144,8 +144,7 @@ def avg_pool2d_backward(grad_out, x, kernel_size, stride, padding, ceil_mode, co
         divisor = torch.full_like(divisor, divisor_override)
     share = (grad_out / divisor.to(grad_out.device, grad_out.dtype)).unsqueeze(2).unsqueeze(2)
     values = share.expand(n, channels, kernel[0], kernel[1], ho, wo)
-    eh, ew = (_fold_extent(p, k, s, 1) for p, k, s in zip((ho, wo), kernel, stride))
-    grad = _folded(values, n, channels, kernel, (1, 1), padding, stride, (eh, ew), (h, w))
+    grad = _folded(values, n, channels, kernel, (1, 1), padding, stride, (h, w))
     return grad.squeeze(0) if unbatched else grad
 
 
