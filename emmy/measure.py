@@ -12,6 +12,7 @@ simulator seconds, recorded as such and never standing for a GPU's.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import statistics
 import subprocess
@@ -89,7 +90,22 @@ class SimDevice:
         self.name, self.driver, self.capability = f"CPU simulator ({platform.machine()})", "", ""
 
     def prepare(self, programs) -> list:
-        """Nothing to build ahead: the simulator builds each program as it runs it."""
+        """Every program's simulator library built ahead into the cache, one g++ a core, so that a
+        candidate's time under the tuner's watchdog is its checks and runs, as on a GPU, not a build.
+        A build that fails is left for `measure` to meet again and record."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        import emmy.sim as sim
+        from emmy.errors import KernelBuildError
+
+        def build(program) -> None:
+            try:
+                sim.load(program.cuda_source, "program.cu")
+            except KernelBuildError:
+                pass
+
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+            list(pool.map(build, programs))
         return [None] * len(programs)
 
     def measure(self, program, inputs, references, built=None) -> Measured:

@@ -10,7 +10,8 @@ the rows stored since the tuning began, when it
 - makes no progress for `watchdog` seconds while measuring (before its first candidate it
   compiles and builds, which a loaded machine may take minutes over: STARTUP_SECONDS, or ten
   watchdogs if longer): it is killed and the candidate stored as HUNG;
-at most RESTARTS times a worker. A worker that fails before measuring anything is an error.
+at most RESTARTS times a worker. A worker whose first process fails before measuring anything is an
+error (its command cannot run).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class _Worker:
     process: subprocess.Popen | None = None
     current: tuple[str, str] | None = None  # (signature, knobs) it announced and has not stored
     progress_at: float = 0.0
-    measured_any: bool = False
+    measured_any: bool = False  # this process announced a candidate (its startup allowance is over)
+    ever_measured: bool = False  # any of its processes did: one that dies later is restarted, not an error
     restarts: int = 0
     pending: bytes = field(default=b"")
     on_stored: object = None  # called for each row it stores
@@ -95,10 +97,10 @@ def supervise(command: list[str], gpus: list[str | None], seconds: float, watchd
                         _again(worker, command, len(workers), deadline, since, selector, events)
                     continue
                 _drain(worker, selector)
+                worker.process = None
                 if code == 0:
-                    worker.process = None
                     continue
-                if not worker.measured_any and worker.current is None:
+                if not worker.ever_measured and worker.current is None:
                     raise EmmyError(f"tuning worker {worker.share} failed (exit status {code}) before measuring "
                                     "anything; its messages are above")
                 if worker.current is not None:  # died measuring, its row unstored
@@ -108,7 +110,6 @@ def supervise(command: list[str], gpus: list[str | None], seconds: float, watchd
                 else:
                     events.append(f"worker {worker.share}: exit status {code} (a fault, its row recorded): started "
                                   "again past it")
-                worker.process = None
                 _again(worker, command, len(workers), deadline, since, selector, events)
     finally:
         for worker in workers:
@@ -158,7 +159,7 @@ def _read(worker: _Worker) -> bool:
         line = raw.decode(errors="replace")
         if line.startswith(START):
             signature, _, knobs = line[len(START):].partition(" ")
-            worker.current, worker.measured_any = (signature, knobs), True
+            worker.current, worker.measured_any, worker.ever_measured = (signature, knobs), True, True
             worker.progress_at = time.monotonic()
         elif line == STORED:
             worker.current, worker.progress_at = None, time.monotonic()
