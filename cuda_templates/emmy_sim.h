@@ -3,7 +3,7 @@
 // compiler is not nvcc; kernel sources include emmy_rt.cuh only.
 //
 // Execution model. Blocks run one after another. The threads of a block are
-// fibers (ucontext) run in order of their linear index; a thread runs until
+// fibers run in order of their linear index; a thread runs until
 // it reaches __syncthreads, a warp collective (__shfl*_sync, __ballot_sync,
 // __syncwarp, ...) or its end. When every thread is waiting, complete warp
 // collectives are resolved first, then the block barrier is released. A state
@@ -236,12 +236,62 @@ using std::fminf;
 
 namespace emmy_sim {
 
+// ---- fiber contexts --------------------------------------------------------
+// A fiber switch happens at every barrier, shuffle and thread start. glibc's swapcontext makes two
+// system calls a switch (the signal mask, which fibers never change) and saves the whole FPU
+// state: three quarters of a simulator run went there. On x86-64 a switch saves what the calling
+// convention says a callee keeps (rbx, rbp, r12-r15, the MXCSR and x87 control words) on the
+// fiber's own stack and swaps stack pointers; other machines keep ucontext.
+#if defined(__x86_64__)
+struct Context { void* sp = nullptr; };
+
+// switch_stacks(&from->sp, to->sp): the layout it pushes, from the saved stack pointer upward, is
+// [MXCSR, x87 control word] [r15] [r14] [r13] [r12] [rbx] [rbp] [return address].
+__attribute__((naked, noinline)) static void switch_stacks(void** /*save*/, void* /*resume*/) {
+  __asm__ volatile(
+      "pushq %rbp\n\tpushq %rbx\n\tpushq %r12\n\tpushq %r13\n\tpushq %r14\n\tpushq %r15\n\t"
+      "subq $8, %rsp\n\tstmxcsr (%rsp)\n\tfnstcw 4(%rsp)\n\t"
+      "movq %rsp, (%rdi)\n\tmovq %rsi, %rsp\n\t"
+      "ldmxcsr (%rsp)\n\tfldcw 4(%rsp)\n\taddq $8, %rsp\n\t"
+      "popq %r15\n\tpopq %r14\n\tpopq %r13\n\tpopq %r12\n\tpopq %rbx\n\tpopq %rbp\n\tret\n\t");
+}
+
+EMMY_SIM_INTERNAL inline void switch_context(Context* from, const Context* to) { switch_stacks(&from->sp, to->sp); }
+
+// A context that, switched to, calls `entry` on `stack` (which `entry` must never return from):
+// the frame switch_stacks pops, with the current control words and `entry` as its return address,
+// placed so that `entry` starts with the stack aligned as after a call.
+EMMY_SIM_INTERNAL inline void start_context(Context* c, char* stack, size_t bytes, void (*entry)()) {
+  const uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15);
+  uint64_t* frame = reinterpret_cast<uint64_t*>(top - 72);
+  uint32_t mxcsr = 0;
+  uint16_t control = 0;
+  __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+  __asm__ volatile("fnstcw %0" : "=m"(control));
+  frame[0] = mxcsr | uint64_t(control) << 32;
+  for (int i = 1; i <= 6; ++i) frame[i] = 0;  // r15 .. rbp: a zero frame pointer ends backtraces
+  frame[7] = reinterpret_cast<uint64_t>(entry);
+  frame[8] = 0;  // entry's return address: none
+  c->sp = frame;
+}
+#else
+using Context = ucontext_t;
+
+EMMY_SIM_INTERNAL inline void start_context(Context* c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(c);
+  c->uc_stack.ss_sp = stack;
+  c->uc_stack.ss_size = bytes;
+  c->uc_link = nullptr;
+  makecontext(c, entry, 0);
+}
+#endif
+
 // ---- the fibers of one block ----------------------------------------------
 enum class State { runnable, barrier, warp, done, polling, grid };
 enum class Collective { none, shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, all, any, syncwarp, exchange };
 
 struct Thread {
-  ucontext_t context;
+  Context context;
   char* stack = nullptr;  // a slice of Launch::stacks
   uint3 index{0, 0, 0};
   unsigned linear = 0;
@@ -266,7 +316,7 @@ struct Launch {
   uint3 block_index{0, 0, 0};
   std::vector<Thread> threads;
   Thread* current = nullptr;
-  ucontext_t scheduler;
+  Context scheduler;
   void (*invoke)(void*) = nullptr;
   void* closure = nullptr;
   std::string error;
@@ -317,23 +367,26 @@ EMMY_SIM_INTERNAL inline void fail(const std::string& message) {
   if (launch_state.error.empty()) launch_state.error = message;
 }
 
-// A fiber switch. Under ASan, libc's own swapcontext: ASan's interceptor clears the shadow of the
-// whole target stack on every switch (64 KB of shadow for a 512 KB fiber stack, at every barrier
-// and shuffle), which made ASan runs fifty times slower than plain ones. The switches are announced
-// with __sanitizer_*_switch_fiber instead, and a fiber's frames unpoison themselves as they return;
-// the launch clears the stacks' shadow once, for fibers a fault left unfinished.
+// A fiber switch. Off x86-64, under ASan, libc's own swapcontext: ASan's interceptor clears the
+// shadow of the whole target stack on every switch (64 KB of shadow for a 512 KB fiber stack, at
+// every barrier and shuffle), which made ASan runs fifty times slower than plain ones. Either way
+// the switches are announced with __sanitizer_*_switch_fiber, and a fiber's frames unpoison
+// themselves as they return; the launch clears the stacks' shadow once, for fibers a fault left
+// unfinished.
+#if !defined(__x86_64__)
 #if defined(__SANITIZE_ADDRESS__)
-EMMY_SIM_INTERNAL inline int switch_context(ucontext_t* from, const ucontext_t* to) {
+EMMY_SIM_INTERNAL inline void switch_context(Context* from, const Context* to) {
   using Swap = int (*)(ucontext_t*, const ucontext_t*);
   static const Swap libc_swap = [] {
     void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
     void* found = libc ? dlsym(libc, "swapcontext") : nullptr;
     return found ? reinterpret_cast<Swap>(found) : &swapcontext;
   }();
-  return libc_swap(from, to);
+  libc_swap(from, to);
 }
 #else
-EMMY_SIM_INTERNAL inline int switch_context(ucontext_t* from, const ucontext_t* to) { return swapcontext(from, to); }
+EMMY_SIM_INTERNAL inline void switch_context(Context* from, const Context* to) { swapcontext(from, to); }
+#endif
 #endif
 
 EMMY_SIM_INTERNAL inline void switch_to_scheduler() {
@@ -505,14 +558,10 @@ EMMY_SIM_INTERNAL inline void run_block() {
     t.kind = Collective::none;
     t.pending.clear();
     t.group_ends.clear();
-    getcontext(&t.context);
-    t.context.uc_stack.ss_sp = t.stack;
-    t.context.uc_stack.ss_size = L.stack_bytes;
-    t.context.uc_link = nullptr;
-    makecontext(&t.context, fiber_entry, 0);
-#if defined(__SANITIZE_ADDRESS__)
-    __asan_unpoison_memory_region(t.stack, L.stack_bytes);
-#endif
+    // no shadow to clear: the last block's fibers returned through every instrumented frame, and
+    // the launch cleared the pool's shadow before its first block (64 KB of shadow a fiber, at
+    // every block, was a seventh of an ASan run)
+    start_context(&t.context, t.stack, L.stack_bytes, fiber_entry);
   }
   resume_block();
 }
