@@ -26,7 +26,10 @@
 // runtime: this header defines the __tsan_* hooks, so every load and store the
 // kernel makes comes here, and two threads touching one address between
 // barriers, one of them writing, is a reported race).
-#pragma once
+// A macro guard, not #pragma once: builds take this header precompiled, with a copy of it beside
+// the .gch (emmy/sim/build.py), which #pragma once would take for another file.
+#ifndef EMMY_SIM_H_INCLUDED
+#define EMMY_SIM_H_INCLUDED
 
 #include <ucontext.h>
 
@@ -1108,3 +1111,5 @@ inline void count_copy(const void*, size_t) {}
 inline void note_copy_write(void*, size_t, const void*) {}
 }  // namespace emmy_sim
 #endif  // EMMY_SIM_RACECHECK
+
+#endif  // EMMY_SIM_H_INCLUDED

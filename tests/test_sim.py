@@ -281,3 +281,20 @@ def test_the_same_sources_compile_with_nvcc_for_every_target_they_are_legal_on(n
     assert {a for a in archs if any(f"'sm_{a}'" in line for line in compiled)} == set(archs)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
     assert spills and all(s == ("0", "0") for s in spills)
+
+
+def test_kernels_build_against_the_simulator_header_precompiled_once_per_mode(tmp_path):
+    from emmy.sim.build import COMMON_FLAGS, CUDA_HEADERS, HEADERS, MODE_FLAGS
+    from emmy.sim.source import simulator_source
+
+    source = (KERNELS / "faults.cu").read_text()
+    sim.load(source, "faults.cu", mode="asan", cache_dir=tmp_path)
+    (folder,) = (tmp_path / "sim").glob("pch-*-asan")
+    assert not list((tmp_path / "sim").glob("pch-build-*"))  # built aside, renamed into place
+    # g++ -H marks a precompiled header it uses with "!": the kernel's build takes it, not the text
+    kernel = tmp_path / "kernel.cpp"
+    kernel.write_text(simulator_source(source, "faults.cu"))
+    done = subprocess.run(["g++", "-I", str(folder), *COMMON_FLAGS, *MODE_FLAGS["asan"], "-I", str(HEADERS), "-I",
+                           str(CUDA_HEADERS), "-H", "-fsyntax-only", str(kernel)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"! {folder / 'emmy_sim.h.gch'}" in done.stderr
