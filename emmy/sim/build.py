@@ -45,9 +45,7 @@ def build(source: str, filename: str, mode: str, cache_dir: Path) -> Built:
     if mode not in MODES:
         raise KernelBuildError(f"unknown simulator mode {mode!r}; modes are {', '.join(MODES)}")
     text = simulator_source(source, filename)
-    key = hashlib.sha256("\0".join([text, mode, " ".join(COMMON_FLAGS + MODE_FLAGS[mode]), _compiler_version(),
-                                    headers_digest()]).encode()).hexdigest()[:24]
-    library = cache_dir / "sim" / f"{key}-{mode}.so"
+    library = cache_dir / "sim" / f"{_build_key(mode, text)[:24]}-{mode}.so"
     if library.exists():
         return Built(library, False)
     library.parent.mkdir(parents=True, exist_ok=True)
@@ -72,9 +70,7 @@ def _precompiled_headers(mode: str, cache_dir: Path, compile_flags: list[str]) -
     every kernel source includes it first, and g++ takes the .gch it finds in an include folder
     ahead of the header (a fifth of a kernel's build). Built aside and renamed, so concurrent
     builders agree. None (each kernel parses the header itself) if g++ cannot precompile it."""
-    key = hashlib.sha256("\0".join([mode, " ".join(COMMON_FLAGS + MODE_FLAGS[mode]), _compiler_version(),
-                                    headers_digest()]).encode()).hexdigest()[:16]
-    folder = cache_dir / "sim" / f"pch-{key}-{mode}"
+    folder = cache_dir / "sim" / f"pch-{_build_key(mode)[:16]}-{mode}"
     if (folder / "emmy_sim.h.gch").exists():
         return folder
     work = Path(tempfile.mkdtemp(dir=cache_dir / "sim", prefix="pch-build-"))
@@ -93,6 +89,12 @@ def _precompiled_headers(mode: str, cache_dir: Path, compile_flags: list[str]) -
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return folder
+
+
+def _build_key(mode: str, *texts: str) -> str:
+    """What a build depends on besides its source text: the mode, the flags, g++'s version, the headers."""
+    return hashlib.sha256("\0".join([*texts, mode, " ".join(COMMON_FLAGS + MODE_FLAGS[mode]), _compiler_version(),
+                                     headers_digest()]).encode()).hexdigest()
 
 
 def _run(command: list[str], filename: str) -> None:
