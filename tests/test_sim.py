@@ -283,14 +283,15 @@ def test_the_same_sources_compile_with_nvcc_for_every_target_they_are_legal_on(n
     assert spills and all(s == ("0", "0") for s in spills)
 
 
-def test_kernels_build_against_the_simulator_header_precompiled_once_per_mode(tmp_path):
-    from emmy.sim.build import COMMON_FLAGS, CUDA_HEADERS, HEADERS, MODE_FLAGS
+def test_kernels_build_against_a_runtime_and_a_header_precompiled_once_per_mode(tmp_path, rng):
+    from emmy.sim.build import COMMON_FLAGS, CUDA_HEADERS, HEADERS, MODE_FLAGS, RUNTIME_OBJECT
     from emmy.sim.source import simulator_source
 
     source = (KERNELS / "faults.cu").read_text()
     sim.load(source, "faults.cu", mode="asan", cache_dir=tmp_path)
-    (folder,) = (tmp_path / "sim").glob("pch-*-asan")
-    assert not list((tmp_path / "sim").glob("pch-build-*"))  # built aside, renamed into place
+    (folder,) = (tmp_path / "sim").glob("runtime-*-asan")
+    assert not list((tmp_path / "sim").glob("runtime-build-*"))  # built aside, renamed into place
+    built = (folder / RUNTIME_OBJECT).stat().st_mtime_ns
     # g++ -H marks a precompiled header it uses with "!": the kernel's build takes it, not the text
     kernel = tmp_path / "kernel.cpp"
     kernel.write_text(simulator_source(source, "faults.cu"))
@@ -298,3 +299,21 @@ def test_kernels_build_against_the_simulator_header_precompiled_once_per_mode(tm
                            str(CUDA_HEADERS), "-H", "-fsyntax-only", str(kernel)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert f"! {folder / 'emmy_sim.h.gch'}" in done.stderr
+    # a second source links the same runtime object (the scheduler is not compiled again) and runs
+    module = load("vector_add.cu", tmp_path, "asan")
+    a, b = rng.standard_normal(300).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    c = np.zeros(300, np.float32)
+    module.launch("vector_add", grid=2, block=256, args=[a, b, c, 300])
+    np.testing.assert_array_equal(c, a + b)
+    assert list((tmp_path / "sim").glob("runtime-*-asan")) == [folder]
+    assert (folder / RUNTIME_OBJECT).stat().st_mtime_ns == built
+    # a library exports its launchers and the launcher's entry points, not the simulator's state:
+    # each library loaded into a process keeps its own
+    (exports,) = [e for e in map(_exports, (tmp_path / "sim").glob("*-asan.so")) if "emmy_sim_launch_vector_add" in e]
+    assert "emmy_sim_error" in exports
+    assert not [name for name in exports if name.startswith("_ZN8emmy_sim")]
+
+
+def _exports(library: Path) -> list[str]:
+    done = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
+    return [line.split()[-1] for line in done.stdout.splitlines()]

@@ -54,41 +54,55 @@ def build(source: str, filename: str, mode: str, cache_dir: Path) -> Built:
         cu.write_text(text)
         obj, tmp = Path(work) / "kernel.o", Path(work) / "kernel.so"
         compile_flags = [*COMMON_FLAGS, *MODE_FLAGS[mode], "-I", str(HEADERS), "-I", str(CUDA_HEADERS)]
-        precompiled = _precompiled_headers(mode, cache_dir, compile_flags)
-        if precompiled is not None:
-            compile_flags[:0] = ["-I", str(precompiled)]
+        runtime = _runtime(mode, cache_dir, compile_flags)
+        if runtime.precompiled:
+            compile_flags[:0] = ["-I", str(runtime.folder)]
         link_flags = ["-fsanitize=address"] if mode == "asan" else []  # racecheck links no TSan runtime
         _run(["g++", *compile_flags, "-c", str(cu), "-o", str(obj)], filename)
-        _run(["g++", "-shared", *link_flags, str(obj), "-o", str(tmp), "-ldl"], filename)
+        _run(["g++", "-shared", *link_flags, str(obj), str(runtime.folder / RUNTIME_OBJECT), "-o", str(tmp), "-ldl"],
+             filename)
         os.replace(tmp, library)  # atomic: a concurrent builder never sees half a library
     log.info("simulator: built %s (%s) -> %s", filename, mode, library.name)
     return Built(library, True)
 
 
-def _precompiled_headers(mode: str, cache_dir: Path, compile_flags: list[str]) -> Path | None:
-    """A folder holding emmy_sim.h precompiled for `mode`, built once per headers, flags and compiler:
-    every kernel source includes it first, and g++ takes the .gch it finds in an include folder
-    ahead of the header (a fifth of a kernel's build). Built aside and renamed, so concurrent
-    builders agree. None (each kernel parses the header itself) if g++ cannot precompile it."""
-    folder = cache_dir / "sim" / f"pch-{_build_key(mode)[:16]}-{mode}"
-    if (folder / "emmy_sim.h.gch").exists():
-        return folder
-    work = Path(tempfile.mkdtemp(dir=cache_dir / "sim", prefix="pch-build-"))
+@dataclass(frozen=True)
+class Runtime:
+    folder: Path  # holds RUNTIME_OBJECT, and emmy_sim.h precompiled beside a copy of it
+    precompiled: bool  # False where g++ could not precompile the header: each build parses it
+
+
+RUNTIME_OBJECT = "emmy_sim_runtime.o"
+
+
+def _runtime(mode: str, cache_dir: Path, compile_flags: list[str]) -> Runtime:
+    """The simulator's runtime (emmy_sim_runtime.cpp: the scheduler, fiber switch, race check),
+    compiled for `mode` once per headers, flags and compiler and linked into every kernel's library,
+    so that a kernel's build compiles its kernels only (the runtime was two thirds of each build);
+    and emmy_sim.h precompiled beside it: g++ takes the .gch it finds in an include folder ahead of
+    the header. Built aside and renamed, so concurrent builders agree."""
+    folder = cache_dir / "sim" / f"runtime-{_build_key(mode)[:16]}-{mode}"
+    if (folder / RUNTIME_OBJECT).exists():
+        return Runtime(folder, (folder / "emmy_sim.h.gch").exists())
+    (cache_dir / "sim").mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=cache_dir / "sim", prefix="runtime-build-"))
     try:
-        _run(["g++", *compile_flags, "-x", "c++-header", str(HEADERS / "emmy_sim.h"), "-o",
-              str(work / "emmy_sim.h.gch")], "emmy_sim.h")
-        # the header beside it: g++ looks for a later include of it (a plain CUDA file's <cuda_fp16.h>
-        # includes it again) where it found the .gch
-        shutil.copy(HEADERS / "emmy_sim.h", work / "emmy_sim.h")
+        _run(["g++", *compile_flags, "-c", str(HEADERS / "emmy_sim_runtime.cpp"), "-o", str(work / RUNTIME_OBJECT)],
+             "emmy_sim_runtime.cpp")
+        try:
+            _run(["g++", *compile_flags, "-x", "c++-header", str(HEADERS / "emmy_sim.h"), "-o",
+                  str(work / "emmy_sim.h.gch")], "emmy_sim.h")
+            # the header beside it: g++ looks for a later include of it (a plain CUDA file's
+            # <cuda_fp16.h> includes it again) where it found the .gch
+            shutil.copy(HEADERS / "emmy_sim.h", work / "emmy_sim.h")
+        except KernelBuildError as err:
+            log.warning("simulator: emmy_sim.h could not be precompiled, each build parses it (%s)", err)
         os.rename(work, folder)
-    except KernelBuildError as err:
-        log.warning("simulator: emmy_sim.h could not be precompiled, each build parses it (%s)", err)
-        return None
     except OSError:  # another builder renamed its folder first: theirs is as good
         pass
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return folder
+    return Runtime(folder, (folder / "emmy_sim.h.gch").exists())
 
 
 def _build_key(mode: str, *texts: str) -> str:
@@ -111,9 +125,11 @@ def _compiler_version() -> str:
 
 @functools.lru_cache(maxsize=1)
 def headers_digest() -> str:
-    """The runtime and simulator headers' text: part of every build cache's key (g++ and nvcc)."""
+    """The runtime and simulator headers' text (and the simulator runtime's source): part of every
+    build cache's key (g++ and nvcc)."""
     digest = hashlib.sha256()
-    for header in sorted(HEADERS.glob("*.h")) + sorted(HEADERS.glob("*.cuh")) + sorted(CUDA_HEADERS.glob("*.h")):
+    for header in (sorted(HEADERS.glob("*.h")) + sorted(HEADERS.glob("*.cuh")) + sorted(HEADERS.glob("*.cpp")) +
+                   sorted(CUDA_HEADERS.glob("*.h"))):
         digest.update(header.read_bytes())
     return digest.hexdigest()
 
