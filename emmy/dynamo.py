@@ -18,7 +18,7 @@ Options (`torch.compile(..., options={...})`): simulate (bool), sim_mode (plain/
 target (sm_XX or a GPU name; default: the GPU's own architecture, else EMMY_TARGET), cache_size (input
 signatures kept per part, default 8). emmy compiles static shapes: with `dynamic=False` each new
 shape is a new Dynamo compile (Dynamo's recompile limit bounds them); a graph Dynamo made dynamic
-runs eagerly, with a log line saying so.
+(the default after a second shape) is traced again with each call's concrete shapes (`Specialized`).
 """
 
 from __future__ import annotations
@@ -56,18 +56,50 @@ def emmy_backend(gm, example_inputs, options: dict | None = None):
     from emmy.capture.training import training_decomposition_table
 
     settings = _Options.of(options)
-    if any(_is_symbolic(x) for x in example_inputs):
-        log.info("emmy: Dynamo gave a graph with dynamic shapes; emmy compiles static shapes, so it runs "
-                 "eagerly (torch.compile(..., dynamic=False) gives emmy one graph per shape)")
-        return gm.forward
 
     def compile_graph(fx_graph, fake_inputs):
         # AOTAutograd calls what a compiler returns with one list of arguments ("boxed")
         return make_boxed_func(partition(fx_graph, settings))
 
-    # the backward graph (a training step's gradients) is ATen too: its parts compile as the forward's
-    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
-                        decompositions=training_decomposition_table())(gm, example_inputs)
+    def static_graph(inputs):
+        # the backward graph (a training step's gradients) is ATen too: its parts compile as the forward's
+        return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+                            decompositions=training_decomposition_table())(gm, inputs)
+
+    if any(_is_symbolic(x) for x in example_inputs):
+        return Specialized(gm, static_graph, settings)
+    return static_graph(example_inputs)
+
+
+class Specialized:
+    """A graph Dynamo made dynamic (after a second shape, or `dynamic=True`): emmy compiles static
+    shapes, so each call's concrete signature (shapes, sizes passed as numbers, dtypes, devices,
+    whether gradients are wanted) is traced again through AOTAutograd with those values and
+    compiled, in a bounded cache. Where emmy would not run the parts anyway (CPU tensors without
+    `simulate`), the graph runs as Dynamo gave it."""
+
+    def __init__(self, gm, static_graph, settings: _Options):
+        self.gm, self.static_graph, self.settings = gm, static_graph, settings
+        self.compiled: OrderedDict = OrderedDict()  # signature -> AOTAutograd's callable
+
+    def __call__(self, *args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors or not (tensors[0].is_cuda or self.settings.simulate):
+            return self.gm(*args)
+        key = (torch.is_grad_enabled(), tuple((tuple(a.shape), a.dtype, str(a.device), a.requires_grad)
+                                              if isinstance(a, torch.Tensor) else a for a in args))
+        if key not in self.compiled:
+            log.info("emmy: a dynamic graph compiled for %s", _describe(args))
+            self.compiled[key] = self.static_graph(list(args))
+            if len(self.compiled) > self.settings.cache_size:
+                self.compiled.popitem(last=False)
+        self.compiled.move_to_end(key)
+        return self.compiled[key](*args)
+
+
+def _describe(args) -> str:
+    return ", ".join("x".join(map(str, a.shape)) + f" {str(a.dtype).removeprefix('torch.')}"
+                     if isinstance(a, torch.Tensor) else repr(a) for a in args)
 
 
 class _Options:

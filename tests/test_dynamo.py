@@ -142,3 +142,38 @@ def test_new_shapes_compile_again_and_options_are_checked():
             torch.testing.assert_close(compiled(x), model(x), atol=2e-5, rtol=1e-4)
     with pytest.raises(emmy.errors.EmmyError, match="unknown emmy backend option 'simulated'"):
         emmy.dynamo._Options.of({"simulated": True})
+
+
+def test_a_graph_dynamo_makes_dynamic_compiles_each_new_shape_with_emmy(caplog):
+    # torch.compile's default: the second shape makes Dynamo trace a dynamic graph; emmy, which
+    # compiles static shapes, specializes it per call signature instead of running it eagerly
+    torch.manual_seed(0)
+    model = LlamaMLP().eval()
+    compiled = torch.compile(model, backend="emmy", options={"simulate": True})
+    with caplog.at_level(logging.INFO, logger="emmy"), torch.no_grad():
+        for rows in (4, 6, 9, 6):
+            x = torch.randn(rows, 32)
+            torch.testing.assert_close(compiled(x), model(x), atol=2e-5, rtol=1e-4)
+    specialized = [r.getMessage() for r in caplog.records if "a dynamic graph compiled for" in r.getMessage()]
+    assert len(specialized) == 2 and "6x32 float32" in specialized[0] and "9x32 float32" in specialized[1]
+    parts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("emmy: compiled")]
+    assert len(parts) == 3  # one program per shape; the repeated 6 rows ran the cached one
+
+
+def test_a_dynamic_graph_trains_with_emmy_s_kernels_at_each_shape(caplog):
+    torch.manual_seed(0)
+    model = LlamaMLP()
+    compiled = torch.compile(model, backend="emmy", dynamic=True, options={"simulate": True})
+    caplog.set_level(logging.INFO, logger="emmy")
+    for rows in (3, 5):
+        x = torch.randn(rows, 32)
+        model.zero_grad()
+        compiled(x).square().mean().backward()
+        got = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        model(x).square().mean().backward()
+        for g, want in zip(got, (p.grad for p in model.parameters())):
+            torch.testing.assert_close(g, want, atol=2e-5, rtol=1e-4)
+    # each shape: the forward's and the backward's parts compiled by emmy
+    compiled_parts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("emmy: compiled")]
+    assert len(compiled_parts) >= 4, compiled_parts
