@@ -385,10 +385,12 @@ int launch(const unsigned* grid_size, const unsigned* block_size, unsigned long 
   }
   L.grid = grid;
   L.block = block;
+  // Each fiber's stack, and 17 cache lines more: with a power-of-two stack every fiber's hot frames
+  // (the top of its stack) fell in the same cache sets, and a switch missed the caches.
 #if defined(__SANITIZE_ADDRESS__)
-  L.stack_bytes = 512 * 1024;
+  L.stack_bytes = 512 * 1024 + 17 * 64;
 #else
-  L.stack_bytes = 128 * 1024;
+  L.stack_bytes = 128 * 1024 + 17 * 64;
 #endif
   L.stack_pool_bytes = n * L.stack_bytes;
   if (L.threads.size() != n) fresh_pool(n);
