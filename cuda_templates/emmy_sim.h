@@ -287,6 +287,8 @@ struct Launch {
   unsigned long barrier_epoch = 0;  // barriers released so far (all blocks): race-check epochs
   std::vector<unsigned> warp_epochs;
   bool parked = false;  // the block just run waits at a grid barrier, every live thread of it
+  bool worked = false;  // a runnable (not only polling) thread ran in this round
+  bool from_scheduler = false;  // the running thread was entered from the scheduler, not handed over
   // a block parked at a grid barrier: its fibers, their stacks, and its dynamic shared memory
   struct Parked { uint3 block_index; std::vector<Thread> threads; char* stacks; std::vector<std::vector<char>> shared; };
   std::vector<Parked> waiting;  // blocks at the grid barrier, in launch order
@@ -329,8 +331,9 @@ EMMY_SIM_INTERNAL void check_shuffle(const char* what, int line, unsigned mask, 
 template <class T>
 EMMY_SIM_INLINE T shuffle(Collective kind, const char* what, int line, unsigned mask, T value, int arg, int width) {
   static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
-  check_shuffle(what, line, mask, width);
   Thread& t = me();
+  if (width < 1 || width > 32 || (width & (width - 1)) || !(mask >> (t.linear % 32) & 1u))
+    check_shuffle(what, line, mask, width);
   std::memset(t.in, 0, sizeof t.in);
   std::memcpy(t.in, &value, sizeof(T));
   t.kind = kind;

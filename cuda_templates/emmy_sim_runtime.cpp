@@ -107,15 +107,53 @@ EMMY_SIM_INTERNAL static void fail(const std::string& message) {
   if (launch_state.error.empty()) launch_state.error = message;
 }
 
-EMMY_SIM_INTERNAL static void switch_to_scheduler() {
+// A round of the scheduler runs every thread that may run (runnable, or polling an mbarrier) once,
+// in linear order. A thread that stops (waits, or ends) hands over to the round's next thread
+// itself, one fiber switch, not two through the scheduler; the round's last returns to the
+// scheduler, as does any thread once the launch has failed.
+EMMY_SIM_INTERNAL static Thread* next_in_round(size_t from) {
   Launch& L = launch_state;
+  if (!L.error.empty()) return nullptr;
+  for (size_t i = from; i < L.threads.size(); ++i)
+    if (L.threads[i].state == State::runnable || L.threads[i].state == State::polling) return &L.threads[i];
+  return nullptr;
+}
+
+// Makes `next` the running thread (a polling one is runnable again) and switches `from` to it.
+EMMY_SIM_INTERNAL static void run_next(Context* from, Thread* next) {
+  Launch& L = launch_state;
+  L.worked = L.worked || next->state == State::runnable;
+  next->state = State::runnable;
+  L.current = next;
 #if defined(__SANITIZE_ADDRESS__)
-  __sanitizer_start_switch_fiber(&L.fake_stack, L.scheduler_stack, L.scheduler_stack_size);
+  __sanitizer_start_switch_fiber(&L.fake_stack, next->stack, L.stack_bytes);
 #endif
-  switch_context(&L.current->context, &L.scheduler);
+  switch_context(from, &next->context);
 #if defined(__SANITIZE_ADDRESS__)
   __sanitizer_finish_switch_fiber(L.fake_stack, nullptr, nullptr);
 #endif
+}
+
+// The running thread has stopped (its state says why): the round's next thread runs, else the scheduler.
+// Muted meanwhile: the container code it calls is instrumented in race-check builds, and would be
+// taken for the running thread's accesses.
+EMMY_SIM_INTERNAL static void hand_over() {
+  Launch& L = launch_state;
+  muted = true;
+  Thread* const me = L.current;
+  if (Thread* next = next_in_round(size_t(me - L.threads.data()) + 1)) {
+    L.from_scheduler = false;
+    run_next(&me->context, next);
+  } else {
+#if defined(__SANITIZE_ADDRESS__)
+    __sanitizer_start_switch_fiber(&L.fake_stack, L.scheduler_stack, L.scheduler_stack_size);
+#endif
+    switch_context(&me->context, &L.scheduler);
+#if defined(__SANITIZE_ADDRESS__)
+    __sanitizer_finish_switch_fiber(L.fake_stack, nullptr, nullptr);
+#endif
+  }
+  muted = false;  // this thread runs again
 }
 
 void wait_here(State state, int line, const char* what) {
@@ -123,20 +161,27 @@ void wait_here(State state, int line, const char* what) {
   t.state = state;
   t.line = line;
   t.what = what;
-  switch_to_scheduler();
+  hand_over();
 }
 
-EMMY_SIM_INTERNAL static void fiber_entry() {
+// Not instrumented by ASan: it never returns, so redzones of its locals would stay poisoned on the
+// stack, where the thread's next block starts its frame.
+EMMY_SIM_INTERNAL __attribute__((no_sanitize_address)) static void fiber_entry() {
   Launch& L = launch_state;
 #if defined(__SANITIZE_ADDRESS__)
-  __sanitizer_finish_switch_fiber(nullptr, &L.scheduler_stack, &L.scheduler_stack_size);
+  // the stack this fiber was entered from: the scheduler's, where the scheduler started it
+  const void* from_stack = nullptr;
+  size_t from_size = 0;
+  __sanitizer_finish_switch_fiber(nullptr, &from_stack, &from_size);
+  if (L.from_scheduler) {
+    L.scheduler_stack = from_stack;
+    L.scheduler_stack_size = from_size;
+  }
 #endif
+  muted = false;  // handed over to: a fresh thread starts with its accesses seen
   L.invoke(L.closure);
   L.current->state = State::done;
-#if defined(__SANITIZE_ADDRESS__)
-  __sanitizer_start_switch_fiber(nullptr, L.scheduler_stack, L.scheduler_stack_size);
-#endif
-  switch_context(&L.current->context, &L.scheduler);
+  hand_over();  // never returns: nothing switches back to a finished fiber
 }
 
 static std::string thread_list(const std::vector<unsigned>& ids) {
@@ -288,25 +333,17 @@ EMMY_SIM_INTERNAL static void resume_block() {
   Launch& L = launch_state;
   L.parked = false;
   for (;;) {
-    bool live = false, worked = false;
     const unsigned long events = L.events;
-    for (Thread& t : L.threads) {
-      if (t.state == State::runnable || t.state == State::polling) {
-        worked = worked || t.state == State::runnable;
-        t.state = State::runnable;
-        L.current = &t;
-#if defined(__SANITIZE_ADDRESS__)
-        __sanitizer_start_switch_fiber(&L.fake_stack, t.stack, L.stack_bytes);
-#endif
-        switch_context(&L.scheduler, &t.context);
-#if defined(__SANITIZE_ADDRESS__)
-        __sanitizer_finish_switch_fiber(L.fake_stack, nullptr, nullptr);
-#endif
-        L.current = nullptr;
-        if (!L.error.empty()) return;
-      }
-      if (t.state != State::done) live = true;
+    L.worked = false;
+    if (Thread* first = next_in_round(0)) {  // the round: its threads hand over to each other
+      L.from_scheduler = true;
+      run_next(&L.scheduler, first);
+      L.current = nullptr;
+      muted = false;
+      if (!L.error.empty()) return;
     }
+    bool live = false;
+    for (const Thread& t : L.threads) live = live || t.state != State::done;
     if (!live) return;
     if (resolve_warps()) continue;
     bool at_grid = false, all_at_grid = true;
@@ -325,7 +362,7 @@ EMMY_SIM_INTERNAL static void resume_block() {
     }
     bool polling = false;
     for (const Thread& t : L.threads) polling = polling || t.state == State::polling;
-    if (polling && (worked || L.events != events)) continue;  // someone moved: poll again
+    if (polling && (L.worked || L.events != events)) continue;  // someone moved: poll again
     if (polling) {
       fail("deadlock: a wait on an mbarrier never completes in " + where(L) + waiting_report(L));
       return;
