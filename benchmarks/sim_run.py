@@ -1,6 +1,7 @@
 """Simulator benchmarks on this machine: build time, the second load of the same source (the
 cache), and the time to simulate a block reduction of 32 blocks x 256 threads, per build mode; and
-a whole program (a 4-layer GPT-like decoder, 30 kernels) called on CPU tensors, plain and ASan.
+a whole program (emmy.workloads' GPT-2-like decoder, 4 layers of width 256) called on CPU tensors,
+plain and ASan.
 
     .venv/bin/python benchmarks/sim_run.py [--out benchmarks/SIM_REPORT.md]
 
@@ -46,55 +47,26 @@ def measure(mode: str, cache: Path) -> dict:
 
 
 def decoder_program():
-    """A 4-layer GPT-like decoder (width 256, 8 heads, 128 tokens, vocabulary 1000) and its token ids."""
+    """emmy.workloads' GPT-2-like decoder, 4 layers of width 256 (8 heads, 128 tokens): the program,
+    its input and torch's result."""
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
 
     import emmy
+    from emmy.workloads import decoder_stack
 
-    torch.manual_seed(0)
-    width, heads, tokens = 256, 8, 128
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-            self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
-            self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-
-        def forward(self, x):
-            b, t, c = x.shape
-            q, k, v = (z.view(b, t, heads, c // heads).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(c, -1))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
-            x = x + self.out(y)
-            return x + self.down(F.gelu(self.up(self.ln2(x))))
-
-    class Decoder(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed, self.position = nn.Embedding(1000, width), nn.Embedding(tokens, width)
-            self.blocks = nn.ModuleList(Block() for _ in range(4))
-            self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, 1000, bias=False)
-
-        def forward(self, ids):
-            x = self.embed(ids) + self.position(torch.arange(ids.shape[1]))
-            for block in self.blocks:
-                x = block(x)
-            return self.head(self.norm(x))
-
-    model, ids = Decoder().eval(), torch.randint(0, 1000, (1, tokens))
+    model, x = decoder_stack(4, dim=256, heads=8, tokens=128)
+    model.eval()
     with torch.no_grad():
-        want = model(ids)
-    return emmy.optimize(model, ids), ids, want
+        want = model(x)
+    return emmy.optimize(model, x), x, want
 
 
-def measure_program(program, ids, want, mode: str) -> dict:
+def measure_program(program, x, want, mode: str) -> dict:
     start = time.perf_counter()
-    program(ids, sim_mode=mode)  # builds the simulator library (and starts ASan's worker)
+    program(x, sim_mode=mode)  # builds the simulator library (and starts ASan's worker)
     first = time.perf_counter() - start
     start = time.perf_counter()
-    got = program(ids, sim_mode=mode)
+    got = program(x, sim_mode=mode)
     return {"mode": mode, "first": first, "run": time.perf_counter() - start,
             "error": float((got - want).abs().max())}
 
@@ -106,8 +78,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as cache:  # a cold cache: the first load compiles
         rows = [measure(mode, Path(cache)) for mode in sim.MODES]
         os.environ["EMMY_CACHE_DIR"] = cache
-        program, ids, want = decoder_program()
-        calls = [measure_program(program, ids, want, mode) for mode in ("plain", "asan")]
+        program, x, want = decoder_program()
+        calls = [measure_program(program, x, want, mode) for mode in ("plain", "asan")]
     lines = [
         "# Simulator benchmarks",
         "",
@@ -128,8 +100,8 @@ def main() -> int:
     lines += ["", f"Plain launch: {plain['run']:.3f} s (target: under 1 s). The first asan launch starts "
               "its worker process (the ASan runtime must be preloaded), which the best of the launches leaves out. The first load includes building "
               "the simulator's runtime for the mode (once per cache).", "",
-              f"Program: a 4-layer GPT-like decoder (width 256, 128 tokens; {len(program.kernels)} kernels) called "
-              "on CPU tensors, `program(ids, sim_mode=...)`: the first call builds, the second only runs.", "",
+              f"Program: `emmy.workloads.decoder_stack(4, dim=256, heads=8, tokens=128)` ({len(program.kernels)} "
+              "kernels) called on CPU tensors, `program(x, sim_mode=...)`: the first call builds, the second only runs.", "",
               "| mode | first call s | second call s | max abs error against torch |", "|---|---|---|---|"]
     lines += [f"| {c['mode']} | {c['first']:.1f} | {c['run']:.1f} | {c['error']:.2e} |" for c in calls]
     lines.append("")

@@ -287,16 +287,9 @@ struct Launch {
   unsigned long barrier_epoch = 0;  // barriers released so far (all blocks): race-check epochs
   std::vector<unsigned> warp_epochs;
   bool parked = false;  // the block just run waits at a grid barrier, every live thread of it
-  bool worked = false;  // a runnable (not only polling) thread ran in this round
-  bool from_scheduler = false;  // the running thread was entered from the scheduler, not handed over
   // a block parked at a grid barrier: its fibers, their stacks, and its dynamic shared memory
   struct Parked { uint3 block_index; std::vector<Thread> threads; char* stacks; std::vector<std::vector<char>> shared; };
   std::vector<Parked> waiting;  // blocks at the grid barrier, in launch order
-#if defined(__SANITIZE_ADDRESS__)
-  void* fake_stack = nullptr;
-  const void* scheduler_stack = nullptr;
-  size_t scheduler_stack_size = 0;
-#endif
 };
 
 extern Launch launch_state;

@@ -119,19 +119,35 @@ EMMY_SIM_INTERNAL static Thread* next_in_round(size_t from) {
   return nullptr;
 }
 
+// The scheduler's round: whether a runnable (not only polling) thread ran in it, and whether the
+// running thread was entered from the scheduler (a fiber's first entry then records its stack).
+static bool round_worked = false, entered_from_scheduler = false;
+// What ASan is told at a switch: the scheduler's stack, and the fake stack of the side switched from.
+static const void* scheduler_stack = nullptr;
+static size_t scheduler_stack_size = 0;
+[[maybe_unused]] static void* fake_stack = nullptr;
+
+// A fiber switch, announced to ASan: `to` runs on `stack`.
+EMMY_SIM_INTERNAL static void switch_fiber(Context* from, const Context* to, const void* stack, size_t bytes) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(&fake_stack, stack, bytes);
+#else
+  (void)stack, (void)bytes;
+#endif
+  switch_context(from, to);
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+}
+
 // Makes `next` the running thread (a polling one is runnable again) and switches `from` to it.
 EMMY_SIM_INTERNAL static void run_next(Context* from, Thread* next) {
   Launch& L = launch_state;
-  L.worked = L.worked || next->state == State::runnable;
+  round_worked = round_worked || next->state == State::runnable;
+  entered_from_scheduler = from == &L.scheduler;
   next->state = State::runnable;
   L.current = next;
-#if defined(__SANITIZE_ADDRESS__)
-  __sanitizer_start_switch_fiber(&L.fake_stack, next->stack, L.stack_bytes);
-#endif
-  switch_context(from, &next->context);
-#if defined(__SANITIZE_ADDRESS__)
-  __sanitizer_finish_switch_fiber(L.fake_stack, nullptr, nullptr);
-#endif
+  switch_fiber(from, &next->context, next->stack, L.stack_bytes);
 }
 
 // The running thread has stopped (its state says why): the round's next thread runs, else the scheduler.
@@ -141,18 +157,10 @@ EMMY_SIM_INTERNAL static void hand_over() {
   Launch& L = launch_state;
   muted = true;
   Thread* const me = L.current;
-  if (Thread* next = next_in_round(size_t(me - L.threads.data()) + 1)) {
-    L.from_scheduler = false;
+  if (Thread* next = next_in_round(size_t(me - L.threads.data()) + 1))
     run_next(&me->context, next);
-  } else {
-#if defined(__SANITIZE_ADDRESS__)
-    __sanitizer_start_switch_fiber(&L.fake_stack, L.scheduler_stack, L.scheduler_stack_size);
-#endif
-    switch_context(&me->context, &L.scheduler);
-#if defined(__SANITIZE_ADDRESS__)
-    __sanitizer_finish_switch_fiber(L.fake_stack, nullptr, nullptr);
-#endif
-  }
+  else
+    switch_fiber(&me->context, &L.scheduler, scheduler_stack, scheduler_stack_size);
   muted = false;  // this thread runs again
 }
 
@@ -164,19 +172,14 @@ void wait_here(State state, int line, const char* what) {
   hand_over();
 }
 
-// Not instrumented by ASan: it never returns, so redzones of its locals would stay poisoned on the
-// stack, where the thread's next block starts its frame.
-EMMY_SIM_INTERNAL __attribute__((no_sanitize_address)) static void fiber_entry() {
+// Never returns, so it keeps no locals in memory: ASan redzones around them would stay poisoned on
+// the stack, where the thread's next block starts its frame.
+EMMY_SIM_INTERNAL static void fiber_entry() {
   Launch& L = launch_state;
 #if defined(__SANITIZE_ADDRESS__)
-  // the stack this fiber was entered from: the scheduler's, where the scheduler started it
-  const void* from_stack = nullptr;
-  size_t from_size = 0;
-  __sanitizer_finish_switch_fiber(nullptr, &from_stack, &from_size);
-  if (L.from_scheduler) {
-    L.scheduler_stack = from_stack;
-    L.scheduler_stack_size = from_size;
-  }
+  // ASan says which stack this fiber was entered from: kept where that is the scheduler's
+  if (entered_from_scheduler) __sanitizer_finish_switch_fiber(nullptr, &scheduler_stack, &scheduler_stack_size);
+  else __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
   muted = false;  // handed over to: a fresh thread starts with its accesses seen
   L.invoke(L.closure);
@@ -334,9 +337,8 @@ EMMY_SIM_INTERNAL static void resume_block() {
   L.parked = false;
   for (;;) {
     const unsigned long events = L.events;
-    L.worked = false;
+    round_worked = false;
     if (Thread* first = next_in_round(0)) {  // the round: its threads hand over to each other
-      L.from_scheduler = true;
       run_next(&L.scheduler, first);
       L.current = nullptr;
       muted = false;
@@ -362,7 +364,7 @@ EMMY_SIM_INTERNAL static void resume_block() {
     }
     bool polling = false;
     for (const Thread& t : L.threads) polling = polling || t.state == State::polling;
-    if (polling && (L.worked || L.events != events)) continue;  // someone moved: poll again
+    if (polling && (round_worked || L.events != events)) continue;  // someone moved: poll again
     if (polling) {
       fail("deadlock: a wait on an mbarrier never completes in " + where(L) + waiting_report(L));
       return;

@@ -83,8 +83,8 @@ class Specialized:
         self.compiled: OrderedDict = OrderedDict()  # signature -> AOTAutograd's callable
 
     def __call__(self, *args):
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if not tensors or not (tensors[0].is_cuda or self.settings.simulate):
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if first is None or not (first.is_cuda or self.settings.simulate):
             return self.gm(*args)
         key = (torch.is_grad_enabled(), tuple((tuple(a.shape), a.dtype, str(a.device), a.requires_grad)
                                               if isinstance(a, torch.Tensor) else a for a in args))

@@ -84,8 +84,7 @@ def _runtime(mode: str, cache_dir: Path, compile_flags: list[str]) -> Runtime:
     folder = cache_dir / "sim" / f"runtime-{_build_key(mode)[:16]}-{mode}"
     if (folder / RUNTIME_OBJECT).exists():
         return Runtime(folder, (folder / "emmy_sim.h.gch").exists())
-    (cache_dir / "sim").mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=cache_dir / "sim", prefix="runtime-build-"))
+    work = Path(tempfile.mkdtemp(dir=cache_dir / "sim", prefix="runtime-build-"))  # build() made the folder
     try:
         _run(["g++", *compile_flags, "-c", str(HEADERS / "emmy_sim_runtime.cpp"), "-o", str(work / RUNTIME_OBJECT)],
              "emmy_sim_runtime.cpp")
