@@ -214,3 +214,21 @@ def test_sibling_variances_keep_one_twisted_state_per_loop():
         for loop in _loops(kernel.body):
             assert sum(isinstance(s, Update) for s in loop.body) <= 3, "two twisted states in one loop"
     assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+@pytest.mark.parametrize("code", [
+    # T5's relative-position bias: a bias over heads the q.k dot does not read, probabilities out
+    "x=torch.randn(2,12,8); bias=torch.randn(4,12,12); ((x @ x.transpose(-1, -2)).unsqueeze(1) + bias).softmax(-1)",
+    # the same bias, weighted values shared by the batch: the only variable left for query rows
+    # is the batch, which K reads
+    "x=torch.randn(2,12,8); bias=torch.randn(4,12,12); v=torch.randn(12,5); "
+    "((x @ x.transpose(-1, -2)).unsqueeze(1) + bias).softmax(-1) @ v",
+], ids=["probabilities", "batch_as_rows"])
+def test_a_softmax_over_a_dot_that_is_not_flash_attention_lowers_as_rows(code):
+    # Both were taken for flash attention (the bias's head variable for the value columns): the
+    # first kernel dropped its sweep's stores, the second staged K by a variable out of scope.
+    from emmy.schedule.shape import kernel_shape
+
+    program = emmy.optimize(code, target="sm_90")
+    assert all(kernel_shape(k).kind != "attention" for k in program.loop_ir.kernels)
+    assert all(c.ok for c in check_program(program, mode="asan"))

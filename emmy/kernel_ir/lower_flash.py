@@ -22,7 +22,7 @@ from emmy.kernel_ir.lower_mma import panel_swizzle
 from emmy.kernel_ir.nodes import FlashMma, FlashRows, KernelIR, MmaOperand, Panel, Tile
 from emmy.schedule.knobs import STAGE_ASYNC, STAGE_TMA
 from emmy.loop_ir import nodes as L
-from emmy.tile_ir.nodes import Epilogue, Fold, TileKernel
+from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
 
 LANES = 32
 
@@ -62,6 +62,9 @@ def _fold_shape(tile: TileKernel) -> str:
     folds = [p for p in tile.parts if isinstance(p, Fold)]
     if len(folds) != 1 or not isinstance(tile.parts[0], Fold) or folds[0].twist != "softmax":
         return "flash attention needs one softmax-twisted fold first"
+    if any(isinstance(p, Sweep) for p in tile.parts):
+        # the template stores once per row after the fold; a sweep's stores would be dropped
+        return "flash attention: a sweep over the keys after the fold is not lowered"
     dots = [s for s in folds[0].lift if isinstance(s, L.Loop)]
     if len(dots) != 1:
         return "flash attention needs one q.k contraction inside its fold"

@@ -107,7 +107,9 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
     # raw: every store writes an accumulator as it is (a kernel that also stores an epilogue of it,
     # a conv's output saved for a backward beside its batch norm and ReLU, has an epilogue)
     output_is_acc = all(getattr(s, "value", None) in {f.acc for f in folds} for s in stmts if type(s).__name__ == "Store")
-    attention = _attention(outer, reductions)
+    # flash attention writes each row once, after its fold; a kernel that sweeps the keys again
+    # (softmax probabilities written out, a bias over heads beside the q.k dot) is a row reduction
+    attention = None if sweep else _attention(outer, reductions)
     if attention is not None:
         rows, cols, batch, inner, mma, m_vars, n_vars = attention
         return KernelShape(kernel.name, "attention", rows, cols, red, inner, itemsize, batch=batch, sweep=False,
@@ -315,6 +317,9 @@ def _attention(outer, reductions):
         w_vars = set().union(set(), *(_vars(s.expr.index) for s in beside if _vars(s.expr.index) & set(n_vars)))
         m_vars = tuple(v for v in extents if v in qk_vars and v not in w_vars)
         if not m_vars or not n_vars:
+            continue
+        # a block shares each K tile among its query rows: K must not read a query-row variable
+        if any(fold.var in _vars(s.expr.index) and _vars(s.expr.index) & set(m_vars) for s in inside):
             continue
         batch = prod(extents[v] for v in extents if v not in m_vars and v not in n_vars)
         dtypes = {s.dtype for s in inside + beside}

@@ -119,7 +119,8 @@ def apply_scalar(op_name: str, out: DType, args: list[np.ndarray]) -> np.ndarray
 def _float_to_int(x: np.ndarray, dtype: DType) -> np.ndarray:
     if np.issubdtype(x.dtype, np.floating):
         x = np.trunc(x)  # C-style conversion, as torch casts
-    return x.astype(dtype.numpy)
+    with np.errstate(invalid="ignore"):  # NaN and out-of-range values have no integer: as in torch, no warning
+        return x.astype(dtype.numpy)
 
 
 def _reduce(node: Reduce, x: np.ndarray) -> np.ndarray:
