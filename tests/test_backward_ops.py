@@ -36,12 +36,55 @@ def test_convolution_backward_matches_torch(shape, weight, stride, padding, dila
     assert only_weight[0] is None and only_weight[2] is None
 
 
-def test_a_transposed_or_3d_convolution_backward_is_left_to_torch():
+def test_a_3d_convolution_backward_is_left_to_torch():
     x, w, g = torch.randn(1, 2, 4, 4, 4), torch.randn(3, 2, 2, 2, 2), torch.randn(1, 3, 3, 3, 3)
     assert backward_ops.convolution_backward(g, x, w, [3], [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1,
                                              [True, True, True]) is NotImplemented
-    assert backward_ops.convolution_backward(g[..., 0], x[..., 0], w[..., 0], [3], [1, 1], [0, 0], [1, 1], True,
-                                             [0, 0], 1, [True, True, True]) is NotImplemented
+
+
+def _transposed_backward_matches_torch(x, w, stride, padding, output_padding, dilation, groups):
+    out = aten.convolution(x, w, None, stride, padding, dilation, True, output_padding, groups)
+    grad = torch.randn_like(out)
+    args = (grad, x, w, [w.shape[1] * groups], stride, padding, dilation, True, output_padding, groups)
+    for got, want in zip(backward_ops.convolution_backward(*args, [True, True, True]),
+                         aten.convolution_backward(*args, [True, True, True])):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("shape, weight, stride, padding, output_padding, dilation, groups", [
+    ((2, 4, 5, 5), (4, 3, 4, 4), [2, 2], [1, 1], [0, 0], [1, 1], 1),  # a DCGAN / U-Net upsampling
+    ((2, 4, 5, 6), (4, 3, 3, 3), [2, 2], [1, 1], [1, 1], [1, 1], 1),  # output_padding
+    ((1, 6, 4, 4), (6, 2, 3, 2), [3, 1], [2, 0], [1, 0], [2, 1], 3),  # grouped, dilated, uneven
+    ((2, 3, 4, 4), (3, 2, 3, 3), [1, 1], [1, 1], [1, 1], [2, 2], 1),  # output_padding = stride (dilation)
+    ((2, 4, 9), (4, 5, 4), [2], [1], [1], [1], 1),  # 1-D
+], ids=["upsample", "output_padding", "grouped_dilated", "padding_past_windows", "conv1d"])
+def test_transposed_convolution_backward_matches_torch(shape, weight, stride, padding, output_padding, dilation,
+                                                       groups):
+    torch.manual_seed(0)
+    x, w = torch.randn(shape, dtype=torch.float64), torch.randn(weight, dtype=torch.float64)
+    _transposed_backward_matches_torch(x, w, stride, padding, output_padding, dilation, groups)
+
+
+def test_transposed_convolution_backward_matches_torch_over_drawn_geometries():
+    rng = torch.Generator().manual_seed(11)
+
+    def draw(lo, hi):
+        return int(torch.randint(lo, hi + 1, (), generator=rng))
+
+    checked = 0
+    while checked < 60:
+        groups = draw(1, 2)
+        kernel, stride, dilation = [draw(1, 4), draw(1, 4)], [draw(1, 3), draw(1, 3)], [draw(1, 2), draw(1, 2)]
+        padding = [draw(0, dilation[a] * (kernel[a] - 1)) for a in range(2)]
+        output_padding = [draw(0, max(stride[a], dilation[a]) - 1) for a in range(2)]
+        x = torch.randn(2, 2 * groups, draw(1, 6), draw(1, 6), dtype=torch.float64, generator=rng)
+        w = torch.randn(2 * groups, draw(1, 3), *kernel, dtype=torch.float64, generator=rng)
+        try:
+            aten.convolution(x, w, None, stride, padding, dilation, True, output_padding, groups)
+        except RuntimeError:
+            continue  # an output of no positions
+        checked += 1
+        _transposed_backward_matches_torch(x, w, stride, padding, output_padding, dilation, groups)
 
 
 @pytest.mark.parametrize("shape, kernel, stride, padding, dilation, ceil_mode", [

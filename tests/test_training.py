@@ -70,10 +70,26 @@ class TinyLM(nn.Module):
         return F.cross_entropy(self.lm_head(x).flatten(0, 1), targets.flatten())
 
 
+class Upsampler(nn.Module):
+    """A decoder's transposed convolutions (output padding, groups, 1-D) under a reconstruction loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Conv2d(2, 4, 3, stride=2, padding=1)
+        self.up = nn.ConvTranspose2d(4, 4, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.norm = nn.BatchNorm2d(4)
+        self.line = nn.ConvTranspose1d(4, 2, 4, stride=2, padding=1)
+
+    def forward(self, x, target):
+        h = F.relu(self.norm(self.up(F.relu(self.down(x)))))
+        return F.mse_loss(self.line(h.mean(2)), target)
+
+
 MODELS = {
     "classifier": (Classifier, lambda: (torch.randn(4, 16), torch.randint(0, 8, (4,)))),
     "convnet": (ConvNet, lambda: (torch.randn(2, 3, 12, 12), torch.randint(0, 4, (2,)))),
     "tiny_lm": (TinyLM, lambda: (torch.randint(0, 40, (2, 6)), torch.randint(0, 40, (2, 6)))),
+    "upsampler": (Upsampler, lambda: (torch.randn(2, 2, 6, 6), torch.randn(2, 2, 12))),
 }
 
 

@@ -57,12 +57,15 @@ def convolution_backward(grad_out, x, weight, bias_sizes, stride, padding, dilat
     """(grad_input, grad_weight, grad_bias) of a 1-D or 2-D convolution: the weight's gradient is
     the output gradient contracted with the input's windows (im2col), the input's is the weight
     contracted with the output gradient, its taps summed back onto the pixels (col2im)."""
-    if transposed or x.dim() not in (3, 4):
+    if x.dim() not in (3, 4):
         return NotImplemented
     one_d = x.dim() == 3
     if one_d:  # a 1-D convolution is a 2-D one over rows of height 1
         x, weight, grad_out = x.unsqueeze(2), weight.unsqueeze(2), grad_out.unsqueeze(2)
         stride, padding, dilation = (1, *stride), (0, *padding), (1, *dilation)
+    if transposed:
+        grads = _transposed_convolution_backward(grad_out, x, weight, stride, padding, dilation, groups, output_mask)
+        return tuple(t.squeeze(2) if one_d and t is not None and i < 2 else t for i, t in enumerate(grads))
     n, channels_in, height, width = x.shape
     channels_out, per_group, kh, kw = weight.shape
     taps = per_group * kh * kw
@@ -79,6 +82,31 @@ def convolution_backward(grad_out, x, weight, bias_sizes, stride, padding, dilat
         windows = windows.reshape(n, groups, taps, positions)
         grad_weight = torch.einsum("ngol,ngkl->gok", g, windows).reshape(weight.shape)
         grad_weight = grad_weight.squeeze(2) if one_d else grad_weight
+    if output_mask[2]:
+        grad_bias = grad_out.sum(dim=[0, 2, 3])
+    return grad_input, grad_weight, grad_bias
+
+
+def _transposed_convolution_backward(grad_out, x, weight, stride, padding, dilation, groups, output_mask):
+    """(grad_input, grad_weight, grad_bias) of a 2-D transposed convolution (weight [C_in, C_out/g,
+    kh, kw]). Its input's gradient is the plain convolution of the output gradient by the same
+    weight and stride; its weight's, the input contracted with the output gradient's windows
+    (im2col), one window per input pixel. Where output_padding is as large as the stride (a
+    dilation allows it) its extra rows make windows past the last pixel: they are dropped."""
+    n, channels_in, height, width = x.shape
+    _, per_group_out, kh, kw = weight.shape
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        grad_input = torch.nn.functional.conv2d(grad_out, weight, None, stride, padding, dilation, groups)
+        grad_input = grad_input[:, :, :height, :width]
+    if output_mask[1]:
+        windows = aten.im2col(grad_out, [kh, kw], list(dilation), list(padding), list(stride))
+        across = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, p, d, k, s in
+                  zip(grad_out.shape[2:], padding, dilation, (kh, kw), stride)]
+        windows = windows.reshape(n, groups * per_group_out * kh * kw, *across)[:, :, :height, :width]
+        windows = windows.reshape(n, groups, per_group_out * kh * kw, height * width)
+        pixels = x.reshape(n, groups, channels_in // groups, height * width)
+        grad_weight = torch.einsum("ngil,ngkl->gik", pixels, windows).reshape(weight.shape)
     if output_mask[2]:
         grad_bias = grad_out.sum(dim=[0, 2, 3])
     return grad_input, grad_weight, grad_bias
