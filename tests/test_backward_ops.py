@@ -36,10 +36,32 @@ def test_convolution_backward_matches_torch(shape, weight, stride, padding, dila
     assert only_weight[0] is None and only_weight[2] is None
 
 
-def test_a_3d_convolution_backward_is_left_to_torch():
-    x, w, g = torch.randn(1, 2, 4, 4, 4), torch.randn(3, 2, 2, 2, 2), torch.randn(1, 3, 3, 3, 3)
-    assert backward_ops.convolution_backward(g, x, w, [3], [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1,
-                                             [True, True, True]) is NotImplemented
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv3d", "conv_transpose3d"])
+def test_3d_convolution_backward_matches_torch_over_drawn_geometries(transposed):
+    rng = torch.Generator().manual_seed(3)
+
+    def draw(lo, hi):
+        return int(torch.randint(lo, hi + 1, (), generator=rng))
+
+    checked = 0
+    while checked < 40:
+        groups = draw(1, 2)
+        kernel, stride, dilation = ([draw(1, 3) for _ in range(3)] for _ in range(3))
+        dilation = [min(d, 2) for d in dilation]
+        padding = [draw(0, dilation[a] * (kernel[a] - 1) if transposed else kernel[a] // 2) for a in range(3)]
+        output_padding = [draw(0, max(stride[a], dilation[a]) - 1) if transposed else 0 for a in range(3)]
+        x = torch.randn(2, 2 * groups, draw(1, 5), draw(1, 5), draw(1, 5), dtype=torch.float64, generator=rng)
+        w = torch.randn(2 * groups if transposed else draw(1, 2) * groups, draw(1, 3) if transposed else 2, *kernel,
+                        dtype=torch.float64, generator=rng)
+        try:
+            out = aten.convolution(x, w, None, stride, padding, dilation, transposed, output_padding, groups)
+        except RuntimeError:
+            continue  # an output of no positions, or a kernel wider than the padded input
+        checked += 1
+        args = (torch.randn_like(out), x, w, [out.shape[1]], stride, padding, dilation, transposed, output_padding,
+                groups, [True, True, True])
+        for got, want in zip(backward_ops.convolution_backward(*args), aten.convolution_backward(*args)):
+            torch.testing.assert_close(got, want)
 
 
 def _transposed_backward_matches_torch(x, w, stride, padding, output_padding, dilation, groups):

@@ -85,11 +85,24 @@ class Upsampler(nn.Module):
         return F.mse_loss(self.line(h.mean(2)), target)
 
 
+class Volume(nn.Module):
+    """3-D convolutions, grouped and transposed (a video or medical-imaging encoder and decoder)."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Conv3d(2, 4, 3, stride=2, padding=1, groups=2)
+        self.up = nn.ConvTranspose3d(4, 2, 2, stride=2)
+
+    def forward(self, x, target):
+        return F.mse_loss(self.up(F.relu(self.down(x))), target)
+
+
 MODELS = {
     "classifier": (Classifier, lambda: (torch.randn(4, 16), torch.randint(0, 8, (4,)))),
     "convnet": (ConvNet, lambda: (torch.randn(2, 3, 12, 12), torch.randint(0, 4, (2,)))),
     "tiny_lm": (TinyLM, lambda: (torch.randint(0, 40, (2, 6)), torch.randint(0, 40, (2, 6)))),
     "upsampler": (Upsampler, lambda: (torch.randn(2, 2, 6, 6), torch.randn(2, 2, 12))),
+    "volume": (Volume, lambda: (torch.randn(1, 2, 4, 6, 4), torch.randn(1, 2, 4, 6, 4))),
 }
 
 

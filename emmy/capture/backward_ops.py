@@ -56,7 +56,11 @@ def convolution_backward(grad_out, x, weight, bias_sizes, stride, padding, dilat
                          output_padding, groups, output_mask):
     """(grad_input, grad_weight, grad_bias) of a 1-D or 2-D convolution: the weight's gradient is
     the output gradient contracted with the input's windows (im2col), the input's is the weight
-    contracted with the output gradient, its taps summed back onto the pixels (col2im)."""
+    contracted with the output gradient, its taps summed back onto the pixels (col2im). A 3-D one:
+    emmy.capture.backward_ops._volume_convolution_backward."""
+    if x.dim() == 5:
+        return _volume_convolution_backward(grad_out, x, weight, stride, padding, dilation, transposed,
+                                            output_padding, groups, output_mask)
     if x.dim() not in (3, 4):
         return NotImplemented
     one_d = x.dim() == 3
@@ -84,6 +88,55 @@ def convolution_backward(grad_out, x, weight, bias_sizes, stride, padding, dilat
         grad_weight = grad_weight.squeeze(2) if one_d else grad_weight
     if output_mask[2]:
         grad_bias = grad_out.sum(dim=[0, 2, 3])
+    return grad_input, grad_weight, grad_bias
+
+
+def _windows(t, kernel, stride, padding, dilation):
+    """t [n, c, *spatial] read as its convolution windows [n, c, *positions, *kernel] (zero
+    padding, strides and dilation as a convolution's): unfold along each spatial axis."""
+    spatial = t.dim() - 2
+    pads = [p for a in reversed(range(spatial)) for p in (padding[a], padding[a])]
+    t = torch.nn.functional.pad(t, pads)
+    for a in range(spatial):
+        t = t.unfold(2 + a, dilation[a] * (kernel[a] - 1) + 1, stride[a])
+        if dilation[a] > 1:
+            t = t[..., ::dilation[a]]
+    return t
+
+
+def _volume_convolution_backward(grad_out, x, weight, stride, padding, dilation, transposed, output_padding,
+                                 groups, output_mask):
+    """(grad_input, grad_weight, grad_bias) of a 3-D convolution, plain or transposed. The input's
+    gradient is the convolution running the other way by the same weight (a transposed one for a
+    plain convolution, its output padding the rows the forward's last stride left unread); the
+    weight's, the plain convolution's input (or the transposed one's output gradient) read as
+    windows, contracted with the other operand over the batch and the positions."""
+    n, spatial = x.shape[0], x.shape[2:]
+    kernel = weight.shape[2:]
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0] and transposed:
+        grad_input = torch.nn.functional.conv3d(grad_out, weight, None, stride, padding, dilation, groups)
+        grad_input = grad_input[:, :, :spatial[0], :spatial[1], :spatial[2]]
+    elif output_mask[0]:
+        unread = [size - ((out - 1) * s - 2 * p + d * (k - 1) + 1) for size, out, s, p, d, k in
+                  zip(spatial, grad_out.shape[2:], stride, padding, dilation, kernel)]
+        grad_input = torch.nn.functional.conv_transpose3d(grad_out, weight, None, stride, padding, unread, groups,
+                                                          dilation)
+    if output_mask[1]:
+        taps = math.prod(kernel)
+        if transposed:  # weight [C_in, C_out/g, *k]: x's pixels against the output gradient's windows
+            windows = _windows(grad_out, kernel, stride, padding, dilation)
+            windows = windows[:, :, :spatial[0], :spatial[1], :spatial[2]]
+            pixels = x.reshape(n, groups, x.shape[1] // groups, -1)
+            windows = windows.reshape(n, groups, weight.shape[1], -1, taps)
+            grad_weight = torch.einsum("ngil,ngolk->giok", pixels, windows)
+        else:  # weight [C_out, C_in/g, *k]: the output gradient against x's windows
+            windows = _windows(x, kernel, stride, padding, dilation).reshape(n, groups, weight.shape[1], -1, taps)
+            grads = grad_out.reshape(n, groups, grad_out.shape[1] // groups, -1)
+            grad_weight = torch.einsum("ngol,ngilk->goik", grads, windows)
+        grad_weight = grad_weight.reshape(weight.shape)
+    if output_mask[2]:
+        grad_bias = grad_out.sum(dim=[0, 2, 3, 4])
     return grad_input, grad_weight, grad_bias
 
 
