@@ -177,6 +177,19 @@ def test_attention_backward_matches_torch(heads, key_heads, causal, mask, scale)
         torch.testing.assert_close(g, t, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+@pytest.mark.parametrize("shapes", [((4, 3), (5, 3)), ((2, 4, 3), (2, 6, 3))], ids=["rows", "batched"])
+def test_cdist_backward_matches_torch(p, shapes):
+    torch.manual_seed(0)
+    x1, x2 = (torch.randn(shape, dtype=torch.float64) for shape in shapes)
+    x2[..., 0, :] = x1[..., 0, :]  # a distance of 0
+    x2[..., 1, 0] = x1[..., 1, 0]  # a coordinate difference of 0 (|d|^(p-2) infinite for p < 2)
+    distances = torch.cdist(x1, x2, p)
+    grad = torch.randn_like(distances)
+    torch.testing.assert_close(backward_ops.cdist_backward(grad, x1, x2, p, distances),
+                               aten._cdist_backward(grad, x1, x2, p, distances))
+
+
 def test_the_training_table_holds_the_backward_ops_and_not_torchs_attention_decomposition():
     """torch's decomposition of the CPU attention op returns the attention weights where the op
     returns the log-sum-exp its backward reads: a training graph built with it gets wrong q/k/v
@@ -191,7 +204,8 @@ def test_the_training_table_holds_the_backward_ops_and_not_torchs_attention_deco
                         (aten.avg_pool2d_backward, backward_ops.avg_pool2d_backward),
                         (aten._adaptive_avg_pool2d_backward, backward_ops.adaptive_avg_pool2d_backward),
                         (aten._scaled_dot_product_flash_attention_for_cpu_backward,
-                         backward_ops.flash_attention_backward)]:
+                         backward_ops.flash_attention_backward),
+                        (aten._cdist_backward, backward_ops.cdist_backward)]:
         assert table[op.default] is spelled
     assert aten._native_batch_norm_legit_functional.default in table
 

@@ -97,12 +97,25 @@ class Volume(nn.Module):
         return F.mse_loss(self.up(F.relu(self.down(x))), target)
 
 
+class Prototypes(nn.Module):
+    """Metric learning: classes scored by the distance to learned prototypes (torch.cdist)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(6, 4)
+        self.prototypes = nn.Parameter(torch.randn(5, 4))
+
+    def forward(self, x, labels):
+        return F.cross_entropy(-torch.cdist(self.embed(x), self.prototypes), labels)
+
+
 MODELS = {
     "classifier": (Classifier, lambda: (torch.randn(4, 16), torch.randint(0, 8, (4,)))),
     "convnet": (ConvNet, lambda: (torch.randn(2, 3, 12, 12), torch.randint(0, 4, (2,)))),
     "tiny_lm": (TinyLM, lambda: (torch.randint(0, 40, (2, 6)), torch.randint(0, 40, (2, 6)))),
     "upsampler": (Upsampler, lambda: (torch.randn(2, 2, 6, 6), torch.randn(2, 2, 12))),
     "volume": (Volume, lambda: (torch.randn(1, 2, 4, 6, 4), torch.randn(1, 2, 4, 6, 4))),
+    "prototypes": (Prototypes, lambda: (torch.randn(6, 6), torch.randint(0, 5, (6,)))),
 }
 
 

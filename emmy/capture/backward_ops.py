@@ -256,3 +256,26 @@ def _adaptive_matrix(size: int, pooled: int):
 
 def _pairs(*values):
     return [tuple(v) * (2 // len(v)) if isinstance(v, (list, tuple)) else (v, v) for v in values]
+
+
+def cdist_backward(grad, x1, x2, p: float, distances):
+    """x1's gradient of torch.cdist(x1, x2, p) (x2's is this with the two swapped): over every
+    x2 row j, grad[i, j] times the derivative of the p-norm of x1[i] - x2[j], as torch defines it
+    (0 where the distance is 0; for p = inf only the coordinates at the maximum)."""
+    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # [..., P, R, M]
+    g = grad.unsqueeze(-1)
+    dist = distances.unsqueeze(-1)
+    if p == 0:
+        return torch.zeros_like(x1)
+    if p == 1:
+        each = diff.sign()
+    elif p == math.inf:
+        each = diff.sign() * (diff.abs() == dist)
+    elif p == 2:
+        each = torch.where(dist == 0, 0.0, diff / dist)
+    else:
+        each = torch.where(dist == 0, 0.0, diff * diff.abs().pow(p - 2) / dist.pow(p - 1))
+        if p < 2:  # |diff|^(p-2) is infinite at diff = 0, where the derivative is 0
+            each = torch.where(diff == 0, 0.0, each)
+    return (g * each).sum(-2)
+

@@ -63,5 +63,6 @@ def training_decomposition_table() -> dict:
         aten.max_pool2d_with_indices_backward.default: backward_ops.max_pool2d_backward,
         aten.avg_pool2d_backward.default: backward_ops.avg_pool2d_backward,
         aten._adaptive_avg_pool2d_backward.default: backward_ops.adaptive_avg_pool2d_backward,
+        aten._cdist_backward.default: backward_ops.cdist_backward,
     })
     return table
