@@ -89,7 +89,7 @@ class Specialized:
         key = (torch.is_grad_enabled(), tuple((tuple(a.shape), a.dtype, str(a.device), a.requires_grad)
                                               if isinstance(a, torch.Tensor) else a for a in args))
         if key not in self.compiled:
-            log.info("emmy: a dynamic graph compiled for %s", _describe(args))
+            log.info("emmy: a dynamic graph compiled for %s", _describe(self.gm, args))
             self.compiled[key] = self.static_graph(list(args))
             if len(self.compiled) > self.settings.cache_size:
                 self.compiled.popitem(last=False)
@@ -97,9 +97,20 @@ class Specialized:
         return self.compiled[key](*args)
 
 
-def _describe(args) -> str:
-    return ", ".join("x".join(map(str, a.shape)) + f" {str(a.dtype).removeprefix('torch.')}"
-                     if isinstance(a, torch.Tensor) else repr(a) for a in args)
+def _describe(gm, args) -> str:
+    """The call's sizes and its inputs' shapes, by Dynamo's names (s0=2, x: 2x5x16 float32); a
+    module's parameters and buffers, which do not change shape, are left out."""
+    names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(names) != len(args):
+        names = [f"arg{i}" for i in range(len(args))]
+    parts = []
+    for name, a in zip(names, args):
+        if not isinstance(a, torch.Tensor):
+            parts.append(f"{name}={a!r}")
+        elif "_parameters_" not in name and "_buffers_" not in name:
+            label = name.removeprefix("L_").removesuffix("_")
+            parts.append(f"{label}: " + "x".join(map(str, a.shape)) + f" {str(a.dtype).removeprefix('torch.')}")
+    return ", ".join(parts)
 
 
 class _Options:

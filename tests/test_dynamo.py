@@ -156,6 +156,7 @@ def test_a_graph_dynamo_makes_dynamic_compiles_each_new_shape_with_emmy(caplog):
             torch.testing.assert_close(compiled(x), model(x), atol=2e-5, rtol=1e-4)
     specialized = [r.getMessage() for r in caplog.records if "a dynamic graph compiled for" in r.getMessage()]
     assert len(specialized) == 2 and "6x32 float32" in specialized[0] and "9x32 float32" in specialized[1]
+    assert "64x32" not in specialized[0]  # the call's sizes and input, not every weight's shape
     parts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("emmy: compiled")]
     assert len(parts) == 3  # one program per shape; the repeated 6 rows ran the cached one
 
