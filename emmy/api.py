@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 
-from emmy.errors import UnknownStageError
+from emmy.errors import UnknownParameterError, UnknownStageError
 from emmy.program import STAGES, Program
 
 
 def optimize(graph, *example_inputs, target: str | None = None, stop_after: str = "tensor",
              rules: tuple = (), budget=None, knobs=None, capture_cache: bool = False, exact: bool = False,
-             example_kwargs: dict | None = None) -> Program:
+             example_kwargs: dict | None = None, **unknown) -> Program:
     """Compile a PyTorch program.
 
     `graph` is `-c`-style code (a string) or a file of it (a pathlib.Path), an `nn.Module` or `fx.GraphModule`
@@ -30,6 +30,10 @@ def optimize(graph, *example_inputs, target: str | None = None, stop_after: str 
     `captured` is a CachedCapture (no ExportedProgram: checking against torch recaptures).
     `exact`: rewrite with exact rules only (emmy.rules.Rule.exact), so no rule changes a result's bits.
     """
+    if unknown:
+        raise UnknownParameterError(
+            f"optimize() takes no keyword {', '.join(map(repr, unknown))}; a model's keyword inputs go in "
+            f"example_kwargs (emmy.optimize(model, x, example_kwargs={{{', '.join(f'{k!r}: ...' for k in unknown)}}}))")
     from emmy.config import settings
     from emmy.extract.targets import get_target
 

@@ -98,5 +98,10 @@ class InputMismatchError(EmmyError):
     dtype, device)."""
 
 
+class UnknownParameterError(EmmyError, TypeError):
+    """A keyword emmy.optimize does not take: most often a model's own keyword input, which goes
+    in example_kwargs."""
+
+
 class TensorIRError(EmmyError, ValueError):
     """A malformed Tensor IR graph: a bug in a decomposition or in a rule a user wrote."""

@@ -190,6 +190,9 @@ def test_keyword_inputs_are_taken_and_called_as_the_module_takes_them(tmp_path):
     torch.testing.assert_close(loaded(ids, temperature=2.0, attention_mask=mask)["logits"], expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(EmmyError, match="example_kwargs are for an nn.Module or a function"):
         emmy.optimize("x=torch.randn(3); x * 2", example_kwargs={"y": torch.randn(3)})
+    # a model's keyword passed to optimize as its own: the error says where it goes
+    with pytest.raises(TypeError, match=r"takes no keyword 'attention_mask'.*example_kwargs=\{'attention_mask': ...\}"):
+        emmy.optimize(model, ids, attention_mask=mask)
 
 
 class RunningTotal(torch.nn.Module):
