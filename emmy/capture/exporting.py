@@ -58,12 +58,14 @@ def decomposition_table() -> dict:
     from torch._decomp import get_decompositions
 
     from emmy.capture.corrected import corrected_decompositions
+    from emmy.capture.cuda_attention import cuda_attention_decompositions
     from emmy.capture.fast_paths import fast_path_decompositions
 
     table = torch.export.default_decompositions()
     table.update(get_decompositions([getattr(torch.ops.aten, name) for name in DECOMPOSED_TOO]))
     table.update(corrected_decompositions())
     table.update(fast_path_decompositions())
+    table.update(cuda_attention_decompositions())
     for name in KEPT_WHOLE:
         packet, overload = name.split(".")
         op = getattr(getattr(torch.ops.aten, packet), overload)
