@@ -59,6 +59,7 @@ def decomposition_table() -> dict:
 
     from emmy.capture.corrected import corrected_decompositions
     from emmy.capture.cuda_attention import cuda_attention_decompositions
+    from emmy.capture.cuda_cells import cuda_cell_decompositions
     from emmy.capture.fast_paths import fast_path_decompositions
 
     table = torch.export.default_decompositions()
@@ -66,6 +67,7 @@ def decomposition_table() -> dict:
     table.update(corrected_decompositions())
     table.update(fast_path_decompositions())
     table.update(cuda_attention_decompositions())
+    table.update(cuda_cell_decompositions())
     for name in KEPT_WHOLE:
         packet, overload = name.split(".")
         op = getattr(getattr(torch.ops.aten, packet), overload)
