@@ -190,6 +190,22 @@ def test_cdist_backward_matches_torch(p, shapes):
                                aten._cdist_backward(grad, x1, x2, p, distances))
 
 
+@pytest.mark.parametrize("mode", [0, 1], ids=["bilinear", "nearest"])
+@pytest.mark.parametrize("padding", [0, 1, 2], ids=["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sampler_backward_matches_torch(mode, padding, align_corners):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float64)
+    grid = torch.rand(2, 4, 7, 2, dtype=torch.float64) * 3.4 - 1.7  # past the image: padding's paths
+    grad = torch.randn(2, 3, 4, 7, dtype=torch.float64)
+    want = aten.grid_sampler_2d_backward(grad, x, grid, mode, padding, align_corners, [True, True])
+    got = backward_ops.grid_sampler_2d_backward(grad, x, grid, mode, padding, align_corners, [True, True])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert backward_ops.grid_sampler_2d_backward(grad, x, grid, 2, padding, align_corners, [True, True]) \
+        is NotImplemented  # bicubic stays torch's
+
+
 def test_the_training_table_holds_the_backward_ops_and_not_torchs_attention_decomposition():
     """torch's decomposition of the CPU attention op returns the attention weights where the op
     returns the log-sum-exp its backward reads: a training graph built with it gets wrong q/k/v
@@ -205,7 +221,8 @@ def test_the_training_table_holds_the_backward_ops_and_not_torchs_attention_deco
                         (aten._adaptive_avg_pool2d_backward, backward_ops.adaptive_avg_pool2d_backward),
                         (aten._scaled_dot_product_flash_attention_for_cpu_backward,
                          backward_ops.flash_attention_backward),
-                        (aten._cdist_backward, backward_ops.cdist_backward)]:
+                        (aten._cdist_backward, backward_ops.cdist_backward),
+                        (aten.grid_sampler_2d_backward, backward_ops.grid_sampler_2d_backward)]:
         assert table[op.default] is spelled
     assert aten._native_batch_norm_legit_functional.default in table
 

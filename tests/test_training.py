@@ -109,6 +109,21 @@ class Prototypes(nn.Module):
         return F.cross_entropy(-torch.cdist(self.embed(x), self.prototypes), labels)
 
 
+class SpatialTransformer(nn.Module):
+    """A spatial transformer: a predicted affine grid resamples the image (F.grid_sample)."""
+
+    def __init__(self):
+        super().__init__()
+        self.locate = nn.Linear(2 * 5 * 5, 6)
+        self.head = nn.Linear(2 * 4 * 4, 3)
+
+    def forward(self, x, labels):
+        theta = self.locate(x.flatten(1)).view(-1, 2, 3)
+        warped = F.grid_sample(x, F.affine_grid(theta, [x.shape[0], 2, 4, 4], align_corners=False),
+                               padding_mode="border", align_corners=False)
+        return F.cross_entropy(self.head(warped.flatten(1)), labels)
+
+
 MODELS = {
     "classifier": (Classifier, lambda: (torch.randn(4, 16), torch.randint(0, 8, (4,)))),
     "convnet": (ConvNet, lambda: (torch.randn(2, 3, 12, 12), torch.randint(0, 4, (2,)))),
@@ -116,6 +131,7 @@ MODELS = {
     "upsampler": (Upsampler, lambda: (torch.randn(2, 2, 6, 6), torch.randn(2, 2, 12))),
     "volume": (Volume, lambda: (torch.randn(1, 2, 4, 6, 4), torch.randn(1, 2, 4, 6, 4))),
     "prototypes": (Prototypes, lambda: (torch.randn(6, 6), torch.randint(0, 5, (6,)))),
+    "spatial_transformer": (SpatialTransformer, lambda: (torch.randn(2, 2, 5, 5), torch.randint(0, 3, (2,)))),
 }
 
 

@@ -279,3 +279,70 @@ def cdist_backward(grad, x1, x2, p: float, distances):
             each = torch.where(diff == 0, 0.0, each)
     return (g * each).sum(-2)
 
+
+def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode: int, padding_mode: int,
+                             align_corners: bool, output_mask):
+    """(grad_input, grad_grid) of F.grid_sample in 2-D, bilinear or nearest, every padding mode
+    (bicubic stays torch's): each output pixel's gradient added onto the input pixels it read (a
+    scatter_add over the flattened image), and the grid's as the sampled value's slope between its
+    corners times the coordinate's derivative (unnormalising, clipping, reflecting), as torch's
+    kernel computes them."""
+    if interpolation_mode not in (0, 1):
+        return NotImplemented
+    n, channels, height, width = input.shape
+    ix, dx = _source_coordinate(grid[..., 0], width, padding_mode, align_corners)
+    iy, dy = _source_coordinate(grid[..., 1], height, padding_mode, align_corners)
+    flat = input.reshape(n, channels, height * width)
+    go = grad_output.reshape(n, channels, -1)
+    grad_input = torch.zeros_like(flat)
+
+    def corner(x, y):
+        """(flat index [n, 1, P] (0 outside), inside [n, 1, P] as the dtype, the values read there)."""
+        inside = ((x >= 0) & (x < width) & (y >= 0) & (y < height)).reshape(n, 1, -1).to(input.dtype)
+        index = (y.clamp(0, height - 1) * width + x.clamp(0, width - 1)).to(torch.int64).reshape(n, 1, -1)
+        values = torch.gather(flat, 2, index.expand(n, channels, -1)) * inside
+        return index, inside, values
+
+    if interpolation_mode == 1:  # nearest: the rounded pixel (half to even, as torch's nearbyint)
+        index, inside, _ = corner(torch.round(ix), torch.round(iy))
+        grad_input = grad_input.scatter_add(2, index.expand(n, channels, -1), go * inside)
+        return (grad_input.reshape(input.shape) if output_mask[0] else None), torch.zeros_like(grid)
+    x0, y0 = torch.floor(ix), torch.floor(iy)
+    tx, ty = (ix - x0).reshape(n, 1, -1), (iy - y0).reshape(n, 1, -1)
+    nw, ne, sw, se = corner(x0, y0), corner(x0 + 1, y0), corner(x0, y0 + 1), corner(x0 + 1, y0 + 1)
+    for (index, inside, _), weight in ((nw, (1 - tx) * (1 - ty)), (ne, tx * (1 - ty)), (sw, (1 - tx) * ty),
+                                       (se, tx * ty)):
+        grad_input = grad_input.scatter_add(2, index.expand(n, channels, -1), go * weight * inside)
+    slope_x = ((ne[2] - nw[2]) * (1 - ty) + (se[2] - sw[2]) * ty) * go
+    slope_y = ((sw[2] - nw[2]) * (1 - tx) + (se[2] - ne[2]) * tx) * go
+    grad_grid = torch.stack([slope_x.sum(1).reshape(dx.shape) * dx, slope_y.sum(1).reshape(dy.shape) * dy], dim=-1)
+    return (grad_input.reshape(input.shape) if output_mask[0] else None), grad_grid
+
+
+def _source_coordinate(coordinate, size: int, padding_mode: int, align_corners: bool):
+    """(the pixel coordinate a normalised grid coordinate reads, its derivative by the grid's): torch's
+    grid_sampler_compute_source_index_set_grad."""
+    if align_corners:
+        pixel, slope = (coordinate + 1) / 2 * (size - 1), (size - 1) / 2
+    else:
+        pixel, slope = ((coordinate + 1) * size - 1) / 2, size / 2
+    slope = torch.full_like(coordinate, slope)
+    if padding_mode == 2:  # reflection about the edges (pixel centres, or the image's borders)
+        low, high = (0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)
+        if low == high:
+            pixel, slope = torch.zeros_like(pixel), torch.zeros_like(slope)
+        else:
+            least, span = low / 2, (high - low) / 2
+            shifted = pixel - least
+            sign = torch.where(shifted < 0, -1.0, 1.0).to(coordinate.dtype)
+            shifted = shifted.abs()
+            extra, flips = torch.fmod(shifted, span), torch.floor(shifted / span)
+            even = torch.remainder(flips, 2) == 0
+            pixel = torch.where(even, extra + least, span - extra + least)
+            slope = slope * torch.where(even, sign, -sign)
+    if padding_mode in (1, 2):  # clipped to the image: no slope where clipped
+        inside = (pixel > 0) & (pixel < size - 1)
+        pixel = pixel.clamp(0, size - 1)
+        slope = slope * inside
+    return pixel, slope
+

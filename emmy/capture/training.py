@@ -64,5 +64,6 @@ def training_decomposition_table() -> dict:
         aten.avg_pool2d_backward.default: backward_ops.avg_pool2d_backward,
         aten._adaptive_avg_pool2d_backward.default: backward_ops.adaptive_avg_pool2d_backward,
         aten._cdist_backward.default: backward_ops.cdist_backward,
+        aten.grid_sampler_2d_backward.default: backward_ops.grid_sampler_2d_backward,
     })
     return table
