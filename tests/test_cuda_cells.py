@@ -18,7 +18,7 @@ def _cell_inputs(bias: bool):
     torch.manual_seed(0)
     return (torch.randn(3, 16, dtype=torch.float64), torch.randn(3, 16, dtype=torch.float64),
             torch.randn(3, 4, dtype=torch.float64),
-            torch.randn(16, dtype=torch.float64) if bias else None, torch.randn(16, dtype=torch.float64) if bias else None)
+            *(torch.randn(16, dtype=torch.float64) if bias else None for _ in range(2)))
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -43,7 +43,8 @@ def test_the_fused_cell_backward_gives_autograd_s_gradients(grads):
     grad_hy = torch.randn_like(hy) if grads != "cell_only" else None
     grad_cy = torch.randn_like(cy) if grads != "hidden_only" else None
     outputs = [t for t, g in ((hy, grad_hy), (cy, grad_cy)) if g is not None]
-    wanted = torch.autograd.grad(outputs, [input_gates, cx, input_bias], [g for g in (grad_hy, grad_cy) if g is not None])
+    wanted = torch.autograd.grad(outputs, [input_gates, cx, input_bias],
+                                 [g for g in (grad_hy, grad_cy) if g is not None])
     got = cuda_cells.lstm_cell_backward(grad_hy, grad_cy, cx.detach(), cy.detach(), workspace.detach(), True)
     for g, w in zip(got, wanted):
         torch.testing.assert_close(g, w)
@@ -68,7 +69,8 @@ def test_a_model_whose_graph_holds_the_fused_cell_trains_with_emmy(caplog):
     model = FusedCell()
     x, h, c = torch.randn(3, 6), torch.randn(3, 4), torch.randn(3, 4)
     with caplog.at_level(logging.INFO, logger="emmy"):
-        out = torch.compile(model, backend="emmy", dynamic=False, options={"simulate": True, "sim_mode": "asan"})(x, h, c)
+        compiled = torch.compile(model, backend="emmy", dynamic=False, options={"simulate": True, "sim_mode": "asan"})
+        out = compiled(x, h, c)
         out.square().sum().backward()
     got = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()

@@ -20,7 +20,7 @@ def _masks():
     causal = nn.Transformer.generate_square_subsequent_mask(L)
     padding = torch.tensor([[False] * L, [False, False, False, True, True]])
     return {"none": {}, "causal": {"src_mask": causal}, "padding": {"src_key_padding_mask": padding},
-            "both": {"src_mask": causal, "src_key_padding_mask": padding},
+            "both": {"src_mask": causal, "src_key_padding_mask": torch.zeros(B, L).masked_fill(padding, float("-inf"))},
             "both_bool": {"src_mask": causal.isinf(), "src_key_padding_mask": padding},
             "bool_attention_mask": {"src_mask": torch.ones(L, L, dtype=torch.bool).triu(1)},
             "masked_row": {"src_mask": torch.ones(L, L, dtype=torch.bool).triu(0)}}

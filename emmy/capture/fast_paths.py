@@ -8,9 +8,10 @@ the layer norms, projections, attention and feed-forward block they compute, so 
 layer instead of leaving it to eager.
 
 The masks are those `MultiheadAttention.merge_masks` hands over: `mask_type` 0 an (L, L) attention
-mask, 1 a (B, L) key padding mask, 2 a mask already expanded to (B, H, L, L). A mask is True, or for a float mask nonzero, where
-a key is masked out: the fused kernels read a float mask as bool, not as added to the scores (the
-Python layer hands over -inf where a key is masked and 0 elsewhere).
+mask, 1 a (B, L) key padding mask, 2 a mask already expanded to (B, H, L, L). A mask is True, or
+for a float mask nonzero, where a key is masked out: the fused kernels read a float mask as bool,
+not as added to the scores (the Python layer hands over -inf where a key is masked and 0
+elsewhere).
 """
 
 from __future__ import annotations
