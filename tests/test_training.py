@@ -164,7 +164,10 @@ def test_a_training_step_compiles_forward_and_backward_and_matches_eager(name, c
 @pytest.mark.parametrize("make_optimizer", [
     lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-2),
     lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1),
-], ids=["sgd_momentum", "adamw"])
+    # the multi-tensor steps optimizers take by default on CUDA tensors (_foreach_* ops)
+    lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, foreach=True),
+    lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, amsgrad=True, foreach=True),
+], ids=["sgd_momentum", "adamw", "sgd_nesterov_foreach", "adamw_amsgrad_foreach"])
 def test_an_optimizer_step_compiles_whole(make_optimizer, caplog):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))

@@ -61,6 +61,7 @@ def decomposition_table() -> dict:
     from emmy.capture.cuda_attention import cuda_attention_decompositions
     from emmy.capture.cuda_cells import cuda_cell_decompositions
     from emmy.capture.fast_paths import fast_path_decompositions
+    from emmy.capture.foreach import foreach_decompositions
 
     table = torch.export.default_decompositions()
     table.update(get_decompositions([getattr(torch.ops.aten, name) for name in DECOMPOSED_TOO]))
@@ -68,6 +69,7 @@ def decomposition_table() -> dict:
     table.update(fast_path_decompositions())
     table.update(cuda_attention_decompositions())
     table.update(cuda_cell_decompositions())
+    table.update(foreach_decompositions())
     for name in KEPT_WHOLE:
         packet, overload = name.split(".")
         op = getattr(getattr(torch.ops.aten, packet), overload)
