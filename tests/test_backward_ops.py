@@ -36,21 +36,24 @@ def test_convolution_backward_matches_torch(shape, weight, stride, padding, dila
     assert only_weight[0] is None and only_weight[2] is None
 
 
-@pytest.mark.parametrize("transposed", [False, True], ids=["conv3d", "conv_transpose3d"])
-def test_3d_convolution_backward_matches_torch_over_drawn_geometries(transposed):
+@pytest.mark.parametrize("spatial, transposed", [(3, False), (3, True), (2, True)],
+                         ids=["conv3d", "conv_transpose3d", "conv_transpose2d"])
+def test_convolution_backward_matches_torch_over_drawn_geometries(spatial, transposed):
+    """Kernels, strides, dilations, paddings, output paddings, groups and sizes drawn at random
+    (legal for torch) for the forms the named cases above do not sweep."""
     rng = torch.Generator().manual_seed(3)
 
-    def draw(lo, hi):
-        return int(torch.randint(lo, hi + 1, (), generator=rng))
+    def draw(lo, hi, count=None):
+        values = [int(torch.randint(lo, hi + 1, (), generator=rng)) for _ in range(count or 1)]
+        return values if count else values[0]
 
     checked = 0
     while checked < 40:
         groups = draw(1, 2)
-        kernel, stride, dilation = ([draw(1, 3) for _ in range(3)] for _ in range(3))
-        dilation = [min(d, 2) for d in dilation]
-        padding = [draw(0, dilation[a] * (kernel[a] - 1) if transposed else kernel[a] // 2) for a in range(3)]
-        output_padding = [draw(0, max(stride[a], dilation[a]) - 1) if transposed else 0 for a in range(3)]
-        x = torch.randn(2, 2 * groups, draw(1, 5), draw(1, 5), draw(1, 5), dtype=torch.float64, generator=rng)
+        kernel, stride, dilation = draw(1, 3, spatial), draw(1, 3, spatial), draw(1, 2, spatial)
+        padding = [draw(0, dilation[a] * (kernel[a] - 1) if transposed else kernel[a] // 2) for a in range(spatial)]
+        output_padding = [draw(0, max(stride[a], dilation[a]) - 1) if transposed else 0 for a in range(spatial)]
+        x = torch.randn(2, 2 * groups, *draw(1, 5, spatial), dtype=torch.float64, generator=rng)
         w = torch.randn(2 * groups if transposed else draw(1, 2) * groups, draw(1, 3) if transposed else 2, *kernel,
                         dtype=torch.float64, generator=rng)
         try:
@@ -85,28 +88,6 @@ def test_transposed_convolution_backward_matches_torch(shape, weight, stride, pa
     torch.manual_seed(0)
     x, w = torch.randn(shape, dtype=torch.float64), torch.randn(weight, dtype=torch.float64)
     _transposed_backward_matches_torch(x, w, stride, padding, output_padding, dilation, groups)
-
-
-def test_transposed_convolution_backward_matches_torch_over_drawn_geometries():
-    rng = torch.Generator().manual_seed(11)
-
-    def draw(lo, hi):
-        return int(torch.randint(lo, hi + 1, (), generator=rng))
-
-    checked = 0
-    while checked < 60:
-        groups = draw(1, 2)
-        kernel, stride, dilation = [draw(1, 4), draw(1, 4)], [draw(1, 3), draw(1, 3)], [draw(1, 2), draw(1, 2)]
-        padding = [draw(0, dilation[a] * (kernel[a] - 1)) for a in range(2)]
-        output_padding = [draw(0, max(stride[a], dilation[a]) - 1) for a in range(2)]
-        x = torch.randn(2, 2 * groups, draw(1, 6), draw(1, 6), dtype=torch.float64, generator=rng)
-        w = torch.randn(2 * groups, draw(1, 3), *kernel, dtype=torch.float64, generator=rng)
-        try:
-            aten.convolution(x, w, None, stride, padding, dilation, True, output_padding, groups)
-        except RuntimeError:
-            continue  # an output of no positions
-        checked += 1
-        _transposed_backward_matches_torch(x, w, stride, padding, output_padding, dilation, groups)
 
 
 @pytest.mark.parametrize("shape, kernel, stride, padding, dilation, ceil_mode", [
