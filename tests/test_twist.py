@@ -232,3 +232,18 @@ def test_a_softmax_over_a_dot_that_is_not_flash_attention_lowers_as_rows(code):
     program = emmy.optimize(code, target="sm_90")
     assert all(kernel_shape(k).kind != "attention" for k in program.loop_ir.kernels)
     assert all(c.ok for c in check_program(program, mode="asan"))
+
+
+def test_attention_nested_in_a_fold_over_heads_is_a_row_kernel():
+    # sdpa(...).mean(1) fused into one kernel folds over the heads around the softmax fold; it was
+    # taken for flash attention, whose lowering refuses it (NotLoweredError "flash attention needs
+    # one softmax-twisted fold first"), so extraction could only price it as unlowerable
+    from emmy.schedule.shape import kernel_shape
+
+    program = emmy.optimize("q=torch.randn(2,3,5,8); k=torch.randn(2,3,7,8); v=torch.randn(2,3,7,4); "
+                            "F.scaled_dot_product_attention(q, k, v).mean(1)", target="sm_90")
+    (kernel,) = _one_pass_fully_fused(program).kernels
+    softmax_folds = [l for l in _loops(kernel.body) if any(isinstance(s, Update) for s in l.body)]
+    assert softmax_folds and any(softmax_folds[0] in _loops(l.body) for l in _loops(kernel.body))  # nested
+    assert kernel_shape(kernel).kind == "column"
+    assert all(c.ok for c in check_program(program, mode="asan"))
