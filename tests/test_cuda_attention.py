@@ -23,7 +23,7 @@ def _inputs(heads=4, key_heads=4, queries=10, keys=12, dtype=torch.float64):
 
 
 def _reference(q, k, v, bias=None, is_causal=False, scale=None):
-    """torch's math: output and log-sum-exp (0 where a query sees no key)."""
+    """torch's math: output and log-sum-exp (both 0 where a query sees no key)."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = q @ k.transpose(-1, -2) * (scale or q.shape[-1] ** -0.5)
@@ -31,8 +31,9 @@ def _reference(q, k, v, bias=None, is_causal=False, scale=None):
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
     if bias is not None:
         s = s.masked_fill(~bias, float("-inf")) if bias.dtype == torch.bool else s + bias
-    lse = torch.logsumexp(s, -1)
-    return torch.softmax(s, -1) @ v, torch.where(lse == float("-inf"), 0.0, lse)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    blind = lse == float("-inf")  # a query that sees no key: 0, as F.scaled_dot_product_attention gives
+    return torch.where(blind, 0.0, torch.softmax(s, -1) @ v), torch.where(blind, 0.0, lse).squeeze(-1)
 
 
 @pytest.mark.parametrize("case", ["plain", "causal_rectangular", "grouped_heads", "scaled"])
@@ -55,11 +56,11 @@ def test_efficient_and_cudnn_attention_take_a_bias_and_pad_their_log_sum_exp_as_
         bias = torch.randn(2, 1, 40, 12, dtype=torch.float64)
     elif bias_kind == "bool_with_a_blind_query":
         bias = torch.rand(40, 12) > 0.3
-        bias[3] = False  # query 3 sees no key: NaN output, log-sum-exp 0
+        bias[3] = False  # query 3 sees no key: output and log-sum-exp 0
     decomposed = cuda_attention.efficient_attention if op == "efficient" else cuda_attention.cudnn_attention
     got = decomposed(q, k, v, bias, True, 0.0, True)
     want_out, want_lse = _reference(q, k, v, bias, is_causal=True)
-    torch.testing.assert_close(got[0], want_out, equal_nan=True)
+    torch.testing.assert_close(got[0], want_out)
     with torch._subclasses.FakeTensorMode() as mode:  # the shapes torch's kernel returns
         fake = [mode.from_tensor(t) if t is not None else None for t in (q, k, v, bias)]
         op_shapes = [tuple(t.shape) for t in getattr(aten, f"_scaled_dot_product_{op}_attention")(
@@ -128,3 +129,29 @@ def test_a_model_whose_graph_holds_a_cuda_attention_kernel_trains_with_emmy(op, 
     messages = [r.getMessage() for r in caplog.records]
     assert not [m for m in messages if "not supported" in m]
     assert sum(m.startswith("emmy: compiled fused_") for m in messages) == 2  # forward and backward
+
+
+def test_a_value_head_narrower_than_the_query_s_takes_the_math_with_torch_s_blind_rows():
+    # the CPU attention op needs equal head widths; the efficient kernel does not
+    q, k, _ = _inputs(queries=6)
+    v = torch.randn(2, 4, 12, 5, dtype=torch.float64)
+    bias = torch.rand(6, 12) > 0.3
+    bias[2] = False
+    got = cuda_attention.efficient_attention(q, k, v, bias, True, 0.0, False)
+    want_out, want_lse = _reference(q, k, v, bias)
+    torch.testing.assert_close(got[0], want_out)
+    torch.testing.assert_close(got[1][..., :6], want_lse.float())
+
+
+def test_the_decomposed_kernel_compiles_to_one_flash_attention_kernel():
+    # spelled as scores, a loaded causal triangle and a softmax, the e-graph kept three kernels
+    # (the scores materialised); the CPU attention op is lowered whole, its causal mask a bound
+    import emmy
+    from emmy.schedule.shape import kernel_shape
+
+    q, k, v = (torch.randn(1, 2, 64, 16, dtype=torch.float16) for _ in range(3))
+    program = emmy.optimize(lambda q, k, v: cuda_attention.flash_attention(q, k, v, 0.0, True)[0], q, k, v)
+    assert [kernel_shape(kernel).kind for kernel in program.loop_ir.kernels] == ["attention"]
+    torch.testing.assert_close(program(q, k, v), F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                                                is_causal=True).half(),
+                               atol=2e-3, rtol=2e-3)

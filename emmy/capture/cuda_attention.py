@@ -9,8 +9,9 @@ softmax, weighted sum: the form the e-graph turns back into one flash-attention 
 log-sum-exp in the shape each op returns, and their backward ops into
 emmy.capture.backward_ops'. Dropout inside attention (training with dropout_p > 0) stays torch's.
 
-Conventions shared with the CPU attention op: causal masks are top-left aligned (query l sees keys
-s <= l); a query that sees no key has log-sum-exp 0; query heads may share key heads in groups.
+Conventions shared with the CPU attention op and scaled_dot_product_attention: causal masks are
+top-left aligned (query l sees keys s <= l); a query that sees no key gives 0 and has log-sum-exp
+0; query heads may share key heads in groups.
 """
 
 from __future__ import annotations
@@ -42,15 +43,26 @@ def _scores(query, key, bias, is_causal: bool, scale):
 
 
 def _attention(query, key, value, bias, is_causal: bool, scale):
-    """(output in the query's dtype, log-sum-exp [.., L] in f32, 0 where a query sees no key)."""
-    scores = _scores(query, key, bias, is_causal, scale)
+    """(output in the query's dtype, log-sum-exp [.., L] in f32, 0 where a query sees no key). Where
+    the value head is as wide as the query's, as the CPU attention op needs, that op computes both
+    (emmy lowers it whole: one flash kernel, a causal mask as a bound on the keys, not a loaded
+    triangle); otherwise the math, which the e-graph fuses where it can."""
     group = query.shape[-3] // value.shape[-3]
     if group > 1:
-        value = value.repeat_interleave(group, dim=-3)
-    out = torch.matmul(torch.softmax(scores, dim=-1), value.to(scores.dtype)).to(query.dtype)
-    lse = torch.logsumexp(scores, dim=-1)
-    lse = torch.where(lse == float("-inf"), 0.0, lse).to(torch.float32)
-    return out, lse
+        key, value = key.repeat_interleave(group, dim=-3), value.repeat_interleave(group, dim=-3)
+    if value.shape[-1] == query.shape[-1] and query.dim() == 4:
+        if bias is not None:  # the op takes an additive mask of the query's dtype
+            bias = torch.zeros(bias.shape, dtype=query.dtype, device=bias.device).masked_fill(~bias, float("-inf")) \
+                if bias.dtype == torch.bool else bias.to(query.dtype)
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal,
+                                                                   attn_mask=bias, scale=scale)
+        return out, lse.to(torch.float32)
+    scores = _scores(query, key, bias, is_causal, scale)
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    blind = lse == float("-inf")  # a query that sees no key gives 0, as scaled_dot_product_attention does
+    out = torch.matmul(torch.softmax(scores, dim=-1), value.to(scores.dtype))
+    out = torch.where(blind, 0.0, out).to(query.dtype)
+    return out, torch.where(blind, 0.0, lse).squeeze(-1).to(torch.float32)
 
 
 def _seed():
