@@ -4,10 +4,11 @@
 graphs hold `_scaled_dot_product_flash_attention`, `_scaled_dot_product_efficient_attention` or
 `_scaled_dot_product_cudnn_attention` (each returning the output, the log-sum-exp a backward reads,
 and the random-number state of its dropout), and a training graph their backward ops. emmy has no
-lowering of those kernels: they are decomposed here into the attention they compute (scores, mask,
-softmax, weighted sum: the form the e-graph turns back into one flash-attention kernel) and a
-log-sum-exp in the shape each op returns, and their backward ops into
-emmy.capture.backward_ops'. Dropout inside attention (training with dropout_p > 0) stays torch's.
+lowering of those kernels: each is decomposed here into the CPU attention op, which emmy lowers
+whole as one flash-attention kernel (or, where the value head is narrower than the query's, which
+that op does not take, into the math), with its log-sum-exp in the shape the kernel returns; their
+backward ops into emmy.capture.backward_ops'. Dropout inside attention (training with
+dropout_p > 0) stays torch's.
 
 Conventions shared with the CPU attention op and scaled_dot_product_attention: causal masks are
 top-left aligned (query l sees keys s <= l); a query that sees no key gives 0 and has log-sum-exp
