@@ -301,9 +301,9 @@ def _attention(outer, reductions):
     whose element holds a contraction: q.k inside, the weights v read beside it. The fold is the
     kernel's outermost: one nested in another fold (attention averaged over heads in the same
     kernel) is a row's work, which the flash template does not do."""
-    nested = {id(s) for r in reductions for s in statements(r.body) if isinstance(s, Loop) and s.reduction}
+    inner_folds = {id(s) for r in reductions for s in statements(r.body) if isinstance(s, Loop) and s.reduction}
     for fold in reductions:
-        if id(fold) in nested or not any(isinstance(s, Update) for s in fold.body):
+        if id(fold) in inner_folds or not any(isinstance(s, Update) for s in fold.body):
             continue
         nested = [s for s in fold.body if isinstance(s, Loop) and s.reduction]
         if len(nested) != 1:
