@@ -28,19 +28,13 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, dropou
         return NotImplemented  # its random mask is torch's
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
     q, k, v, g, o = (t.to(acc) for t in (query, key, value, grad_out, out))
-    n, heads, length, _ = q.shape
+    n, heads = q.shape[:2]
     key_heads, keys = k.shape[1], k.shape[2]
     group = heads // key_heads
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if is_causal:
-        visible = torch.ones(length, keys, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~visible, float("-inf"))
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-            else scores + attn_mask.to(acc)
+    scores = masked_scores(q, k, attn_mask, is_causal, scale)
     probs = torch.exp(scores - logsumexp.to(acc).unsqueeze(-1))
     grad_v = torch.matmul(probs.transpose(-2, -1), g)
     grad_scores = probs * (torch.matmul(g, v.transpose(-2, -1)) - (g * o).sum(dim=-1, keepdim=True)) * scale
@@ -50,6 +44,20 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, dropou
         grad_k = grad_k.view(n, key_heads, group, keys, -1).sum(dim=2)
         grad_v = grad_v.view(n, key_heads, group, keys, -1).sum(dim=2)
     return grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v.to(value.dtype)
+
+
+def masked_scores(q, k, attn_mask, is_causal: bool, scale):
+    """q k^T * scale [.., L, S] in q's dtype, -inf where a causal (top-left) or bool mask hides a
+    key, a float mask added."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if is_causal:
+        visible = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~visible, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+            else scores + attn_mask.to(scores.dtype)
+    return scores
 
 
 def convolution_backward(grad_out, x, weight, bias_sizes, stride, padding, dilation, transposed,

@@ -27,20 +27,13 @@ aten = torch.ops.aten
 
 
 def _scores(query, key, bias, is_causal: bool, scale):
-    """The masked, scaled scores [.., L, S] in f32 (f64 for f64 inputs), and key repeated to the
+    """The masked, scaled scores [.., L, S] in f32 (f64 for f64 inputs), key repeated to the
     query's heads."""
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
     group = query.shape[-3] // key.shape[-3]
     if group > 1:
         key = key.repeat_interleave(group, dim=-3)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = torch.matmul(query.to(acc), key.to(acc).transpose(-2, -1)) * scale
-    if is_causal:
-        visible = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
-        scores = scores.masked_fill(~visible, float("-inf"))
-    if bias is not None:
-        scores = scores.masked_fill(~bias, float("-inf")) if bias.dtype == torch.bool else scores + bias.to(acc)
-    return scores
+    return backward_ops.masked_scores(query.to(acc), key.to(acc), bias, is_causal, scale)
 
 
 def _attention(query, key, value, bias, is_causal: bool, scale):

@@ -22,11 +22,9 @@ import torch
 import torch.nn.functional as F
 
 
-def _broadcast_mask(mask: torch.Tensor, mask_type: int | None, batch: int, heads: int, queries: int,
-                    keys: int) -> torch.Tensor:
+def _broadcast_mask(mask: torch.Tensor, mask_type: int | None, batch: int, queries: int, keys: int) -> torch.Tensor:
     """The mask as (B, H, L, S) or something that broadcasts to it."""
-    if mask_type == 1 or (mask_type is None and mask.dim() == 2 and mask.shape == (batch, keys)
-                          and (batch, keys) != (queries, keys)):
+    if mask_type == 1:
         return mask.view(batch, 1, 1, keys)
     if mask.dim() == 3:
         return mask.view(batch, -1, queries, keys)
@@ -50,7 +48,7 @@ def _attention(query, key, value, embed_dim: int, heads: int, qkv_weight, qkv_bi
     v = heads_of(value, w_v, b_v, keys)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(head_dim)
     if mask is not None:
-        mask = _broadcast_mask(mask, mask_type, batch, heads, queries, keys)
+        mask = _broadcast_mask(mask, mask_type, batch, queries, keys)
         # torch's fused kernels read a float mask as bool: any nonzero entry masks its key out
         scores = scores.masked_fill(mask if mask.dtype == torch.bool else mask != 0, float("-inf"))
     weights = scores.softmax(-1)
