@@ -11,6 +11,8 @@ addcmul and addcdiv) is read element by element too.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 aten = torch.ops.aten
@@ -56,6 +58,7 @@ def per_tensor(name: str, overload: str):
     return decomposed
 
 
+@functools.cache  # torch's op schemas do not change in a process; every capture builds its table
 def foreach_decompositions() -> dict:
     names = sorted({s.name.split("::")[1] for s in torch._C._jit_get_all_schemas()
                     if s.name.startswith("aten::_foreach_") and not s.name.endswith("_")})
