@@ -104,7 +104,9 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     """`loop_cost`: the kernel's extract.loop_cost.KernelCost (bytes and operation counts)."""
     g = geometry(shape, row)
     isz = shape.itemsize
-    moved = _bytes(shape, g, loop_cost)
+    # a causal attention's blocks stop at their last unmasked key (emmy.schedule.key_bounds)
+    live = shape.key_bound.fraction(g.tile_m, g.tile_k) if shape.kind == "attention" and shape.key_bound else 1.0
+    moved = _bytes(shape, g, loop_cost, live)
     coalescing = 0.85 + 0.15 * min(1.0, g.vec * isz / 16)
     registers = _registers(shape, row, g, loop_cost)
     # a block of T threads gets at most the SM's registers over T each (64 at 1024 threads)
@@ -117,7 +119,7 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
 
     tensor_flops = _tensor_flops(shape) if g.mma else 0.0
     rate = target.bf16_tensor_flops if shape.mma == "bf16" else target.tensor_flops
-    tensor_s = tensor_flops / rate
+    tensor_s = tensor_flops * live / rate
     if shape.kind == "contraction" and g.mma and g.stage_depth:  # or the shared memory feeding its atoms
         tensor_s = max(tensor_s, mma_fragment_bytes(shape, row, g) / target.smem_bandwidth)
     # the products the tensor cores take over leave the FMA pipes (one FMA each: 2 FLOP)
@@ -125,11 +127,12 @@ def predict(shape: KernelShape, row: Schedule, target, loop_cost) -> Breakdown:
     if shape.kind == "attention":
         # the Loop IR rescales z at every key; a flash block rescales once per BN keys
         arith -= shape.rows * shape.red * shape.cols * shape.batch * (1 - 1 / g.tile_k)
+        arith *= live
     if shape.kind == "contraction" and g.mma and shape.prologue:
         arith += _fragment_prologue_ops(shape, row, g)
     arith = max(0.0, arith)
     arith_s = arith / (target.fp32_flops / 2) + loop_cost.f64_ops / (target.fp32_flops / 2 * target.fp64_fraction)
-    special_s = loop_cost.special_ops / (target.fp32_flops / 2 * target.sfu_fraction)
+    special_s = loop_cost.special_ops * live / (target.fp32_flops / 2 * target.sfu_fraction)
 
     resident = max(1, min(target.blocks_per_sm, target.threads_per_sm // g.threads,
                           target.smem_per_sm // g.smem_bytes if g.smem_bytes else target.blocks_per_sm,
@@ -350,12 +353,13 @@ def _tensor_flops(shape: KernelShape) -> float:
     return 0.0
 
 
-def _bytes(shape: KernelShape, g, loop_cost) -> float:
+def _bytes(shape: KernelShape, g, loop_cost, live: float = 1.0) -> float:
+    """`live`: the share of its keys an attention block walks."""
     isz = shape.itemsize
     base = loop_cost.bytes_read + loop_cost.bytes_written
     if shape.kind == "attention":
         q = shape.rows * shape.inner * shape.batch * isz
-        kv = shape.red * (shape.inner + shape.cols) * shape.batch * isz * ceil(shape.rows / g.tile_m)
+        kv = shape.red * (shape.inner + shape.cols) * shape.batch * isz * ceil(shape.rows / g.tile_m) * live
         return q + kv * (1.0 if g.stage_depth else 1.5) + loop_cost.bytes_written
     return base
 

@@ -27,6 +27,7 @@ from emmy.affine import Dim, FloorDiv, Mod
 from emmy.dtypes import DType
 from emmy.loop_ir.nodes import Accumulate, Assign, Kernel, Load, Loop, Op, Update, parallel_loops, statements
 from emmy.schedule.held import held_loads, invariant_loads
+from emmy.schedule.key_bounds import KeyBound, key_end_guards
 
 _MMA_DTYPES = {DType.F16: "f16", DType.BF16: "bf16"}
 
@@ -58,6 +59,7 @@ class KernelShape:
     n_vars: tuple[int, ...] = ()  # ... only the second operand reads
     panel_loads: tuple[int, int] = (1, 1)  # contraction: loads walking K on the A side, on the B side (staged each)
     panel_bytes: tuple[int, int] = (4, 4)  # the same loads' element bytes summed per side: a stage's bytes per row
+    key_bound: KeyBound | None = None  # attention: a causal mask's bound on each block's keys (key_bounds)
 
     def signature(self) -> str:
         """What a measurement of this kernel is keyed by, besides knobs and GPU: kind, extents, types."""
@@ -67,6 +69,8 @@ class KernelShape:
             flags += f" prologue_ops={self.prologue_ops[0]},{self.prologue_ops[1]}"
         if self.panel_loads != (1, 1):
             flags += f" panels={self.panel_loads[0]},{self.panel_loads[1]}"
+        if self.key_bound is not None:
+            flags += " key_bound"
         return (f"{self.kind} rows={self.rows} cols={self.cols} red={self.red} inner={self.inner} "
                 f"batch={self.batch} itemsize={self.itemsize}" + (f" mma={self.mma}" if self.mma else "") + flags)
 
@@ -80,7 +84,7 @@ class KernelShape:
         if self.kind == "attention":
             dims = f"{self.rows} queries x {self.red} keys, head {self.inner}, values {self.cols}"
             return f"attention {dims}" + (f" (batch {self.batch})" if self.batch > 1 else "") + \
-                (f", {self.mma} operands" if self.mma else "")
+                (f", {self.mma} operands" if self.mma else "") + (", causal" if self.key_bound else "")
         dims = f"{self.rows}x{self.cols}x{self.red}" + (f" (batch {self.batch})" if self.batch > 1 else "")
         return f"contraction {dims}" + (f", {self.mma} operands" if self.mma else "") + \
             (", elementwise operand prologue" if self.prologue else "")
@@ -111,10 +115,10 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
     # (softmax probabilities written out, a bias over heads beside the q.k dot) is a row reduction
     attention = None if sweep else _attention(outer, reductions)
     if attention is not None:
-        rows, cols, batch, inner, mma, m_vars, n_vars = attention
+        rows, cols, batch, inner, mma, m_vars, n_vars, key_bound = attention
         return KernelShape(kernel.name, "attention", rows, cols, red, inner, itemsize, batch=batch, sweep=False,
                            epilogue=True, mma=mma, free_vars=tuple(l[0] for l in outer), m_vars=m_vars,
-                           n_vars=n_vars)
+                           n_vars=n_vars, key_bound=key_bound)
     contraction = _contraction(kernel, stmts, outer, reductions)
     if contraction is not None:
         rows, cols, batch, mma, m_vars, n_vars, prologue_ops = contraction
@@ -327,8 +331,12 @@ def _attention(outer, reductions):
         batch = prod(extents[v] for v in extents if v not in m_vars and v not in n_vars)
         dtypes = {s.dtype for s in inside + beside}
         mma = _MMA_DTYPES.get(dtypes.pop(), "") if len(dtypes) == 1 else ""
+        batch_vars = tuple(v for v in extents if v not in m_vars and v not in n_vars)
+        guards = key_end_guards(fold.body, fold.var, set(m_vars) | set(batch_vars))
+        key_bound = KeyBound(guards, fold.var, fold.extent, tuple((v, extents[v]) for v in m_vars),
+                             tuple((v, extents[v]) for v in batch_vars)) if guards else None
         return (prod(extents[v] for v in m_vars), prod(extents[v] for v in n_vars), batch, nested[0].extent, mma,
-                m_vars, n_vars)
+                m_vars, n_vars, key_bound)
     return None
 
 
