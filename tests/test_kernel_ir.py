@@ -51,7 +51,13 @@ def test_rmsnorm_cuda_carries_its_knob_row_and_calls_the_runtime_header(tmp_path
     assert text.count("__syncthreads();") == 3
 
 
-@pytest.mark.parametrize("name", LOWERED)
+# the full-size programs the simulator runs at a smaller shape; every other workload's chosen kernels
+# are the first of the rows tests/test_nvcc.py builds for each target (its sampled rows start with
+# the chosen row), so nvcc builds them there
+FULL_SIZE = [name for name in LOWERED if get(name).sim_code]
+
+
+@pytest.mark.parametrize("name", FULL_SIZE)
 def test_emitted_cuda_compiles_with_nvcc_for_every_target_without_spills(name, tmp_path):
     from emmy.sim.build import HEADERS
 
