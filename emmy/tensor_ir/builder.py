@@ -37,12 +37,20 @@ class GraphBuilder:
         self._constants: dict[tuple, str] = {}
         self.origin = ""  # provenance stamped on every node made until changed
         self.base = "t"  # name stem for the nodes of the op being decomposed
+        self._taken_below: dict[str, int] = {}  # stem -> k: the stem and stem_1 .. stem_<k-1> are taken
 
     # -- naming ---------------------------------------------------------
     def fresh(self, stem: str) -> str:
-        name, k = stem, 1
+        """`stem`, else `stem_<k>` with the least k free (the name is not taken until a node has it).
+        Names are never given back, so the search for a stem goes on from where its last one
+        ended: a program of thousands of ops spelt alike would otherwise walk every earlier suffix
+        each time."""
+        k = self._taken_below.get(stem, 0)
+        name = stem if k == 0 else f"{stem}_{k}"
         while name in self.types:
-            name, k = f"{stem}_{k}", k + 1
+            k += 1
+            name = f"{stem}_{k}"
+        self._taken_below[stem] = k
         return name
 
     def _add(self, node: Node) -> str:
