@@ -298,7 +298,8 @@ def _render_flash_mma(n: K.FlashMma, template, k: K.KernelIR, types) -> str:
         n=n, T=STORAGE[n.q.dtype], ROWS=prod(e for _, e in n.row_vars), COLS=cols, D=n.inner_extent,
         NA=-(-cols // 8), chunks=chunks, panels=[{"o": o, **panel_copy(o, n.how)} for o in (n.k, n.v)],
         r_dec=_decomposition(n.row_vars), c_dec=_decomposition(n.col_vars), b_dec=_decomposition(n.batch_vars),
-        score_lines=_lines(n.scores, types), epilogue=_lines(n.epilogue, types))
+        score_lines=_lines(n.scores, types), epilogue=_lines(n.epilogue, types),
+        score_loads=any(isinstance(x, L.Assign) and isinstance(x.expr, L.Load) for x in n.scores))
 
 
 # One renderer per Kernel IR node type; each fills its node's template (cuda_templates/kernel_ir/<Type>.j2).

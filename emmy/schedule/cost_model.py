@@ -360,7 +360,8 @@ def _bytes(shape: KernelShape, g, loop_cost, live: float = 1.0) -> float:
     if shape.kind == "attention":
         q = shape.rows * shape.inner * shape.batch * isz
         kv = shape.red * (shape.inner + shape.cols) * shape.batch * isz * ceil(shape.rows / g.tile_m) * live
-        return q + kv * (1.0 if g.stage_depth else 1.5) + loop_cost.bytes_written
+        scores = shape.rows * shape.red * shape.batch * shape.score_bytes * live  # a mask read per score
+        return q + kv * (1.0 if g.stage_depth else 1.5) + scores + loop_cost.bytes_written
     return base
 
 
