@@ -81,3 +81,36 @@ def test_masked_attention_on_tensor_cores_reads_the_mask_inside_its_buffer_and_m
     with torch.no_grad():
         expected = model(*(t.float() for t in inputs))
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def _sdpa_with_mask(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _padding_mask(queries: int, keys: int, blind: int) -> torch.Tensor:
+    """Keys past 3/4 hidden from every query, and query `blind` sees no key at all."""
+    mask = torch.ones(queries, keys, dtype=torch.bool)
+    mask[:, keys * 3 // 4:] = False
+    mask[blind] = False
+    return mask
+
+
+def test_sdpa_with_a_mask_is_a_flash_kernel_beside_its_row_test():
+    """The mask's row test (a query that sees no key gives 0) is a reduction of its own: fusing the
+    scores into the flash kernel pays only with that test cut out of it, a move of two cuts at once
+    (emmy.egraph.search); each alone costs more, so the scores used to be materialized."""
+    inputs = [torch.randn(1, 8, 512, 64, dtype=torch.float16) for _ in range(3)]
+    mask = _padding_mask(512, 512, blind=5)
+    program = emmy.optimize(_sdpa_with_mask, *inputs, mask, stop_after="tile")
+    kinds = sorted(kernel_shape(k).kind for k in program.loop_ir.kernels)
+    assert "attention" in kinds and len(kinds) == 2, kinds
+
+
+def test_sdpa_with_a_mask_runs_right_with_a_query_that_sees_no_key():
+    inputs = _inputs(40)
+    mask = _padding_mask(40, 40, blind=3)
+    program = emmy.optimize(_sdpa_with_mask, *inputs, mask)
+    out = program(*inputs, mask, sim_mode="asan")
+    expected = _sdpa_with_mask(*(t.float() for t in inputs), mask)
+    assert torch.all(out[:, :, 3] == 0)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)

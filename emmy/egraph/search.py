@@ -19,7 +19,9 @@ local search over moves, each priced by re-lowering only the kernels it changes:
    shared elementwise work; switch a fold
    between its one-pass and multi-pass form, with the folds that come alive either fused
    or materialized; fuse every reduction a kernel reads into it at once (each alone may
-   cost more while all together remove their kernels).
+   cost more while all together remove their kernels); fuse a reduction into the kernel
+   that reads it while cutting another reduction out of that kernel (a masked attention:
+   its scores into the flash kernel, its mask's row test out of it).
 3. A move is kept when it lowers the price; rounds repeat until none does (or the round
    limit or the time budget runs out, which the report says). Each move touches the kernels
    whose region holds the classes it changes, and kernel prices are memoized by signature,
@@ -268,6 +270,20 @@ class BoundarySearch:
                 group(*(Move("boundary", root, tuple(sorted(set(cuts))),
                              what=f"the reductions {self.name(root)} reads, cut out of it")
                         for cuts in itertools.product(*sites)))
+        # A reduction fused into the kernel that reads it while another reduction there is cut out:
+        # each alone can cost more (two folds in one kernel are no flash attention; the other one
+        # alone in a kernel of its own saves nothing) where together they make the cheap form (a
+        # masked attention's scores fused into one flash kernel, its mask's row test a kernel apart)
+        for cut in sorted(self.kernels.boundaries):
+            if not (cut in regions and flippable(cut) and any(chosen.is_heavy(m) for m in regions[cut])):
+                continue  # a kernel with a reduction (cut at the reduction or at its top)
+            for reader in sorted(self.kernels.members.get(cut, ()) - {cut}):
+                swaps = [(cut, other) for c in sorted(regions[reader])
+                         if c not in (reader, cut) and chosen.is_heavy(c) and c not in self.kernels.boundaries
+                         for other in dict.fromkeys((c, top_of(chosen, c)))
+                         if other != reader and other not in self.kernels.boundaries and flippable(other)]
+                group(*(Move("boundary", cut, flips, what=f"{self.name(cut)} fused into the kernel that reads it, "
+                             f"{self.name(flips[1])} cut out of it") for flips in swaps))
         return groups
 
     # -- applying and undoing ----------------------------------------------------
