@@ -19,9 +19,11 @@ local search over moves, each priced by re-lowering only the kernels it changes:
    shared elementwise work; switch a fold
    between its one-pass and multi-pass form, with the folds that come alive either fused
    or materialized; fuse every reduction a kernel reads into it at once (each alone may
-   cost more while all together remove their kernels); fuse a reduction into the kernel
-   that reads it while cutting another reduction out of that kernel (a masked attention:
-   its scores into the flash kernel, its mask's row test out of it).
+   cost more while all together remove their kernels); and, once a round keeps nothing,
+   fuse a reduction into the kernel that reads it while cutting another reduction out of
+   that kernel (a masked attention: its scores into the flash kernel, its mask's row test
+   out of it). Offered only at convergence, the search takes the same path as without them
+   up to there, and each one kept lowers the price it ends with.
 3. A move is kept when it lowers the price; rounds repeat until none does (or the round
    limit or the time budget runs out, which the report says). Each move touches the kernels
    whose region holds the classes it changes, and kernel prices are memoized by signature,
@@ -206,6 +208,7 @@ class BoundarySearch:
         self.seconds = seconds
         self.kernels = Kernels(chosen, initial_boundaries(chosen), price)
         self.report = SearchReport()
+        self.swaps = False  # whether the moves take the two-cut swaps (from the first converged round on)
 
     # -- moves ----------------------------------------------------------------
     def moves(self) -> list[list[Move]]:
@@ -270,10 +273,19 @@ class BoundarySearch:
                 group(*(Move("boundary", root, tuple(sorted(set(cuts))),
                              what=f"the reductions {self.name(root)} reads, cut out of it")
                         for cuts in itertools.product(*sites)))
-        # A reduction fused into the kernel that reads it while another reduction there is cut out:
-        # each alone can cost more (two folds in one kernel are no flash attention; the other one
-        # alone in a kernel of its own saves nothing) where together they make the cheap form (a
-        # masked attention's scores fused into one flash kernel, its mask's row test a kernel apart)
+        if self.swaps:
+            groups += self._swap_groups()
+        return groups
+
+    def _flippable(self, cid: str) -> bool:
+        return cid not in self.chosen.required() and self.chosen.optional(cid)
+
+    def _swap_groups(self) -> list[list[Move]]:
+        """A reduction fused into the kernel that reads it while another reduction there is cut out:
+        each alone can cost more (two folds in one kernel are no flash attention; the other one alone
+        in a kernel of its own saves nothing) where together they make the cheap form (a masked
+        attention's scores fused into one flash kernel, its mask's row test a kernel apart)."""
+        chosen, regions, groups, flippable = self.chosen, self.kernels.regions, [], self._flippable
         for cut in sorted(self.kernels.boundaries):
             if not (cut in regions and flippable(cut) and any(chosen.is_heavy(m) for m in regions[cut])):
                 continue  # a kernel with a reduction (cut at the reduction or at its top)
@@ -282,8 +294,9 @@ class BoundarySearch:
                          if c not in (reader, cut) and chosen.is_heavy(c) and c not in self.kernels.boundaries
                          for other in dict.fromkeys((c, top_of(chosen, c)))
                          if other != reader and other not in self.kernels.boundaries and flippable(other)]
-                group(*(Move("boundary", cut, flips, what=f"{self.name(cut)} fused into the kernel that reads it, "
-                             f"{self.name(flips[1])} cut out of it") for flips in swaps))
+                if swaps:
+                    groups.append([Move("boundary", cut, flips, what=f"{self.name(cut)} fused into the kernel that "
+                                        f"reads it, {self.name(flips[1])} cut out of it") for flips in swaps])
         return groups
 
     # -- applying and undoing ----------------------------------------------------
@@ -335,9 +348,27 @@ class BoundarySearch:
                 report.stopped_by = "rounds"
                 break
             report.rounds += 1
-            kept = 0
             evaluations = {}
-            groups = self.moves()
+            kept = self._round(self.moves(), evaluations, start)
+            if not kept and not report.stopped_by and not self.swaps:
+                # converged: now the moves of two cuts at once too, which a search offering them from
+                # the start could trade for a worse end (a local search follows its path); from here
+                # each one kept lowers the price of the program the search ends with
+                self.swaps = True
+                kept = self._round(self._swap_groups(), evaluations, start)
+            last = evaluations
+            if report.stopped_by or not kept:
+                break
+        report.seconds = time.perf_counter() - start
+        report.kernels_lowered = self.kernels.lowered_count
+        report.kernels_refused = self.kernels.refused_count
+        return SearchResult(self.kernels, self._decisions(last), report, self)
+
+    def _round(self, groups: list[list[Move]], evaluations: dict, start: float) -> int:
+        """Price every group's moves against the program, keeping the best improving one of each
+        (`evaluations` gets the prices of the groups that kept none); the moves kept."""
+        report, kept = self.report, 0
+        if groups:
             self._speculate([move for moves in groups for move in moves], start + self.seconds)
             kept += self._repair(groups)
             for moves in groups:
@@ -363,13 +394,7 @@ class BoundarySearch:
                     evaluations.clear()  # prices seen so far were against an older program
                 else:
                     evaluations.update({move: (delta, total) for delta, move in priced})
-            last = evaluations
-            if report.stopped_by or not kept:
-                break
-        report.seconds = time.perf_counter() - start
-        report.kernels_lowered = self.kernels.lowered_count
-        report.kernels_refused = self.kernels.refused_count
-        return SearchResult(self.kernels, self._decisions(last), report, self)
+        return kept
 
     def _repair(self, groups: list[list[Move]]) -> int:
         """Kernels no offered row lowers (priced as missing) are fixed first, each by the cheapest
