@@ -70,7 +70,5 @@ def test_an_unrolled_lstm_keeps_kernels_the_size_of_a_step_and_runs_right():
     x = torch.randn(2, 12, 64)
     long = emmy.optimize(lstm, x)
     assert max(_statements_per_kernel(long)) <= max(_statements_per_kernel(short)) + 8
-    # cell states stored by the kernels that read them, beside their outputs (how many is the search's
-    # choice: its two-cut moves, taken once it has converged, found a cheaper program with four)
-    assert sum(1 for k in long.loop_ir.kernels if k.more_outputs) >= 4
+    assert sum(1 for k in long.loop_ir.kernels if k.more_outputs) >= 5  # cell states, stored by their readers
     assert all(c.ok for c in check_program(long, [x], mode="asan"))

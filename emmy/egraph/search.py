@@ -22,8 +22,9 @@ local search over moves, each priced by re-lowering only the kernels it changes:
    cost more while all together remove their kernels); and, once a round keeps nothing,
    fuse a reduction into the kernel that reads it while cutting another reduction out of
    that kernel (a masked attention: its scores into the flash kernel, its mask's row test
-   out of it). Offered only at convergence, the search takes the same path as without them
-   up to there, and each one kept lowers the price it ends with.
+   out of it), where that kernel holds a one-pass fold. Offered only at convergence, the
+   search takes the same path as without them up to there, and each one kept lowers the
+   price it ends with.
 3. A move is kept when it lowers the price; rounds repeat until none does (or the round
    limit or the time budget runs out, which the report says). Each move touches the kernels
    whose region holds the classes it changes, and kernel prices are memoized by signature,
@@ -290,7 +291,12 @@ class BoundarySearch:
             if not (cut in regions and flippable(cut) and any(chosen.is_heavy(m) for m in regions[cut])):
                 continue  # a kernel with a reduction (cut at the reduction or at its top)
             for reader in sorted(self.kernels.members.get(cut, ()) - {cut}):
-                swaps = [(cut, other) for c in sorted(regions[reader])
+                region = regions[reader]
+                # a kernel whose fold is one-pass (a softmax's, a variance's): two folds beside it are
+                # no kernel a one-pass lowering takes; elsewhere the swaps price many kernels for little
+                if not any(chosen.choice[c].kind in TWISTED for c in region):
+                    continue
+                swaps = [(cut, other) for c in sorted(region)
                          if c not in (reader, cut) and chosen.is_heavy(c) and c not in self.kernels.boundaries
                          for other in dict.fromkeys((c, top_of(chosen, c)))
                          if other != reader and other not in self.kernels.boundaries and flippable(other)]
