@@ -22,7 +22,7 @@ local search over moves, each priced by re-lowering only the kernels it changes:
    cost more while all together remove their kernels); and, once a round keeps nothing,
    fuse a reduction into the kernel that reads it while cutting another reduction out of
    that kernel (a masked attention: its scores into the flash kernel, its mask's row test
-   out of it), where that kernel holds a one-pass fold. Offered only at convergence, the
+   out of it), where that kernel holds a softmax-weighted sum. Offered only at convergence, the
    search takes the same path as without them up to there, and each one kept lowers the
    price it ends with.
 3. A move is kept when it lowers the price; rounds repeat until none does (or the round
@@ -292,9 +292,9 @@ class BoundarySearch:
                 continue  # a kernel with a reduction (cut at the reduction or at its top)
             for reader in sorted(self.kernels.members.get(cut, ()) - {cut}):
                 region = regions[reader]
-                # a kernel whose fold is one-pass (a softmax's, a variance's): two folds beside it are
-                # no kernel a one-pass lowering takes; elsewhere the swaps price many kernels for little
-                if not any(chosen.choice[c].kind in TWISTED for c in region):
+                # a kernel with a softmax-weighted sum (attention): two folds beside it are no flash
+                # attention; elsewhere the swaps price many kernels for little
+                if not any(chosen.choice[c].kind == "softmax_wsum" for c in region):
                     continue
                 swaps = [(cut, other) for c in sorted(region)
                          if c not in (reader, cut) and chosen.is_heavy(c) and c not in self.kernels.boundaries
