@@ -51,22 +51,13 @@ def key_end_guards(fold_body: tuple, key_var: int, allowed_vars: set[int]) -> tu
     and that bound the key from above: linear in loop variables (no reshape digits), reading the
     key and otherwise only `allowed_vars` (query-row and batch variables). () when the score is
     not so masked."""
-    defs = {s.name: s for s in _flat(fold_body) if isinstance(s, L.Assign)}
+    defs = {s.name: s for s in L.statements(fold_body) if isinstance(s, L.Assign)}
     state = {s.acc for s in fold_body if isinstance(s, L.Update)}
     score = _running_max_score(defs, state)
     if score is None:
         return ()
     guards = _where_guards(defs, score)
     return tuple(g for g in guards if _bounds_keys_above(g, key_var, allowed_vars))
-
-
-def _flat(stmts) -> list:
-    out = []
-    for s in stmts:
-        out.append(s)
-        if isinstance(s, L.Loop):
-            out.extend(_flat(s.body))
-    return out
 
 
 def _running_max_score(defs: dict, state: set[str]):
@@ -90,7 +81,7 @@ def _running_max(defs: dict, state: set[str]):
 
 def running_max(fold_body: tuple, state: set[str]) -> str:
     """The state value a softmax fold keeps its running maximum in ("" when there is none)."""
-    found = _running_max({s.name: s for s in _flat(fold_body) if isinstance(s, L.Assign)}, set(state))
+    found = _running_max({s.name: s for s in L.statements(fold_body) if isinstance(s, L.Assign)}, set(state))
     return found[0] if found else ""
 
 
