@@ -231,7 +231,7 @@ class BoundarySearch:
                 groups.append(fresh)
 
         def flippable(cid: str) -> bool:
-            return cid not in required and chosen.optional(cid)
+            return self._flippable(cid, required)
 
         for cid in chosen.order():
             if chosen.is_heavy(cid) and flippable(cid):
@@ -278,15 +278,20 @@ class BoundarySearch:
             groups += self._swap_groups()
         return groups
 
-    def _flippable(self, cid: str) -> bool:
-        return cid not in self.chosen.required() and self.chosen.optional(cid)
+    def _flippable(self, cid: str, required: frozenset) -> bool:
+        """Whether a class's boundary may toggle (`required`: chosen.required(), built once a call)."""
+        return cid not in required and self.chosen.optional(cid)
 
     def _swap_groups(self) -> list[list[Move]]:
         """A reduction fused into the kernel that reads it while another reduction there is cut out:
         each alone can cost more (two folds in one kernel are no flash attention; the other one alone
         in a kernel of its own saves nothing) where together they make the cheap form (a masked
         attention's scores fused into one flash kernel, its mask's row test a kernel apart)."""
-        chosen, regions, groups, flippable = self.chosen, self.kernels.regions, [], self._flippable
+        chosen, regions, groups, required = self.chosen, self.kernels.regions, [], self.chosen.required()
+
+        def flippable(cid: str) -> bool:
+            return self._flippable(cid, required)
+
         for cut in sorted(self.kernels.boundaries):
             if not (cut in regions and flippable(cut) and any(chosen.is_heavy(m) for m in regions[cut])):
                 continue  # a kernel with a reduction (cut at the reduction or at its top)
