@@ -1,4 +1,4 @@
-"""Attention with a mask or bias read per query and key (a causal buffer, a padding mask, a
+"""Attention with a mask or bias read per query and key (a sparse pattern, a padding mask, a
 relative-position bias): the tensor cores still take q, k and v, the score statements load the
 mask per score element and never outside its buffer (keys past the end read the last key's), and
 the cost model counts the mask's bytes."""
@@ -15,12 +15,15 @@ from emmy.schedule.knobs import parse_pins
 from emmy.schedule.shape import kernel_shape
 
 
-class CausalBuffer(nn.Module):
-    """minGPT's attention: a lower-triangular buffer of ones, masked_fill where it is 0."""
+class PatternBuffer(nn.Module):
+    """minGPT's attention with a sparse pattern in its buffer of ones and zeros (each query sees
+    itself and a random half of the keys): a mask no index guard describes, read per score (a
+    causal triangle becomes guards instead: tests/test_index_values.py)."""
 
     def __init__(self, tokens: int):
         super().__init__()
-        self.register_buffer("bias", torch.tril(torch.ones(tokens, tokens)).view(1, 1, tokens, tokens))
+        pattern = (torch.rand(tokens, tokens, generator=torch.Generator().manual_seed(3)) < 0.5).float()
+        self.register_buffer("bias", torch.maximum(pattern, torch.eye(tokens)).view(1, 1, tokens, tokens))
 
     def forward(self, q, k, v):
         tokens = q.size(-2)
@@ -62,7 +65,7 @@ class AdditiveMask(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask.to(q.dtype))
 
 
-MODELS = {"causal_buffer": CausalBuffer, "head_bias": lambda tokens: HeadBias(2, tokens)}
+MODELS = {"pattern_buffer": PatternBuffer, "head_bias": lambda tokens: HeadBias(2, tokens)}
 ROWS = {  # tensor cores: fragments from global memory, plain- and cp.async-staged K and V tiles
     "mma": "WORK=w1x1,TILE=mma_m16n8k16_f16_f32/f1x2/k1,REDUCE=,STAGE=,RASTER=",
     "mma_smem": "WORK=w1x1,TILE=mma_m16n8k16_f16_f32/f2x4/k1,REDUCE=,STAGE=d1/smem,RASTER=",

@@ -24,6 +24,7 @@ from emmy.decompose.registry import LOWERINGS, Context
 from emmy.dtypes import DType, from_torch, real_pairs, to_numpy
 from emmy.errors import EmmyError, UnsupportedDtypeError, UnsupportedOpError
 from emmy.tensor_ir.builder import GraphBuilder
+from emmy.tensor_ir.index_values import fold_index_values
 from emmy.tensor_ir.nodes import TensorGraph, TensorType
 
 
@@ -119,8 +120,10 @@ def to_tensor_ir(captured) -> TensorProgram:
     empties = tuple((k, v.materialized()) for k, v in enumerate(returned) if isinstance(v, EmptyTensor))
     kept = [(u, m) for u, m in zip(updates, mutations) if not isinstance(u, EmptyTensor)]
     returned = [v for v in returned if not isinstance(v, EmptyTensor)]
-    return TensorProgram(builder.finish(returned + [u for u, _ in kept]), weight_arrays,
-                         tuple(m for _, m in kept), empties)
+    mutated = {m[1] for _, m in kept if m[0] == "weight"}
+    graph, weight_arrays = fold_index_values(builder.finish(returned + [u for u, _ in kept]), weight_arrays,
+                                             set(weight_arrays) - mutated)
+    return TensorProgram(graph, weight_arrays, tuple(m for _, m in kept), empties)
 
 
 def _pairs_type(val, where: str) -> TensorType:
