@@ -72,3 +72,7 @@ def test_an_unrolled_lstm_keeps_kernels_the_size_of_a_step_and_runs_right():
     assert max(_statements_per_kernel(long)) <= max(_statements_per_kernel(short)) + 8
     assert sum(1 for k in long.loop_ir.kernels if k.more_outputs) >= 5  # cell states, stored by their readers
     assert all(c.ok for c in check_program(long, [x], mode="asan"))
+    # the merged kernels are priced again: the extraction's prediction is the program's, kernel by kernel
+    prices, tiles = long.loop_result.kernel_prices, long.tile_ir.kernels
+    assert [p.signature for p in prices] == [t.signature for t in tiles]
+    assert long.loop_result.predicted_seconds == pytest.approx(sum(t.seconds for t in tiles))

@@ -23,13 +23,13 @@ if TYPE_CHECKING:  # annotations only: the search and egglog load when optimize_
 class LoopResult:
     program: LoopProgram
     reports: tuple[PhaseReport, ...]
-    predicted_seconds: float  # the sum of the kernels' prices (the cost model's, or the Loop IR cost)
+    predicted_seconds: float | None  # the sum of `program`'s kernel prices (None: one is unpriceable)
     egraph: EGraph | None = None  # the saturated e-graph
     terms: dict | None = None  # Tensor IR value name -> its Term in `egraph`
     # What extraction chose and what each alternative would have cost.
     decisions: tuple[Decision, ...] = ()
     search: SearchReport | None = None  # rounds, moves priced, budget
-    kernel_prices: tuple[KernelPrice, ...] = ()  # per kernel, in program order
+    kernel_prices: tuple[KernelPrice, ...] = ()  # per kernel of `program`, in its order
     alternative_of: Callable[[Decision], LoopProgram] | None = None  # see `alternative`
 
     def alternative(self, decision):
@@ -94,9 +94,10 @@ def optimize_loops(graph, groups, budget: Budget = Budget(), price=None, search_
     model's best row per kernel, emmy.schedule.pricing.KernelPricer) decides kernel boundaries and
     fold forms; without it the provisional Loop IR cost does (emmy.egraph.extract)."""
     from emmy.egraph.extract import extract, loop_cost_price
-    from emmy.loop_ir.into_reader import merge_into_readers
-    from emmy.loop_ir.siblings import merge_sibling_folds
     from emmy.egraph.view import EGraphView
+    from emmy.loop_ir.into_reader import merge_into_readers
+    from emmy.loop_ir.nodes import buffer_types
+    from emmy.loop_ir.siblings import merge_sibling_folds
 
     egraph, terms, reports = saturate(graph, groups, budget)
     view = EGraphView.of(egraph)
@@ -104,8 +105,12 @@ def optimize_loops(graph, groups, budget: Budget = Budget(), price=None, search_
     found = extract(view, graph, price, search_seconds)
     program = merge_sibling_folds(found.program)
     program = merge_into_readers(program, _cheaper_merged(program, price))
-    return LoopResult(program, reports, found.seconds, egraph, terms, found.decisions, found.search,
-                      found.kernel_prices, found.alternative)
+    seconds, prices = found.seconds, found.kernel_prices
+    if program is not found.program:  # merged kernels: priced again (the pricer's memo has the rest)
+        prices = tuple(price([(k, buffer_types(program)) for k in program.kernels]))
+        seconds = None if any(p.seconds is None for p in prices) else sum(p.seconds for p in prices)
+    return LoopResult(program, reports, seconds, egraph, terms, found.decisions, found.search, prices,
+                      found.alternative)
 
 
 def _cheaper_merged(program, price):
