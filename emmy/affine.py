@@ -586,6 +586,12 @@ class Guard:
             ok = ok & (value < self.hi)
         return ok
 
+    def negated(self) -> "Guard | None":
+        """The guard that holds exactly where this one-sided guard fails (None for a two-sided one)."""
+        if (self.lo is None) == (self.hi is None):
+            return None
+        return Guard(self.expr, hi=self.lo) if self.lo is not None else Guard(self.expr, lo=self.hi)
+
     def always(self, extents: Sequence[int]) -> bool:
         lo, hi = self.expr.bounds(extents)
         return (self.lo is None or lo >= self.lo) and (self.hi is None or hi < self.hi)

@@ -99,5 +99,6 @@ def _sources_digest() -> str:
     for folder in ("capture", "decompose", "tensor_ir"):
         for source in sorted((root / folder).glob("*.py")):
             digest.update(source.read_bytes())
-    digest.update((root / "dtypes.py").read_bytes())
+    for module in ("dtypes.py", "affine.py"):  # the types and index algebra decompositions build with
+        digest.update((root / module).read_bytes())
     return digest.hexdigest()

@@ -90,8 +90,8 @@ def _is_neg_inf(operand) -> bool:
 
 
 def _where_guards(defs: dict, name: str) -> tuple[Guard, ...]:
-    """Guards G when `name` is, through casts, where(G, x, -inf) (or where(not G, -inf, x)) with G
-    a predicate on the indices alone."""
+    """Guards G when `name` is, through casts, where(G, x, -inf) (or where(not G, -inf, x), or with
+    one one-sided guard H = not G: where(H, -inf, x)) with G a predicate on the indices alone."""
     for _ in range(8):
         stmt = defs.get(name)
         if stmt is None or not isinstance(stmt.expr, L.Op):
@@ -112,6 +112,12 @@ def _where_guards(defs: dict, name: str) -> tuple[Guard, ...]:
             return m.guards
         if value is False and fill is True and _is_neg_inf(e.args[1]):
             return m.guards
+        # -inf taken where the guard holds (masked_fill(triu(...), -inf)): the scores kept lie
+        # where it fails, itself a guard when the one guard is one-sided
+        inside_masked = (value is True and fill is False and _is_neg_inf(e.args[1])) or (
+            value is False and fill is True and _is_neg_inf(e.args[2]))
+        if inside_masked and len(m.guards) == 1 and m.guards[0].negated() is not None:
+            return (m.guards[0].negated(),)
         return ()
     return ()
 

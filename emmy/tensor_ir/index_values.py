@@ -209,10 +209,23 @@ class _Finder:
 
     def _combined(self, node: Elementwise) -> Piecewise | None:
         """The op on Piecewise (or constant) operands, evaluated on each region's scalars: a
-        Piecewise when every region but the one where all masks hold gives one value."""
+        Piecewise when every region but the one where all masks hold gives one value. A mask of
+        one one-sided guard may be read the other way round (`a | b` of two comparisons is the
+        negation of a conjunction), so each such operand is tried both ways."""
         operands = [self._piecewise(o) for o in node.operands]
         if any(v is None for v in operands):
             return None
+        flippable = [k for k, v in enumerate(operands) if _negated(v) is not None]
+        for flips in product((False, True), repeat=min(len(flippable), _MAX_GUARD_SETS)):
+            tried = list(operands)
+            for k, flip in zip(flippable, flips):
+                tried[k] = _negated(tried[k]) if flip else tried[k]
+            found = self._regions(node, tried)
+            if found is not None:
+                return found
+        return None
+
+    def _regions(self, node: Elementwise, operands: list[Piecewise]) -> Piecewise | None:
         masks: list[tuple[Guard, ...]] = []
         for v in operands:
             if v.guards and v.guards not in masks:
@@ -243,7 +256,9 @@ class _Finder:
         pick = "maximum" if node.op == "max" else "minimum"
         dtype = node.type.dtype
         if not _same(apply_scalar(pick, dtype, [value.inside, value.outside]), value.inside):
-            return None  # the outside value wins where any coordinate fails: a for-all, not an exists
+            value = _negated(value)  # the outside value wins where any coordinate fails: a for-all,
+            if value is None:  # an exists for the negated mask when there is one
+                return None
         extent = self.types[node.operand].shape[node.axis]
         if extent == 0:
             return None  # the reduction's identity, not either value
@@ -394,6 +409,14 @@ def _piecewise(guards, inside, outside, shape, derived: bool = True) -> Piecewis
         if not g.always(shape) and g not in kept:
             kept.append(g)
     return Piecewise(tuple(kept), inside, outside if kept else inside, derived)
+
+
+def _negated(value: Piecewise) -> Piecewise | None:
+    """The same values with the mask read the other way round: (not g, outside, inside)."""
+    if len(value.guards) != 1:
+        return None
+    flipped = value.guards[0].negated()
+    return None if flipped is None else Piecewise((flipped,), value.outside, value.inside, value.derived)
 
 
 def _compared(op: str, diff: Affine) -> Piecewise | None:
