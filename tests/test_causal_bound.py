@@ -1,9 +1,11 @@
-"""A causal attention's blocks stop at their last unmasked key (emmy.schedule.key_bounds): the bound
-is sound over every box of rows, the emitted kernels give the same results as walking every key
-(ASan-clean, SIMT and tensor-core rows, staged or not), a row that saw no unmasked key still walks
-them all, and the cost model prices the keys a block walks."""
+"""A causal attention's blocks stop at their last unmasked key, and a sliding window's start at
+their first (emmy.schedule.key_bounds): the bounds are sound over every box of rows, the emitted
+kernels give the same results as walking every key (ASan-clean, SIMT and tensor-core rows, staged
+or not), a row that saw no unmasked key still walks them all, and the cost model prices the keys
+a block walks."""
 
 import dataclasses
+import math
 import random
 
 import numpy as np
@@ -17,7 +19,7 @@ from emmy.extract.targets import get_target
 from emmy.loop_ir import nodes as L
 from emmy.schedule.choose import loop_cost
 from emmy.schedule.cost_model import predict
-from emmy.schedule.key_bounds import block_ranges, live_fraction, live_key_end
+from emmy.schedule.key_bounds import block_ranges, live_fraction, live_key_end, live_key_start
 from emmy.schedule.knobs import parse_pins
 from emmy.schedule.shape import kernel_shape
 
@@ -51,6 +53,27 @@ def test_the_live_key_end_is_sound_for_every_box_of_rows():
         assert all(not holds(key, row) for key in range(end, keys) for row in rows), (guard, box, end)
         if 0 < end < keys:
             assert any(holds(end - 1, row) for row in rows), (guard, box, end)
+
+
+def test_the_live_key_start_is_sound_for_every_box_of_rows():
+    """Every key before the start fails a guard in every row of the box, and for one guard the
+    start key holds in some row."""
+    rng = random.Random(8)
+    for _ in range(300):
+        ck = rng.choice([-3, -2, -1, 1, 2, 3])
+        cr, cb, const = rng.randint(-3, 3), rng.randint(-2, 2), rng.randint(-20, 20)
+        guard = _guard({KEY: ck, 1: cr, 0: cb}, const, **({"lo": rng.randint(-5, 5)} if ck > 0
+                                                         else {"hi": rng.randint(-5, 5)}))
+        box = {1: tuple(sorted((rng.randint(0, 40), rng.randint(0, 40)))), 0: (b := rng.randint(0, 3), b)}
+        start = live_key_start((guard,), KEY, box)
+        rows = [{1: r, 0: box[0][0]} for r in range(box[1][0], box[1][1] + 1)]
+
+        def holds(key, row):
+            return bool(guard.holds([np.int64(row[0]), np.int64(row[1]), 0, np.int64(key)]))
+
+        assert all(not holds(key, row) for key in range(0, start) for row in rows), (guard, box, start)
+        if start > 0:
+            assert any(holds(start, row) for row in rows), (guard, box, start)
 
 
 def test_block_ranges_follow_the_rows_digits():
@@ -177,3 +200,60 @@ def test_the_chosen_row_of_an_odd_causal_shape_is_asan_clean(queries, keys):
     assert "live_chunks" in program.cuda_source
     out = program(*inputs, sim_mode="asan")
     torch.testing.assert_close(out.float(), _causal(*(t.float() for t in inputs)), rtol=2e-2, atol=2e-2)
+
+
+WINDOW = 16
+
+
+def _window(q, k, v):
+    """Mistral's sliding window, written out: a query sees itself and the 15 keys before it."""
+    rows, keys = torch.arange(q.size(-2), device=q.device), torch.arange(k.size(-2), device=q.device)
+    hidden = (keys[None, :] > rows[:, None]) | (rows[:, None] - keys[None, :] >= WINDOW)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    return F.softmax(att.masked_fill(hidden, float("-inf")), dim=-1) @ v
+
+
+@pytest.fixture(scope="module")
+def window_program():
+    inputs = _attention(150, 150, seed=2)
+    return emmy.optimize(_window, *inputs), inputs
+
+
+@pytest.mark.parametrize("row", ROWS, ids=list(ROWS))
+def test_a_sliding_window_s_blocks_walk_only_the_window_and_match_torch(window_program, row):
+    program, inputs = window_program
+    kernel = _attention_kernel(program)
+    assert kernel_shape(kernel).key_bound is not None
+    variant = program.with_rows({kernel.name: parse_pins(ROWS[row])})
+    assert "first_live" in variant.cuda_source
+    out = variant(*inputs, sim_mode="asan")
+    expected = _window(*(t.float() for t in inputs))
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("row", ["simt", "mma_smem"])
+def test_a_window_row_without_an_unmasked_key_still_walks_every_key(row):
+    q, k, v = _attention(150, 150, seed=3)
+    q[0, 0, 100] = float("-inf")  # every score of query 100 is -inf: keys before and past its window count
+    k = k.abs()
+    program = _blind_program(emmy.optimize(_window, q, k, v))
+    variant = program.with_rows({_attention_kernel(program).name: parse_pins(ROWS[row])})
+    out = variant(q, k, v, sim_mode="asan")
+    torch.testing.assert_close(out[0, 0, 100].float(), v[0, 0].float().mean(0), rtol=2e-2, atol=2e-2)
+
+
+def test_the_cost_model_prices_the_steps_of_a_window():
+    """512 rows in blocks of 64, steps of 32 keys, a window of 64 keys: block b > 0 walks steps
+    2b - 2 .. 2b + 1, block 0 its first two: 30 of 128 (block, step) pairs."""
+    window = (_guard({KEY: 1, 1: -1}, 0, hi=1), _guard({KEY: 1, 1: -1}, 0, lo=-63))  # row - 63 <= key <= row
+    assert live_fraction(window, KEY, 512, ((1, 512),), (), 64, 32) == pytest.approx(30 / 128)
+
+
+@pytest.mark.parametrize("row", ["simt_async", "mma_async"])
+def test_window_kernels_compile_with_nvcc_without_spills(window_program, row, tmp_path):
+    from emmy.nvcc import build_cubin
+
+    program, _ = window_program
+    variant = program.with_rows({_attention_kernel(program).name: parse_pins(ROWS[row])})
+    cubin = build_cubin(variant.cuda_source, "sm_90", tmp_path)
+    assert cubin.resources and not any(r.spills for r in cubin.resources.values())

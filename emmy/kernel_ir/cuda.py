@@ -14,7 +14,7 @@ from emmy.kernel_ir.scalar_c import (ONLY_THREAD_C, REGISTER, STORAGE, WORKER_C,
                                      merge_c, merge_chunk_c, micro_register_c, panel_element_c, statement,
                                      store_index_c, stored_value_c, vector_index_c)
 from emmy.dtypes import DType
-from emmy.schedule.key_bounds import key_coefficients
+from emmy.schedule.key_bounds import bounds_keys_above, bounds_keys_below, key_coefficients
 from emmy.schedule.knobs import STAGE_ASYNC
 from emmy.loop_ir import nodes as L
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
@@ -223,13 +223,18 @@ def _render_mma(n: K.MmaTile, template, k: K.KernelIR, types) -> str:
 _WARP_MONOID = {"sum": "Sum", "max": "Max", "min": "Min"}
 
 
-def _live_chunks_c(guards, key_var: int, r_dec, block_rows: int, rows: int, key_step: int, chunks: int) -> str:
-    """A C expression: the key steps of `key_step` a flash block walks before every key fails a
-    causal guard (emmy.schedule.key_bounds) in each of its rows; "" without guards. A block's
-    rows are the flat rows blockIdx.x * block_rows ..; each row variable's range over them is
-    exact, or its whole extent where its digit wraps inside the block."""
+def _live_chunks_c(guards, key_var: int, r_dec, block_rows: int, rows: int, key_step: int,
+                   chunks: int) -> tuple[str, str]:
+    """C expressions (the key steps of `key_step` a flash block walks before every key fails a
+    guard bounding the keys from above in each of its rows, the first step in which a key holds
+    every guard bounding them from below in one of its rows) (emmy.schedule.key_bounds); "" for
+    either without such guards. A block's rows are the flat rows blockIdx.x * block_rows ..; each
+    row variable's range over them is exact, or its whole extent where its digit wraps inside
+    the block."""
+    above = [g for g in guards if bounds_keys_above(g, key_var)]
+    below = [g for g in guards if bounds_keys_below(g, key_var)]
     if not guards:
-        return ""
+        return "", ""
     lines = [f"const long long rb0 = (long long)blockIdx.x * {block_rows};",
              f"const long long rb1 = (rb0 + {block_rows} < {rows} ? rb0 + {block_rows} : {rows}) - 1;"]
     row_vars = set()
@@ -238,25 +243,42 @@ def _live_chunks_c(guards, key_var: int, r_dec, block_rows: int, rows: int, key_
         lines += [f"long long lo{var} = rb0 / {divisor}, hi{var} = rb1 / {divisor};",
                   f"if (hi{var} - lo{var} >= {extent} || lo{var} % {extent} > hi{var} % {extent}) "
                   f"{{ lo{var} = 0; hi{var} = {extent - 1}; }} else {{ lo{var} %= {extent}; hi{var} %= {extent}; }}"]
-    lines.append(f"long long end = {chunks * key_step};")
-    for i, guard in enumerate(guards):
+
+    def rest(others: dict, const: int, lowest: bool) -> str:  # the guard's expression less the key term, at its least or most
+        terms = [f"{c}LL * {('lo' if (c > 0) == lowest else 'hi') if v in row_vars else 'a'}{v}"
+                 for v, c in sorted(others.items())]
+        return "(" + " + ".join(terms + ([str(const)] if const or not terms else [])) + ")"
+
+    def ceil_div(numerator: str, ck: int) -> str:
+        return numerator if ck == 1 else f"emmy::index_floor_div({numerator} + {ck - 1}, {ck})"
+
+    def floor_div(numerator: str, ck: int) -> str:
+        return numerator if ck == 1 else f"emmy::index_floor_div({numerator}, {ck})"
+
+    end_lines = [f"long long end = {chunks * key_step};"]
+    for i, guard in enumerate(above):
         ck, others, const = key_coefficients(guard, key_var)
-
-        def rest(lowest: bool) -> str:  # the guard's expression less the key term, at its least or most
-            terms = [f"{c}LL * {('lo' if (c > 0) == lowest else 'hi') if v in row_vars else 'a'}{v}"
-                     for v, c in sorted(others.items())]
-            return "(" + " + ".join(terms + ([str(const)] if const or not terms else [])) + ")"
-
         if ck > 0:  # ck * key + rest < hi fails in every row from ceil((hi - least rest) / ck)
-            bound = f"{guard.hi} - {rest(True)}" if ck == 1 else \
-                f"emmy::index_floor_div({guard.hi} - {rest(True)} + {ck - 1}, {ck})"
+            bound = ceil_div(f"{guard.hi} - {rest(others, const, True)}", ck)
         else:  # rest - |ck| * key >= lo fails in every row past floor((most rest - lo) / |ck|)
-            bound = f"{rest(False)} - {guard.lo} + 1" if ck == -1 else \
-                f"emmy::index_floor_div({rest(False)} - {guard.lo}, {-ck}) + 1"
-        lines += [f"const long long bound{i} = {bound};", f"if (bound{i} < end) end = bound{i};"]
-    lines.append(f"return end <= 0 ? 0 : (int)((end + {key_step - 1}) / {key_step});")
-    body = "\n    ".join(lines)
-    return f"[&]() -> int {{\n    {body}\n  }}()"
+            bound = floor_div(f"{rest(others, const, False)} - {guard.lo}", -ck) + " + 1"
+        end_lines += [f"const long long bound{i} = {bound};", f"if (bound{i} < end) end = bound{i};"]
+    end_lines.append(f"return end <= 0 ? 0 : (int)((end + {key_step - 1}) / {key_step});")
+    start_lines = ["long long start = 0;"]
+    for i, guard in enumerate(below):
+        ck, others, const = key_coefficients(guard, key_var)
+        if ck > 0:  # ck * key + rest >= lo holds in some row only from ceil((lo - most rest) / ck)
+            bound = ceil_div(f"{guard.lo} - {rest(others, const, False)}", ck)
+        else:  # rest - |ck| * key < hi holds in some row only past floor((least rest - hi) / |ck|)
+            bound = floor_div(f"{rest(others, const, True)} - {guard.hi}", -ck) + " + 1"
+        start_lines += [f"const long long bound{i} = {bound};", f"if (bound{i} > start) start = bound{i};"]
+    start_lines.append(f"return (int)(start / {key_step});")
+
+    def expression(body: list[str]) -> str:
+        text = "\n    ".join(lines + body)
+        return f"[&]() -> int {{\n    {text}\n  }}()"
+
+    return (expression(end_lines) if above else f"{chunks}"), (expression(start_lines) if below else "")
 
 
 def _render_flash(n: K.FlashRows, template, k: K.KernelIR, types) -> str:
@@ -277,11 +299,11 @@ def _render_flash(n: K.FlashRows, template, k: K.KernelIR, types) -> str:
             per_key.append({"dot": False, "line": _lines((s,), types)[0]})
     inits = [(i.acc, literal(REDUCE_OPS[i.op], i.dtype.accumulator), REGISTER[i.dtype.accumulator]) for i in n.inits]
     chunks = -(-n.key_extent // n.keys_step)
-    live = _live_chunks_c(n.key_end, n.key_var, _decomposition(n.row_vars), n.warps * n.rows_per_warp,
-                          prod(e for _, e in n.row_vars), n.keys_step, chunks)
+    live, live_start = _live_chunks_c(n.key_range, n.key_var, _decomposition(n.row_vars), n.warps * n.rows_per_warp,
+                                      prod(e for _, e in n.row_vars), n.keys_step, chunks)
     return template.render(
         n=n, panels=panels, per_key=per_key, inits=inits, held=[(s.name, REGISTER[s.dtype]) for s in n.held],
-        live_keys=live,
+        live_keys=live, live_start=live_start,
         held_lines=_lines(n.held, types), dot_lines=_lines(n.dot, types, load_from=load_from),
         col_lines=_lines(n.per_col, types, load_from=load_from), epilogue=_lines(n.epilogue, types),
         ROWS=prod(e for _, e in n.row_vars), COLS=prod(e for _, e in n.col_vars),
@@ -292,9 +314,9 @@ def _render_flash(n: K.FlashRows, template, k: K.KernelIR, types) -> str:
 def _render_flash_mma(n: K.FlashMma, template, k: K.KernelIR, types) -> str:
     cols = prod(e for _, e in n.col_vars)
     chunks = -(-n.key_extent // n.bn)
-    live = _live_chunks_c(n.key_end, n.key_var, _decomposition(n.row_vars), n.bm, prod(e for _, e in n.row_vars),
-                          n.bn, chunks)
-    return template.render(live_keys=live,
+    live, live_start = _live_chunks_c(n.key_range, n.key_var, _decomposition(n.row_vars), n.bm,
+                                      prod(e for _, e in n.row_vars), n.bn, chunks)
+    return template.render(live_keys=live, live_start=live_start,
         n=n, T=STORAGE[n.q.dtype], ROWS=prod(e for _, e in n.row_vars), COLS=cols, D=n.inner_extent,
         NA=-(-cols // 8), chunks=chunks, panels=[{"o": o, **panel_copy(o, n.how)} for o in (n.k, n.v)],
         r_dec=_decomposition(n.row_vars), c_dec=_decomposition(n.col_vars), b_dec=_decomposition(n.batch_vars),

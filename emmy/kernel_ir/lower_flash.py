@@ -20,7 +20,7 @@ from math import prod
 from emmy.kernel_ir.lower_common import flat_index, free_loops, vectorizable
 from emmy.kernel_ir.lower_mma import panel_swizzle
 from emmy.kernel_ir.nodes import FlashMma, FlashRows, KernelIR, MmaOperand, Panel, Tile
-from emmy.schedule.key_bounds import key_end_guards, running_max
+from emmy.schedule.key_bounds import key_range_guards, running_max
 from emmy.schedule.knobs import STAGE_ASYNC, STAGE_TMA
 from emmy.loop_ir import nodes as L
 from emmy.tile_ir.nodes import Epilogue, Fold, Sweep, TileKernel
@@ -240,8 +240,8 @@ def lower_flash(tile: TileKernel, types: dict, params) -> KernelIR:
                                 width=width))
     rows = prod(e for _, e in row_vars)
     warps = g.threads // LANES
-    key_end = _key_end(fold, row_vars, batch)
-    body = FlashRows(key_end=key_end, running_max=running_max(fold.lift + fold.combine, state) if key_end else "",
+    key_range = _key_range(fold, row_vars, batch)
+    body = FlashRows(key_range=key_range, running_max=running_max(fold.lift + fold.combine, state) if key_range else "",
                      row_vars=row_vars, col_vars=col_vars, batch_vars=batch, key_var=fold.var, key_extent=fold.extent,
                      inner_var=dot.var, inner_extent=dot.extent, rows_per_warp=g.elems, warps=warps, keys_step=keys,
                      cols_per_lane=-(-cols // LANES), inner_per_lane=-(-dot.extent // LANES), depth=g.stage_depth,
@@ -257,9 +257,10 @@ def lower_flash(tile: TileKernel, types: dict, params) -> KernelIR:
 
 
 
-def _key_end(fold: Fold, row_vars, batch_vars) -> tuple:
-    """The fold's causal guards over the block's row and batch variables (emmy.schedule.key_bounds)."""
-    return key_end_guards(fold.lift + fold.combine, fold.var, {v for v, _ in row_vars} | {v for v, _ in batch_vars})
+def _key_range(fold: Fold, row_vars, batch_vars) -> tuple:
+    """The fold's guards bounding its keys (a causal bound, a window) over the block's row and batch
+    variables (emmy.schedule.key_bounds)."""
+    return key_range_guards(fold.lift + fold.combine, fold.var, {v for v, _ in row_vars} | {v for v, _ in batch_vars})
 
 
 def _lower_flash_mma(tile: TileKernel, types: dict, params) -> KernelIR:
@@ -290,7 +291,7 @@ def _lower_flash_mma(tile: TileKernel, types: dict, params) -> KernelIR:
                     frag_n=fn, depth=g.stage_depth, how=g.stage_how, q=operand(q_load, "q", bm, dot.extent),
                     k=operand(k_load, "k", bn, dot.extent, (dot.var, dot.extent)),
                     v=operand(v_load, "v", -(-bn // 16) * 16, cols, col_vars[-1]), scores=scores, dot_acc=dot_acc,
-                    score=score, state=state, epilogue=epilogue, key_end=_key_end(fold, row_vars, batch))
+                    score=score, state=state, epilogue=epilogue, key_range=_key_range(fold, row_vars, batch))
     panel_bytes = 0
     if g.stage_depth:
         q, k, v = body.q, body.k, body.v

@@ -306,9 +306,10 @@ class FlashRows:
     dot: tuple[LoopStmt, ...]
     per_col: tuple[LoopStmt, ...]
     epilogue: tuple[LoopStmt, ...]
-    # a causal bound (emmy.schedule.key_bounds): guards past which a block's keys are all masked,
-    # and the state value holding the running maximum (a row whose m is still -inf walks them all)
-    key_end: tuple[Guard, ...] = ()
+    # a causal bound or window (emmy.schedule.key_bounds): guards outside which a block's keys are
+    # all masked, and the state value holding the running maximum (a row whose m is still -inf
+    # walks them all)
+    key_range: tuple[Guard, ...] = ()
     running_max: str = ""
 
 
@@ -343,7 +344,7 @@ class FlashMma:
     score: str
     state: tuple[str, str, str]  # (m, d, z) accumulators
     epilogue: tuple[LoopStmt, ...]
-    key_end: tuple[Guard, ...] = ()  # a causal bound, as FlashRows.key_end
+    key_range: tuple[Guard, ...] = ()  # a causal bound or window, as FlashRows.key_range
 
     @property
     def bm(self) -> int:

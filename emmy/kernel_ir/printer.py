@@ -88,11 +88,11 @@ def _mma(n: K.MmaTile, pad: str, out: list[str]) -> None:
         out += [padded_text(f"{pad}  ", s) for s in n.epilogue]
 
 
-def _key_end(n, pad: str, out: list[str]) -> None:
-    if n.key_end:
-        guards = " and ".join(str(g) for g in n.key_end)
-        out.append(f"{pad}keys end for the block where {guards} fails in all its rows "
-                   "(past it only if a row has no unmasked key)")
+def _key_range(n, pad: str, out: list[str]) -> None:
+    if n.key_range:
+        guards = " and ".join(str(g) for g in n.key_range)
+        out.append(f"{pad}keys for the block only where {guards} holds in one of its rows "
+                   "(the rest only if a row has no unmasked key)")
 
 
 def _flash(n: K.FlashRows, pad: str, out: list[str]) -> None:
@@ -103,7 +103,7 @@ def _flash(n: K.FlashRows, pad: str, out: list[str]) -> None:
     for p in n.panels:
         wide = f", load.v{p.width}" if p.width > 1 else ""
         out.append(f"{pad}Smem {p.dtype} {p.name}_panel[{n.depth}][{p.rows}][{p.cols}]  ({p.side}: {p.buffer}{wide})")
-    _key_end(n, pad, out)
+    _key_range(n, pad, out)
     if n.depth:
         how = f"cp.async, {n.depth - 1} chunk(s) ahead" if n.how == STAGE_ASYNC else "plain loads"
         out.append(f"{pad}for a{n.key_var} in 0..{n.key_extent} step {n.keys_step}:  stage the tiles ({how}), Sync")
@@ -135,7 +135,7 @@ def _flash_mma(n: K.FlashMma, pad: str, out: list[str]) -> None:
         for o in (n.k, n.v):
             wide = "cp.async 16 B" if n.how == STAGE_ASYNC and o.width > 1 else f"load.v{o.width}"
             out.append(f"{pad}Smem {o.dtype} {o.side}_panel[{n.depth}][{o.rows}][{o.cols}]  ({o.buffer} by {wide})")
-    _key_end(n, pad, out)
+    _key_range(n, pad, out)
     if n.depth:
         out.append(f"{pad}for a{n.key_var} in 0..{n.key_extent} step {n.bn}:  stage K and V, Sync")
     else:

@@ -27,7 +27,7 @@ from emmy.affine import Dim, FloorDiv, Mod
 from emmy.dtypes import DType
 from emmy.loop_ir.nodes import Accumulate, Assign, Kernel, Load, Loop, Op, Update, parallel_loops, statements
 from emmy.schedule.held import held_loads, invariant_loads
-from emmy.schedule.key_bounds import KeyBound, key_end_guards
+from emmy.schedule.key_bounds import KeyBound, key_range_guards
 
 _MMA_DTYPES = {DType.F16: "f16", DType.BF16: "bf16"}
 
@@ -341,7 +341,7 @@ def _attention(outer, reductions):
         dtypes = {s.dtype for s in operands}
         mma = _MMA_DTYPES.get(dtypes.pop(), "") if len(dtypes) == 1 else ""
         batch_vars = tuple(v for v in extents if v not in m_vars and v not in n_vars)
-        guards = key_end_guards(fold.body, fold.var, set(m_vars) | set(batch_vars))
+        guards = key_range_guards(fold.body, fold.var, set(m_vars) | set(batch_vars))
         key_bound = KeyBound(guards, fold.var, fold.extent, tuple((v, extents[v]) for v in m_vars),
                              tuple((v, extents[v]) for v in batch_vars)) if guards else None
         return (prod(extents[v] for v in m_vars), prod(extents[v] for v in n_vars), batch, nested[0].extent, mma,
