@@ -34,6 +34,7 @@ from emmy.tensor_ir.nodes import (Constant, Elementwise, IndexMap, Input, Reduce
 from emmy.tensor_ir.scalar_ops import SCALAR_OPS
 
 _FIT_LIMIT = 1 << 22  # elements: a larger weight is not searched for an affine pattern
+_MASK_FIT_LIMIT = 1 << 26  # nor a larger one for a triangle (a causal buffer of 8192 x 8192 is searched)
 _EXACT_FLOAT = {DType.F64: 2 ** 53, DType.F32: 2 ** 24, DType.F16: 2 ** 11, DType.BF16: 2 ** 8}
 _INT_RANGE = {DType.I64: (-(2 ** 63), 2 ** 63 - 1), DType.I32: (-(2 ** 31), 2 ** 31 - 1),
               DType.I16: (-(2 ** 15), 2 ** 15 - 1), DType.I8: (-128, 127), DType.U8: (0, 255)}
@@ -133,12 +134,12 @@ class _Finder:
             return self._reduced(node)
         return None
 
-    def _known(self, node: Weight) -> np.ndarray | None:
+    def _known(self, node: Weight, limit: int = _FIT_LIMIT) -> np.ndarray | None:
         values = self.weights.get(node.name)
         if node.name not in self.fixed or values is None or not node.type.shape:
             return None
         values = np.asarray(values)
-        return values if 0 < values.size <= _FIT_LIMIT else None
+        return values if 0 < values.size <= limit else None
 
     def _fitted(self, node: Weight) -> Linear | None:
         """A known weight whose values are c + sum_k a_k * d_k, some a_k not 0 (an arange)."""
@@ -168,27 +169,32 @@ class _Finder:
 
     def _fitted_mask(self, node: Weight) -> Piecewise | None:
         """A known weight of two values split by a diagonal of its last two axes, the same for
-        every leading index (a causal buffer: torch.tril(torch.ones(T, T)), minGPT's `bias`)."""
-        values = self._known(node)
-        if values is None or values.ndim < 2:
-            return None
+        every leading index (a causal buffer: torch.tril(torch.ones(T, T)), minGPT's `bias`).
+        Checked through each row's count of inside values: no temporary larger than a bool per
+        element."""
+        values = self._known(node, _MASK_FIT_LIMIT)
+        if values is None or values.ndim < 2 or len(np.unique(values.reshape(-1)[:256])) > 2:
+            return None  # (a trained weight has more than two values among its first few)
         rows, cols = values.shape[-2:]
         plane = values.reshape(-1, rows, cols)[0]
         inside = plane[0, 0]
         is_inside = plane == inside
-        if not np.all(values == plane) or is_inside.all() or not np.all((plane == plane[~is_inside][0]) | is_inside):
+        if is_inside.all() or not np.all(values == plane):
             return None
-        diagonal = np.arange(cols)[None, :] - np.arange(rows)[:, None]  # column - row
-        taken, left = diagonal[is_inside], diagonal[~is_inside]
-        offset = Affine.dim(values.ndim - 1) - Affine.dim(values.ndim - 2)
-        if taken.max() < left.min():  # a lower triangle: column - row <= k
-            guard = Guard(offset, hi=int(taken.max()) + 1)
-        elif taken.min() > left.max():  # an upper one: column - row >= k
-            guard = Guard(offset, lo=int(taken.min()))
+        outside = plane[~is_inside][0]
+        if not np.all(is_inside | (plane == outside)):
+            return None
+        offset = Affine.dim(values.ndim - 1) - Affine.dim(values.ndim - 2)  # column - row
+        k = _triangle_offset(is_inside, lower=True)
+        if k is not None:
+            guard = Guard(offset, hi=k + 1)  # column - row <= k
         else:
-            return None
+            k = _triangle_offset(is_inside, lower=False)
+            if k is None:
+                return None
+            guard = Guard(offset, lo=k)  # column - row >= k
         dtype = node.type.dtype
-        return Piecewise((guard,), _scalar(inside, dtype), _scalar(plane[~is_inside][0], dtype))
+        return Piecewise((guard,), _scalar(inside, dtype), _scalar(outside, dtype))
 
     def _mapped(self, node: IndexMap):
         value = self.value(node.operand)
@@ -417,6 +423,27 @@ def _negated(value: Piecewise) -> Piecewise | None:
         return None
     flipped = value.guards[0].negated()
     return None if flipped is None else Piecewise((flipped,), value.outside, value.inside, value.derived)
+
+
+def _triangle_offset(is_inside: np.ndarray, lower: bool) -> int | None:
+    """k where `is_inside` is column - row <= k (`lower`) or column - row >= k, else None: each
+    row a prefix (suffix) whose length moves with the row as the diagonal does."""
+    rows, cols = is_inside.shape
+    counts = is_inside.sum(axis=1)
+    row, column = np.arange(rows), np.arange(cols)
+    edge = column[None, :] < counts[:, None] if lower else column[None, :] >= (cols - counts)[:, None]
+    if not np.array_equal(is_inside, edge):
+        return None
+    partial = np.flatnonzero((counts > 0) & (counts < cols))
+    full = np.flatnonzero(counts == cols)
+    if partial.size:  # row i holds columns up to i + k (from i + k on)
+        k = int(counts[partial[0]] - partial[0] - 1) if lower else int(cols - counts[partial[0]] - partial[0])
+    elif full.size:  # whole rows only: the first (last) full one fixes k
+        k = int(cols - 1 - full[0]) if lower else int(-full[-1])
+    else:
+        return None
+    expected = np.clip(row + k + 1, 0, cols) if lower else np.clip(cols - row - k, 0, cols)
+    return k if np.array_equal(counts, expected) else None
 
 
 def _compared(op: str, diff: Affine) -> Piecewise | None:
