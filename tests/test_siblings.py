@@ -88,3 +88,17 @@ def test_every_layer_of_a_deep_program_merges_its_own_siblings():
     program = emmy.optimize(f"x=torch.randn(4,1048576); {layers} x", target="sm_90")
     merged = [k for k in program.loop_ir.kernels if k.more_outputs]
     assert len(merged) == 6, [k.name for k in program.loop_ir.kernels]
+
+
+def test_two_matmuls_of_one_input_stay_two_matmuls():
+    """A grouped-query attention's key and value projections read the same rows and fold alike,
+    but merged they are no matmul (two accumulators over one k loop): the cost model prices the
+    pair as a row kernel at over twice the two matmuls, so extraction keeps them apart."""
+    from emmy.schedule.shape import kernel_shape
+
+    code = ("x=torch.randn(256,256); wk=torch.randn(128,256); wv=torch.randn(128,256); "
+            "(x @ wk.t(), x @ wv.t())")
+    program = emmy.optimize(code, stop_after="tile")
+    assert [kernel_shape(k).kind for k in program.loop_ir.kernels] == ["contraction", "contraction"]
+    together = merge_sibling_folds(program.loop_ir)
+    assert len(together.kernels) == 1  # the pass alone merges them: the price is what refuses

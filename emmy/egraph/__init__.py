@@ -103,7 +103,7 @@ def optimize_loops(graph, groups, budget: Budget = Budget(), price=None, search_
     view = EGraphView.of(egraph)
     price = price or loop_cost_price
     found = extract(view, graph, price, search_seconds)
-    program = merge_sibling_folds(found.program)
+    program = merge_sibling_folds(found.program, _cheaper_merged(found.program, price))
     program = merge_into_readers(program, _cheaper_merged(program, price))
     seconds, prices = found.seconds, found.kernel_prices
     if program is not found.program:  # merged kernels: priced again (the pricer's memo has the rest)

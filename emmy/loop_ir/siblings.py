@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from typing import Callable
 
 from emmy.loop_ir.nodes import (Accumulate, Assign, Init, Kernel, Load, Loop, LoopProgram, Update, free_nest,
                                 fresh_name, index_tensors, renamed, statements)
@@ -31,7 +32,11 @@ class _Fold:
     after: tuple
 
 
-def merge_sibling_folds(program: LoopProgram) -> LoopProgram:
+def merge_sibling_folds(program: LoopProgram, accept: Callable[[Kernel, Kernel, Kernel], bool] | None = None
+                        ) -> LoopProgram:
+    """`program` with sibling folds merged; `accept(first, second, merged)`, when given, must say
+    the merged kernel is worth it (extraction passes the cost model's verdict: two matmuls that
+    read one input fold alike, but the pair is no matmul and would be priced as a row kernel)."""
     kernels = list(program.kernels)
     folds = [_fold_of(k) for k in kernels]
     readers: dict[str, list[int]] = defaultdict(list)  # buffer -> positions of the kernels reading it
@@ -51,7 +56,10 @@ def merge_sibling_folds(program: LoopProgram) -> LoopProgram:
             for j in positions[a + 1:a + 1 + WINDOW]:
                 if j in used or not _may_merge(kernels[i], kernels[j], folds[i], folds[j], i, j, readers):
                     continue
-                kernels[j] = _merged(kernels[i], kernels[j], folds[i], folds[j])
+                merged = _merged(kernels[i], kernels[j], folds[i], folds[j])
+                if accept is not None and not accept(kernels[i], kernels[j], merged):
+                    continue
+                kernels[j] = merged
                 folds[j] = _fold_of(kernels[j])
                 merged_away.add(i)
                 used |= {i, j}
