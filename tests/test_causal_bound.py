@@ -33,23 +33,30 @@ def _guard(coefficients: dict, const: int, lo=None, hi=None) -> Guard:
     return Guard(expr, lo, hi)
 
 
-def test_the_live_key_end_is_sound_for_every_box_of_rows():
-    """Every key at or past the end fails a guard in every row of the box (checked by enumeration
-    over random linear guards and boxes), and for one guard the key before it holds in some row."""
-    rng = random.Random(7)
+def _random_cases(seed: int, upper: bool):
+    """300 (guard, box, holds) cases: a random linear guard bounding the key from above (`upper`)
+    or below, a box of rows and a batch index, and whether the guard holds at (key, row)."""
+    rng = random.Random(seed)
     for _ in range(300):
         ck = rng.choice([-3, -2, -1, 1, 2, 3])
         cr, cb, const = rng.randint(-3, 3), rng.randint(-2, 2), rng.randint(-20, 20)
-        guard = _guard({KEY: ck, 1: cr, 0: cb}, const, **({"hi": rng.randint(-5, 5)} if ck > 0
-                                                         else {"lo": rng.randint(-5, 5)}))
+        side = "hi" if (ck > 0) == upper else "lo"
+        guard = _guard({KEY: ck, 1: cr, 0: cb}, const, **{side: rng.randint(-5, 5)})
         box = {1: tuple(sorted((rng.randint(0, 40), rng.randint(0, 40)))), 0: (b := rng.randint(0, 3), b)}
-        keys = 48
-        end = live_key_end((guard,), KEY, box, keys)
         rows = [{1: r, 0: box[0][0]} for r in range(box[1][0], box[1][1] + 1)]
 
-        def holds(key, row):
+        def holds(key, row, guard=guard):
             return bool(guard.holds([np.int64(row[0]), np.int64(row[1]), 0, np.int64(key)]))
 
+        yield guard, box, rows, holds
+
+
+def test_the_live_key_end_is_sound_for_every_box_of_rows():
+    """Every key at or past the end fails a guard in every row of the box (checked by enumeration
+    over random linear guards and boxes), and for one guard the key before it holds in some row."""
+    keys = 48
+    for guard, box, rows, holds in _random_cases(7, upper=True):
+        end = live_key_end((guard,), KEY, box, keys)
         assert all(not holds(key, row) for key in range(end, keys) for row in rows), (guard, box, end)
         if 0 < end < keys:
             assert any(holds(end - 1, row) for row in rows), (guard, box, end)
@@ -58,19 +65,8 @@ def test_the_live_key_end_is_sound_for_every_box_of_rows():
 def test_the_live_key_start_is_sound_for_every_box_of_rows():
     """Every key before the start fails a guard in every row of the box, and for one guard the
     start key holds in some row."""
-    rng = random.Random(8)
-    for _ in range(300):
-        ck = rng.choice([-3, -2, -1, 1, 2, 3])
-        cr, cb, const = rng.randint(-3, 3), rng.randint(-2, 2), rng.randint(-20, 20)
-        guard = _guard({KEY: ck, 1: cr, 0: cb}, const, **({"lo": rng.randint(-5, 5)} if ck > 0
-                                                         else {"hi": rng.randint(-5, 5)}))
-        box = {1: tuple(sorted((rng.randint(0, 40), rng.randint(0, 40)))), 0: (b := rng.randint(0, 3), b)}
+    for guard, box, rows, holds in _random_cases(8, upper=False):
         start = live_key_start((guard,), KEY, box)
-        rows = [{1: r, 0: box[0][0]} for r in range(box[1][0], box[1][1] + 1)]
-
-        def holds(key, row):
-            return bool(guard.holds([np.int64(row[0]), np.int64(row[1]), 0, np.int64(key)]))
-
         assert all(not holds(key, row) for key in range(0, start) for row in rows), (guard, box, start)
         if start > 0:
             assert any(holds(start, row) for row in rows), (guard, box, start)
@@ -123,12 +119,18 @@ def _attention_kernel(program):
 @pytest.mark.parametrize("row", ROWS, ids=list(ROWS))
 def test_causal_attention_kernels_walk_the_live_keys_and_match_torch(causal_program, row):
     program, inputs = causal_program
+    _bounded_row_matches(program, inputs, row, "live_chunks", _causal)
+
+
+def _bounded_row_matches(program, inputs, row: str, marker: str, reference):
+    """The attention kernel has key bounds; on `row` its CUDA walks them (`marker`) and, under
+    ASan, matches `reference` in f32."""
     kernel = _attention_kernel(program)
     assert kernel_shape(kernel).key_bound is not None
     variant = program.with_rows({kernel.name: parse_pins(ROWS[row])})
-    assert "live_chunks" in variant.cuda_source
+    assert marker in variant.cuda_source
     out = variant(*inputs, sim_mode="asan")
-    expected = _causal(*(t.float() for t in inputs))
+    expected = reference(*(t.float() for t in inputs))
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
 
 
@@ -222,13 +224,7 @@ def window_program():
 @pytest.mark.parametrize("row", ROWS, ids=list(ROWS))
 def test_a_sliding_window_s_blocks_walk_only_the_window_and_match_torch(window_program, row):
     program, inputs = window_program
-    kernel = _attention_kernel(program)
-    assert kernel_shape(kernel).key_bound is not None
-    variant = program.with_rows({kernel.name: parse_pins(ROWS[row])})
-    assert "first_live" in variant.cuda_source
-    out = variant(*inputs, sim_mode="asan")
-    expected = _window(*(t.float() for t in inputs))
-    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+    _bounded_row_matches(program, inputs, row, "first_live", _window)
 
 
 @pytest.mark.parametrize("row", ["simt", "mma_smem"])
