@@ -244,7 +244,7 @@ def _live_chunks_c(guards, key_var: int, r_dec, block_rows: int, rows: int, key_
                   f"if (hi{var} - lo{var} >= {extent} || lo{var} % {extent} > hi{var} % {extent}) "
                   f"{{ lo{var} = 0; hi{var} = {extent - 1}; }} else {{ lo{var} %= {extent}; hi{var} %= {extent}; }}"]
 
-    def rest(others: dict, const: int, lowest: bool) -> str:  # the guard's expression less the key term, at its least or most
+    def rest(others: dict, const: int, lowest: bool) -> str:  # the guard less its key term, at its least or most
         terms = [f"{c}LL * {('lo' if (c > 0) == lowest else 'hi') if v in row_vars else 'a'}{v}"
                  for v, c in sorted(others.items())]
         return "(" + " + ".join(terms + ([str(const)] if const or not terms else [])) + ")"
