@@ -107,7 +107,8 @@ def optimize_loops(graph, groups, budget: Budget = Budget(), price=None, search_
     program = merge_into_readers(program, _cheaper_merged(program, price))
     seconds, prices = found.seconds, found.kernel_prices
     if program is not found.program:  # merged kernels: priced again (the pricer's memo has the rest)
-        prices = tuple(price([(k, buffer_types(program)) for k in program.kernels]))
+        types = buffer_types(program)
+        prices = tuple(price([(k, types) for k in program.kernels]))
         seconds = None if any(p.seconds is None for p in prices) else sum(p.seconds for p in prices)
     return LoopResult(program, reports, seconds, egraph, terms, found.decisions, found.search, prices,
                       found.alternative)
