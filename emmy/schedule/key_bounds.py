@@ -10,9 +10,9 @@ key before some point, so the walk starts there: a block walks about W + its row
 Stopping early is exact only for rows that have seen an unmasked score: a -inf score then adds
 nothing to the state (its weight is exp(-inf - m) = 0 and the maximum stands). A row that has
 seen none keeps m = -inf, and the fold's step counts even masked keys there (weight 1 where
-score == m); the templates check for such rows and then walk the remaining keys too. (Starting late is exact
-for the same reason: a row's masked keys before its first unmasked one are weighted 1 while m is
--inf, and the first finite m scales all of them by exp(-inf) = 0.)
+score == m); the templates check for such rows and then walk the remaining keys too. Starting
+late is exact for the same reason: a row's masked keys before its first unmasked one are
+weighted 1 while m is -inf, and the first finite m scales all of them by exp(-inf) = 0.
 
 `key_range_guards` finds the guards that bound the keys from above or below; `live_key_end` and
 `live_key_start` are the bounds for a box of row coordinates; `live_fraction` the share of key
@@ -33,10 +33,10 @@ _NEG_INF = float("-inf")
 
 @dataclass(frozen=True)
 class KeyBound:
-    """An attention kernel's key bounds: `guards` (linear, each bounding the key from above or below) over
-    the key variable `key_var` of `keys` keys, the query-row variables `row_vars` ((variable,
-    extent), outermost first: a block's rows are consecutive flat rows) and the batch variables
-    `other_vars` a guard may read."""
+    """An attention kernel's key bounds: `guards` (linear, each bounding the key from above or
+    below) over the key variable `key_var` of `keys` keys, the query-row variables `row_vars`
+    ((variable, extent), outermost first: a block's rows are consecutive flat rows) and the batch
+    variables `other_vars` a guard may read."""
 
     guards: tuple[Guard, ...]
     key_var: int

@@ -39,6 +39,7 @@ _EXACT_FLOAT = {DType.F64: 2 ** 53, DType.F32: 2 ** 24, DType.F16: 2 ** 11, DTyp
 _INT_RANGE = {DType.I64: (-(2 ** 63), 2 ** 63 - 1), DType.I32: (-(2 ** 31), 2 ** 31 - 1),
               DType.I16: (-(2 ** 15), 2 ** 15 - 1), DType.I8: (-128, 127), DType.U8: (0, 255)}
 _MAX_GUARD_SETS = 3  # operands of distinct masks one Piecewise combination may join
+_MAX_FLIPS = 3  # one-guard operands tried both ways round (2^3 combinations at most)
 
 
 @dataclass(frozen=True)
@@ -218,11 +219,11 @@ class _Finder:
         Piecewise when every region but the one where all masks hold gives one value. A mask of
         one one-sided guard may be read the other way round (`a | b` of two comparisons is the
         negation of a conjunction), so each such operand is tried both ways."""
-        operands = [self._piecewise(o) for o in node.operands]
+        operands = [self._as_piecewise(o) for o in node.operands]
         if any(v is None for v in operands):
             return None
         flippable = [k for k, v in enumerate(operands) if _negated(v) is not None]
-        for flips in product((False, True), repeat=min(len(flippable), _MAX_GUARD_SETS)):
+        for flips in product((False, True), repeat=min(len(flippable), _MAX_FLIPS)):
             tried = list(operands)
             for k, flip in zip(flippable, flips):
                 tried[k] = _negated(tried[k]) if flip else tried[k]
@@ -256,7 +257,7 @@ class _Finder:
         value where some coordinate on the axis satisfies every guard, the outside one elsewhere.
         The guards on the axis must bound it with coefficient 1 or -1: then a coordinate exists
         exactly where each lower bound is at most each upper bound (Fourier-Motzkin)."""
-        value = self._piecewise(node.operand)
+        value = self._as_piecewise(node.operand)
         if value is None or node.op not in ("max", "min"):
             return None
         pick = "maximum" if node.op == "max" else "minimum"
@@ -288,7 +289,8 @@ class _Finder:
         exists = [Guard(u - lo, lo=0) for lo in lowers for u in uppers]
         return _piecewise(tuple(others) + tuple(exists), value.inside, value.outside, node.type.shape, value.derived)
 
-    def _piecewise(self, name: str) -> Piecewise | None:
+    def _as_piecewise(self, name: str) -> Piecewise | None:
+        """A node's value as a Piecewise (a constant Linear value as one of no guards), or None."""
         value = self.value(name)
         if isinstance(value, Linear) and value.expr.is_constant:
             scalar = _scalar(value.expr.const, self.types[name].dtype)
