@@ -4,6 +4,7 @@ mask per score element and never outside its buffer (keys past the end read the 
 the cost model counts the mask's bytes."""
 
 import math
+from math import prod
 
 import pytest
 import torch
@@ -113,15 +114,20 @@ def _padding_mask(queries: int, keys: int, blind: int) -> torch.Tensor:
     return mask
 
 
-def test_sdpa_with_a_mask_is_a_flash_kernel_beside_its_row_test():
+def test_sdpa_with_a_mask_is_a_flash_kernel_that_reads_its_row_test():
     """The mask's row test (a query that sees no key gives 0) is a reduction of its own: fusing the
     scores into the flash kernel pays only with that test cut out of it, a move of two cuts at once
-    (emmy.egraph.search); each alone costs more, so the scores used to be materialized."""
+    (emmy.egraph.search); each alone costs more, so the scores used to be materialized. The test's
+    kernel runs first and the flash kernel's epilogue reads it (its row values are computed after
+    the fold: tile_ir.build), so the attention's output makes no second trip through memory."""
     inputs = [torch.randn(1, 8, 512, 64, dtype=torch.float16) for _ in range(3)]
     mask = _padding_mask(512, 512, blind=5)
     program = emmy.optimize(_sdpa_with_mask, *inputs, mask, stop_after="tile")
-    kinds = sorted(kernel_shape(k).kind for k in program.loop_ir.kernels)
-    assert "attention" in kinds and len(kinds) == 2, kinds
+    kinds = [kernel_shape(k).kind for k in program.loop_ir.kernels]
+    assert kinds == ["row", "attention"], kinds
+    test, flash = program.loop_ir.kernels
+    assert flash.output == program.loop_ir.outputs[0]  # the where of the row test is its epilogue
+    assert prod(test.type.shape) * 64 == prod(flash.type.shape)  # a value per query and head
 
 
 def test_an_additive_f16_mask_keeps_tensor_cores_at_a_model_s_size():
@@ -140,3 +146,49 @@ def test_sdpa_with_a_mask_runs_right_with_a_query_that_sees_no_key():
     expected = _sdpa_with_mask(*(t.float() for t in inputs), mask)
     assert torch.all(out[:, :, 3] == 0)
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+class Alibi(nn.Module):
+    """ALiBi (BLOOM, MPT): a bias per head of slope times the key's distance from the query, with a
+    causal mask. The slope is a row value of the head; the flash kernel's fold reads it (computed
+    in the walk over the keys: tile_ir.build), so the scores are never materialized."""
+
+    def forward(self, q, k, v):
+        heads, tokens = q.shape[1], q.shape[2]
+        slopes = torch.tensor([2 ** (-8 * (h + 1) / heads) for h in range(heads)])
+        pos = torch.arange(tokens)
+        bias = (pos[None, :] - pos[:, None]).float()[None] * slopes[:, None, None]
+        att = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.size(-1)) + bias
+        att = att.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+        return F.softmax(att, dim=-1).to(q.dtype) @ v
+
+
+SIMT_ROWS = {"simt": "WORK=t64,TILE=f2,REDUCE=,STAGE=,RASTER=",
+             "simt_async": "WORK=t64,TILE=f2,REDUCE=,STAGE=d2/smem-async,RASTER="}
+
+
+@pytest.mark.parametrize("row", list(ROWS) + list(SIMT_ROWS))
+def test_alibi_is_one_flash_kernel_that_matches_torch(row):
+    inputs = _inputs(70)
+    model = Alibi()
+    program = emmy.optimize(model, *inputs)
+    (kernel,) = program.loop_ir.kernels
+    assert kernel_shape(kernel).kind == "attention" and kernel_shape(kernel).key_bound is not None
+    variant = program.with_rows({kernel.name: parse_pins({**ROWS, **SIMT_ROWS}[row])})
+    out = variant(*inputs, sim_mode="asan")
+    expected = model(*(t.float() for t in inputs))
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_a_padding_mask_is_read_per_key_not_per_score():
+    """A mask every query reads alike (batch and key only) is staged traffic like K's, counted once a
+    block of queries; one per query and key is counted per score."""
+    q, k, v = (torch.randn(2, 4, 256, 32, dtype=torch.float16) for _ in range(3))
+    per_key = torch.ones(2, 1, 1, 256, dtype=torch.bool)
+    per_score = torch.ones(2, 1, 256, 256, dtype=torch.bool)
+    shapes = {}
+    for name, mask in (("key", per_key), ("score", per_score)):
+        program = emmy.optimize(_sdpa_with_mask, q, k, v, mask, stop_after="loop")
+        (shapes[name],) = [kernel_shape(k) for k in program.loop_ir.kernels if kernel_shape(k).kind == "attention"]
+    assert (shapes["key"].key_bytes, shapes["key"].score_bytes) == (1, 0)
+    assert (shapes["score"].key_bytes, shapes["score"].score_bytes) == (0, 1)

@@ -198,8 +198,9 @@ def _zero_where_all_masked(ctx: Context, result: str, allowed: str, nb: int, nam
     """torch's attention gives 0 for a query its mask lets see no key (a padded position of a
     left-padded batch), where a softmax over nothing but -inf gives NaN: its rows are zeroed after
     the sum over the keys, so the softmax and the sum keep the form the one-pass rewrite matches
-    (the row test is a reduction of its own: extraction fuses the scores into one flash kernel
-    and leaves the test, with the where, to a kernel after it; see docs/ARCHITECTURE.md)."""
+    (the row test is a reduction of its own: extraction fuses the scores into one flash kernel,
+    the test into a kernel before it, and the where into the flash kernel's epilogue; see
+    docs/ARCHITECTURE.md)."""
     b = ctx.b
     seen = b.reduce("max", b.cast(allowed, DType.I32), nb + 1, suffix="sees_a_key")  # (.., L, 1)
     shape = b.shape(result)

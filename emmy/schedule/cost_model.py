@@ -359,7 +359,8 @@ def _bytes(shape: KernelShape, g, loop_cost, live: float = 1.0) -> float:
     base = loop_cost.bytes_read + loop_cost.bytes_written
     if shape.kind == "attention":
         q = shape.rows * shape.inner * shape.batch * isz
-        kv = shape.red * (shape.inner + shape.cols) * shape.batch * isz * ceil(shape.rows / g.tile_m) * live
+        per_key = (shape.inner + shape.cols) * isz + shape.key_bytes  # K, V and what is read per key beside them
+        kv = shape.red * per_key * shape.batch * ceil(shape.rows / g.tile_m) * live
         scores = shape.rows * shape.red * shape.batch * shape.score_bytes * live  # a mask read per score
         return q + kv * (1.0 if g.stage_depth else 1.5) + scores + loop_cost.bytes_written
     return base

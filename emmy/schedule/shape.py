@@ -61,6 +61,7 @@ class KernelShape:
     panel_bytes: tuple[int, int] = (4, 4)  # the same loads' element bytes summed per side: a stage's bytes per row
     key_bound: KeyBound | None = None  # attention: a causal mask's bound on each block's keys (key_bounds)
     score_bytes: int = 0  # attention: bytes loaded per score beside q.k (a mask's or a bias's element)
+    key_bytes: int = 0  # attention: bytes loaded per key beside k and v, alike for every query (a padding mask)
 
     def signature(self) -> str:
         """What a measurement of this kernel is keyed by, besides knobs and GPU: kind, extents, types."""
@@ -74,6 +75,8 @@ class KernelShape:
             flags += " key_bound"
         if self.score_bytes:
             flags += f" score_bytes={self.score_bytes}"
+        if self.key_bytes:
+            flags += f" key_bytes={self.key_bytes}"
         return (f"{self.kind} rows={self.rows} cols={self.cols} red={self.red} inner={self.inner} "
                 f"batch={self.batch} itemsize={self.itemsize}" + (f" mma={self.mma}" if self.mma else "") + flags)
 
@@ -118,10 +121,10 @@ def kernel_shape(kernel: Kernel) -> KernelShape:
     # (softmax probabilities written out, a bias over heads beside the q.k dot) is a row reduction
     attention = None if sweep else _attention(outer, reductions)
     if attention is not None:
-        rows, cols, batch, inner, mma, m_vars, n_vars, key_bound, operand_size, score_bytes = attention
+        rows, cols, batch, inner, mma, m_vars, n_vars, key_bound, operand_size, score_bytes, key_bytes = attention
         return KernelShape(kernel.name, "attention", rows, cols, red, inner, operand_size, batch=batch, sweep=False,
                            epilogue=True, mma=mma, free_vars=tuple(l[0] for l in outer), m_vars=m_vars,
-                           n_vars=n_vars, key_bound=key_bound, score_bytes=score_bytes)
+                           n_vars=n_vars, key_bound=key_bound, score_bytes=score_bytes, key_bytes=key_bytes)
     contraction = _contraction(kernel, stmts, outer, reductions)
     if contraction is not None:
         rows, cols, batch, mma, m_vars, n_vars, prologue_ops = contraction
@@ -305,7 +308,8 @@ def _operand_statements(defs, name):
 
 def _attention(outer, reductions):
     """(rows, cols, batch, inner, mma dtype, row variables, col variables, causal bound, the q, k
-    and v loads' widest element, the other loads' bytes per score) for a twisted fold
+    and v loads' widest element, the other loads' bytes per score, those per key alike for every
+    query) for a twisted fold
     whose element holds a contraction: q.k inside, the weights v read beside it. The fold is the
     kernel's outermost: one nested in another fold (attention averaged over heads in the same
     kernel) is a row's work, which the flash template does not do."""
@@ -334,10 +338,13 @@ def _attention(outer, reductions):
             continue
         batch = prod(extents[v] for v in extents if v not in m_vars and v not in n_vars)
         # tensor cores take q, k and the weights; a mask or bias beside them (per query and key) is
-        # read per score element whatever its type
+        # read per score element whatever its type; one every query reads alike (a padding mask,
+        # a key's position) per key, as K is
         operands = inside + [s for s in beside if _vars(s.expr.index) & set(n_vars)]
         itemsize = max(s.dtype.itemsize for s in operands)  # of the staged tiles
-        score_bytes = sum(s.dtype.itemsize for s in beside if s not in operands)
+        others = [s for s in beside if s not in operands]
+        score_bytes = sum(s.dtype.itemsize for s in others if _vars(s.expr.index) & set(m_vars))
+        key_bytes = sum(s.dtype.itemsize for s in others if not _vars(s.expr.index) & set(m_vars))
         dtypes = {s.dtype for s in operands}
         mma = _MMA_DTYPES.get(dtypes.pop(), "") if len(dtypes) == 1 else ""
         batch_vars = tuple(v for v in extents if v not in m_vars and v not in n_vars)
@@ -345,7 +352,7 @@ def _attention(outer, reductions):
         key_bound = KeyBound(guards, fold.var, fold.extent, tuple((v, extents[v]) for v in m_vars),
                              tuple((v, extents[v]) for v in batch_vars)) if guards else None
         return (prod(extents[v] for v in m_vars), prod(extents[v] for v in n_vars), batch, nested[0].extent, mma,
-                m_vars, n_vars, key_bound, itemsize, score_bytes)
+                m_vars, n_vars, key_bound, itemsize, score_bytes, key_bytes)
     return None
 
 

@@ -90,6 +90,8 @@ def _parts(kernel: Kernel, shape: KernelShape):
     _, body = row_nest(kernel.body, shape.free_vars)
     if shape.kind == "contraction":
         body = _fold_reads_inside(body)
+    elif shape.kind == "attention":
+        body = _row_values_after_fold(_fold_reads_inside(body))
     inits, pending = [], []
     for stmt in body:
         if isinstance(stmt, Init):
@@ -116,9 +118,10 @@ def _parts(kernel: Kernel, shape: KernelShape):
 
 
 def _fold_reads_inside(body: tuple) -> tuple:
-    """A contraction's body with the statements before its fold that the fold reads (a triangular
-    mask's row and column positions) computed inside the fold as well: a contraction lowers its
-    fold from the operand panels alone. A statement also used after the fold stays before it; the
+    """A contraction's or attention's body with the statements before its fold that the fold reads
+    (a triangular mask's row and column positions, ALiBi's slope of the head) computed inside the
+    fold as well: a contraction lowers its fold from the operand panels alone, a flash kernel from
+    its walk over the keys. A statement also used after the fold stays before it; the
     fold's copy is renamed; so does one a statement left before the fold reads (a residual sum
     computed before a contraction that reads the same bias: timm's ResMLP)."""
     at = next((k for k, s in enumerate(body) if isinstance(s, Loop) and s.reduction), None)
@@ -149,6 +152,20 @@ def _fold_reads_inside(body: tuple) -> tuple:
     inner = copies + tuple(renamed(s, names) for s in fold.body)
     head = tuple(s for s in body[:at] if not (isinstance(s, Assign) and s.name in needed and s.name not in kept))
     return (*head, dataclasses.replace(fold, body=inner), *body[at + 1:])
+
+
+def _row_values_after_fold(body: tuple) -> tuple:
+    """An attention body with the row's values computed before its fold (the fold reads none of
+    them once _fold_reads_inside has run: a padding mask's row test, read by the epilogue) moved
+    to just after it: a flash kernel runs its fold first and then each output's epilogue."""
+    at = next((k for k, s in enumerate(body) if isinstance(s, Loop) and s.reduction), None)
+    if at is None:
+        return body
+    early = tuple(s for s in body[:at] if isinstance(s, Assign))
+    if not early:
+        return body
+    rest = tuple(s for s in body[:at] if not isinstance(s, Assign))
+    return (*rest, body[at], *early, *body[at + 1:])
 
 
 def _twist(combine, inits) -> str:
