@@ -170,12 +170,21 @@ class _Support:
         self.refused: set = set()
 
     def is_node_supported(self, submodules, node) -> bool:
+        if node.op == "get_attr":  # a torch.cond branch: supported where every op in it is
+            branch = submodules.get(node.target)
+            inside = dict(branch.named_modules()) if isinstance(branch, torch.fx.GraphModule) else {}
+            return bool(inside) and all(self.is_node_supported(inside, n) for n in branch.graph.nodes
+                                        if n.op in ("call_function", "get_attr"))
         if node.op != "call_function":
             return False
         if node.target is operator.getitem:
             producer = node.args[0]
             return hasattr(producer, "op") and self.is_node_supported(submodules, producer)
         name = str(node.target)
+        if name == "cond":  # both branches computed, the predicate selecting (emmy.decompose.from_aten)
+            branches = node.args[1:3]
+            return all(hasattr(b, "op") and self.is_node_supported(submodules, b) for b in branches) \
+                and all(_plain(a.meta.get("val")) for a in node.all_input_nodes if a.op != "get_attr")
         if name not in self.lowerings:
             self.refused.add(name)
             return False

@@ -210,6 +210,8 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
     where = _located(captured, node)
     if key == "with_effects":
         return _with_effects(where, node)
+    if key == "cond":
+        return _cond(captured, builder, node, env, constants, pairs)
     if _sized_by_values(node.meta.get("val")):
         raise UnsupportedOpError.sized_by_values(where)
     if has_no_elements(node.meta.get("val")):  # nothing to compute, whatever it reads
@@ -248,6 +250,49 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
         raise
     except TypeError as err:
         raise UnsupportedOpError(f"unsupported op {where}: unexpected arguments ({err})") from err
+
+
+def _cond(captured, builder: GraphBuilder, node, env, constants: dict, pairs: set) -> list:
+    """torch.cond(pred, true_fn, false_fn, operands): both branches computed (torch requires them
+    pure and alike in their outputs' shapes and types) and each output taken from one by the
+    predicate, as a where: a kernel has no branch a whole graph could take. A branch is walked as
+    the graph is, so a cond inside one nests no deeper than the program's conds do."""
+    pred, true_ref, false_ref, operands = node.args
+    owner = node.graph.owning_module  # a nested cond's branches are attributes of its own branch
+    values = [_resolve(o, env) for o in operands]
+    branches = [_branch_outputs(captured, builder, getattr(owner, ref.target).graph, values, constants, pairs)
+                for ref in (true_ref, false_ref)]
+    chosen = _resolve(pred, env)
+    if isinstance(chosen, bool):  # a predicate torch.export knew: that branch alone
+        return branches[0] if chosen else branches[1]
+    builder.origin = _located(captured, node)
+    out = []
+    for taken, other in zip(*branches):
+        if isinstance(taken, EmptyTensor):
+            out.append(taken)
+            continue
+        shape = builder.shape(taken)
+        selected = builder.elementwise("where", builder.broadcast_to(chosen, shape), taken, other,
+                                       dtype=builder.dtype(taken), suffix="cond")
+        if taken in pairs:
+            pairs.add(selected)
+        out.append(selected)
+    return out
+
+
+def _branch_outputs(captured, builder: GraphBuilder, graph, operands: list, constants: dict, pairs: set) -> list:
+    """The values a cond branch's graph returns, its placeholders bound to `operands` in order."""
+    env: dict[str, object] = {}
+    placeholders = iter(operands)
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            env[node.name] = next(placeholders)
+        elif node.op == "call_function":
+            env[node.name] = _decompose_node(captured, builder, node, env, constants, pairs)
+        elif node.op == "output":
+            results = node.args[0]
+            return [env[r.name] for r in (results if isinstance(results, (list, tuple)) else [results])]
+    raise UnsupportedOpError("a torch.cond branch without an output")
 
 
 def _empty_parts_marked(result, val):
