@@ -192,3 +192,37 @@ def test_a_padding_mask_is_read_per_key_not_per_score():
         (shapes[name],) = [kernel_shape(k) for k in program.loop_ir.kernels if kernel_shape(k).kind == "attention"]
     assert (shapes["key"].key_bytes, shapes["key"].score_bytes) == (1, 0)
     assert (shapes["score"].key_bytes, shapes["score"].score_bytes) == (0, 1)
+
+
+class PartialRotary(nn.Module):
+    """GPT-NeoX's attention: rotary embeddings on the first quarter of each head's dimensions, the
+    angles computed in forward from the positions, then causal sdpa. Fused into the scores, the
+    query's rotation reads row values (its position's angles) inside the q.k dot, which the flash
+    templates hold before they walk the keys: such a kernel must keep a form that builds."""
+
+    def __init__(self, head: int = 8, rotary: int = 2):
+        super().__init__()
+        self.rotary = rotary
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, rotary, 2).float() / rotary)))
+
+    def _rotate(self, x, cos, sin):
+        r, rest = x[..., :self.rotary], x[..., self.rotary:]
+        half = self.rotary // 2
+        turned = torch.cat((-r[..., half:], r[..., :half]), dim=-1)
+        return torch.cat((r * cos + turned * sin, rest), dim=-1)
+
+    def forward(self, qkv):
+        q, k, v = qkv.unbind(2)  # [B, H, 3, T, D]
+        angles = torch.arange(q.size(-2)).float()[:, None] * self.inv_freq[None]
+        emb = torch.cat((angles, angles), dim=-1)
+        q, k = self._rotate(q, emb.cos(), emb.sin()), self._rotate(k, emb.cos(), emb.sin())
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_a_query_rotation_read_inside_the_dot_builds_and_matches_torch():
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 4, 3, 12, 8)
+    model = PartialRotary().eval()
+    program = emmy.optimize(model, qkv)
+    out = program(qkv, sim_mode="asan")
+    torch.testing.assert_close(out, model(qkv), rtol=1e-4, atol=1e-4)

@@ -90,7 +90,7 @@ def _parts(kernel: Kernel, shape: KernelShape):
     _, body = row_nest(kernel.body, shape.free_vars)
     if shape.kind == "contraction":
         body = _fold_reads_inside(body)
-    elif shape.kind == "attention":
+    elif shape.kind == "attention" and not _dot_reads_row_values(body):
         body = _row_values_after_fold(_fold_reads_inside(body))
     inits, pending = [], []
     for stmt in body:
@@ -152,6 +152,32 @@ def _fold_reads_inside(body: tuple) -> tuple:
     inner = copies + tuple(renamed(s, names) for s in fold.body)
     head = tuple(s for s in body[:at] if not (isinstance(s, Assign) and s.name in needed and s.name not in kept))
     return (*head, dataclasses.replace(fold, body=inner), *body[at + 1:])
+
+
+def _dot_reads_row_values(body: tuple) -> bool:
+    """Whether an attention's q.k dot reads, itself or through the fold's statements, a row value
+    the Loop IR computed before the fold (rotary angles of the query's position, GPT-NeoX's
+    partial rotary): the flash templates hold the dot's key-independent part (q) in registers
+    before they walk the keys, ahead of any statement of the fold, so such a kernel keeps the
+    form the templates refuse."""
+    at = next((k for k, s in enumerate(body) if isinstance(s, Loop) and s.reduction), None)
+    if at is None:
+        return False
+    before = {s.name for s in body[:at] if isinstance(s, Assign)}
+    fold = body[at]
+    lift = {s.name: s for s in fold.body if isinstance(s, Assign)}
+    todo = [n for loop in fold.body if isinstance(loop, Loop) for s in statements(loop.body) for n in values_read(s)]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in before:
+            return True
+        if name in lift:
+            todo += values_read(lift[name])
+    return False
 
 
 def _row_values_after_fold(body: tuple) -> tuple:
