@@ -117,6 +117,11 @@ def _parts(kernel: Kernel, shape: KernelShape):
         yield Epilogue(tuple(pending))
 
 
+def _first_fold(body: tuple) -> int | None:
+    """The position of the body's first reduction loop (its fold), or None."""
+    return next((k for k, s in enumerate(body) if isinstance(s, Loop) and s.reduction), None)
+
+
 def _fold_reads_inside(body: tuple) -> tuple:
     """A contraction's or attention's body with the statements before its fold that the fold reads
     (a triangular mask's row and column positions, ALiBi's slope of the head) computed inside the
@@ -124,7 +129,7 @@ def _fold_reads_inside(body: tuple) -> tuple:
     its walk over the keys. A statement also used after the fold stays before it; the
     fold's copy is renamed; so does one a statement left before the fold reads (a residual sum
     computed before a contraction that reads the same bias: timm's ResMLP)."""
-    at = next((k for k, s in enumerate(body) if isinstance(s, Loop) and s.reduction), None)
+    at = _first_fold(body)
     if at is None:
         return body
     fold = body[at]
@@ -160,7 +165,7 @@ def _dot_reads_row_values(body: tuple) -> bool:
     partial rotary): the flash templates hold the dot's key-independent part (q) in registers
     before they walk the keys, ahead of any statement of the fold, so such a kernel keeps the
     form the templates refuse."""
-    at = next((k for k, s in enumerate(body) if isinstance(s, Loop) and s.reduction), None)
+    at = _first_fold(body)
     if at is None:
         return False
     before = {s.name for s in body[:at] if isinstance(s, Assign)}
@@ -184,7 +189,7 @@ def _row_values_after_fold(body: tuple) -> tuple:
     """An attention body with the row's values computed before its fold (the fold reads none of
     them once _fold_reads_inside has run: a padding mask's row test, read by the epilogue) moved
     to just after it: a flash kernel runs its fold first and then each output's epilogue."""
-    at = next((k for k, s in enumerate(body) if isinstance(s, Loop) and s.reduction), None)
+    at = _first_fold(body)
     if at is None:
         return body
     early = tuple(s for s in body[:at] if isinstance(s, Assign))
