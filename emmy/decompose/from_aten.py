@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 # Importing the op modules fills the registry.
-from emmy.decompose import elementwise, indexing, layout, linalg, nn, reductions, resample, scatter, searching, sorting, windows  # noqa: F401
+from emmy.decompose import (dense_linalg, elementwise, indexing, layout, linalg, nn, reductions, resample,  # noqa: F401
+                            scatter, searching, sorting, windows)
 from emmy.decompose import fourier  # noqa: F401  (complex ops: Fourier transforms)
 from emmy.decompose.complex_pairs import is_complex, lower_complex
 from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_result, has_no_elements, mixed_reads,
