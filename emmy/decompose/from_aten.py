@@ -16,7 +16,7 @@ import numpy as np
 
 # Importing the op modules fills the registry.
 from emmy.decompose import (dense_linalg, elementwise, indexing, layout, linalg, nn, reductions, resample,  # noqa: F401
-                            scatter, searching, sorting, windows)
+                            quantize, scatter, searching, sorting, windows)
 from emmy.decompose import fourier  # noqa: F401  (complex ops: Fourier transforms)
 from emmy.decompose.complex_pairs import is_complex, lower_complex
 from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_result, has_no_elements, mixed_reads,
