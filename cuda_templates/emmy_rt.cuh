@@ -186,6 +186,70 @@ EMMY_DEVICE double digamma(double x) {
   return result + ::log(x) - 0.5 / x + series;
 }
 
+// i0e, i1e (torch.special.i0e / i1e): the modified Bessel functions of the first kind scaled by
+// exp(-|x|), finite for every x. In double: CUDA's cyl_bessel_i0 / i1 times the exponential while
+// both stay finite (|x| < 700), past that the asymptotic series
+//   e^-x I_v(x) ~ (2 pi x)^-1/2 (1 + sum_k prod_{j<=k} -(4v^2 - (2j-1)^2) / (8 j x)),
+// whose twelfth term at x = 700 is far below a double's rounding.
+EMMY_DEVICE double scaled_bessel_tail(double x, int order) {
+  const double mu = 4.0 * order * order;
+  double term = 1.0, sum = 1.0;
+  for (int k = 1; k <= 12; ++k) {
+    const double odd = 2.0 * k - 1.0;
+    term *= -(mu - odd * odd) / (8.0 * k * x);
+    sum += term;
+  }
+  return sum / ::sqrt(2.0 * 3.141592653589793 * x);
+}
+EMMY_DEVICE double i0e(double x) {
+  const double a = ::fabs(x);
+  return a < 700.0 ? cyl_bessel_i0(a) * ::exp(-a) : scaled_bessel_tail(a, 0);
+}
+EMMY_DEVICE double i1e(double x) {
+  const double a = ::fabs(x);
+  return ::copysign(a < 700.0 ? cyl_bessel_i1(a) * ::exp(-a) : scaled_bessel_tail(a, 1), x);
+}
+EMMY_DEVICE float i0e(float x) { return (float)i0e((double)x); }
+EMMY_DEVICE float i1e(float x) { return (float)i1e((double)x); }
+// Hurwitz's zeta(s, q) = sum_{k>=0} (q + k)^-s (torch.special.zeta; polygamma(n, x) is
+// (-1)^(n+1) n! zeta(n + 1, x)), in double. Its first n terms are summed directly, n at least 9 and
+// enough that x = q + n >= 10 (fewer where a term falls below the sum's rounding); the rest by the
+// Euler-Maclaurin formula,
+//   x^(1-s) / (s-1) + x^-s / 2 + sum_j B_2j / (2j)! s (s+1) ... (s+2j-2) x^(-s-2j+1),
+// twelve terms of it. s = 1 is a pole (inf), s < 1 is NaN (torch's domain); at q <= 0 an integer q
+// is a pole, and a non-integer q needs an integer s (a negative base to a real power).
+EMMY_DEVICE double zeta(double s, double q) {
+  if (s == 1.0) return INFINITY;
+  if (s < 1.0) return NAN;
+  if (q <= 0.0) {
+    if (q == ::floor(q)) return INFINITY;
+    if (s != ::floor(s)) return NAN;
+  }
+  const double bernoulli_terms[12] = {
+      0.08333333333333333, -0.001388888888888889, 3.306878306878307e-05, -8.267195767195768e-07,
+      2.08767569878681e-08, -5.284190138687493e-10, 1.3382536530684679e-11, -3.3896802963225827e-13,
+      8.586062056277845e-15, -2.174868698558062e-16, 5.5090028283602295e-18, -1.3954464685812522e-19};
+  double direct = 0.0, x = q;
+  for (int k = 0; k < 9 || x < 10.0; ++k, x += 1.0) {
+    const double term = ::pow(x, -s);
+    direct += term;
+    // a large s: the terms fall below the sum's rounding before the tail is needed (and s = inf
+    // gives torch's values: inf below q = 1, 1 at it)
+    if (k > 0 && ::fabs(term) < 1.1e-16 * ::fabs(direct)) return direct;
+  }
+  const double power = ::pow(x, -s);  // x^-s, then x^(-s-2j+1) as the series goes
+  double tail = power * x / (s - 1.0) + 0.5 * power, rising = s, falling = power / x;
+  for (int j = 0; j < 12; ++j) {
+    const double term = bernoulli_terms[j] * rising * falling;
+    tail += term;
+    if (::fabs(term) <= 1e-17 * ::fabs(direct + tail)) break;
+    rising *= (s + 2 * j + 1) * (s + 2 * j + 2);
+    falling /= x * x;
+  }
+  return direct + tail;
+}
+EMMY_DEVICE float zeta(float s, float q) { return (float)zeta((double)s, (double)q); }
+
 template <class I>
 EMMY_DEVICE I negated(I a) { return (I)(0ULL - (unsigned long long)a); }  // wraps like numpy, no UB
 #define EMMY_INTEGER_DIVISION(I)                                                                 \

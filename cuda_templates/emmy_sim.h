@@ -211,6 +211,32 @@ inline double cyl_bessel_i0(double x) { return std::cyl_bessel_i(0.0, std::fabs(
 inline double cyl_bessel_i1(double x) { return std::copysign(std::cyl_bessel_i(1.0, std::fabs(x)), x); }
 inline float cyl_bessel_i0f(float x) { return (float)cyl_bessel_i0(x); }
 inline float cyl_bessel_i1f(float x) { return (float)cyl_bessel_i1(x); }
+// erfcx (exp(x^2) erfc(x)): the product in double while erfc(x) stays normal (x < 26), past that its
+// asymptotic series 1/(x sqrt(pi)) sum_n (-1)^n (2n-1)!! / (2x^2)^n (eight terms: under 1e-18 there);
+// below 0 by erfcx(x) = 2 exp(x^2) - erfcx(-x).
+inline double erfcx(double x) {
+  if (std::isnan(x)) return x;
+  if (x < 0.0) return x < -26.7 ? INFINITY : 2.0 * std::exp(x * x) - erfcx(-x);
+  if (x < 26.0) return std::exp(x * x) * std::erfc(x);
+  const double v = 1.0 / (2.0 * x * x);
+  double sum = 1.0, term = 1.0;
+  for (int n = 1; n <= 8; ++n) sum += (term *= -(2.0 * n - 1.0) * v);
+  return sum / (x * 1.7724538509055160);
+}
+inline float erfcxf(float x) { return (float)erfcx(x); }
+// normcdfinv (the standard normal's quantile): Abramowitz and Stegun's 26.2.23 (within 5e-4) refined
+// by Newton steps on the normal CDF (quadratic: four reach double precision).
+inline double normcdfinv(double p) {
+  if (!(p >= 0.0 && p <= 1.0)) return NAN;
+  if (p == 0.0 || p == 1.0) return p == 0.0 ? -INFINITY : INFINITY;
+  const double t = std::sqrt(-2.0 * std::log(p < 0.5 ? p : 1.0 - p));
+  double x = t - (2.515517 + t * (0.802853 + t * 0.010328)) / (1.0 + t * (1.432788 + t * (0.189269 + t * 0.001308)));
+  if (p < 0.5) x = -x;
+  for (int step = 0; step < 4; ++step)
+    x -= (0.5 * std::erfc(-x / 1.4142135623730951) - p) / (std::exp(-0.5 * x * x) / 2.5066282746310002);
+  return x;
+}
+inline float normcdfinvf(float p) { return (float)normcdfinv(p); }
 inline float __fdividef(float a, float b) { return a / b; }
 using std::isnan;  // CUDA declares isnan, isinf and signbit for device code in the global namespace
 using std::isinf;

@@ -173,6 +173,10 @@ def _wide_global_loads(kernel) -> bool:
     "torch.lgamma(y.abs() + 0.2) + torch.atan2(y, y * 2) + torch.hypot(y, y) + torch.exp2(y) + torch.special.erfc(y), "
     "torch.isinf(y) ^ torch.signbit(y), torch.copysign(y, -y))",
     "y=torch.randn(3,40); (torch.special.erfinv(y.tanh()), torch.i0(y) + torch.special.i1(y), torch.digamma(y))",
+    "y=torch.randn(3,40,dtype=torch.float64); x=torch.randn(3,40,dtype=torch.float16); "
+    "(torch.special.i0e(y) + torch.special.i1e(x) + torch.special.erfcx(y) + torch.special.ndtri(y.sigmoid()), "
+    "torch.special.zeta(x.abs() + 1.5, y) + torch.polygamma(1, y), "
+    "torch.special.bessel_j0(x) + torch.special.bessel_y1(y))",
 ])
 def test_the_runtime_header_s_division_and_the_math_library_build_for_every_target(cache, code):
     """emmy_rt.cuh's floor_divide, remainder and fmod overloads (float, long long, int) and the CUDA

@@ -133,7 +133,8 @@ _UNARY = {
     "log1p": "log1p", "expm1": "expm1", "log2": "log2", "log10": "log10", "exp2": "exp2", "tan": "tan",
     "atan": "atan", "asin": "asin", "acos": "acos", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh",
     "acosh": "acosh", "atanh": "atanh", "erfc": "erfc", "lgamma": "lgamma", "erfinv": "erfinv", "i0": "i0",
-    "digamma": "digamma", "special_i1": "i1",
+    "digamma": "digamma", "special_i1": "i1", "special_i0e": "i0e", "special_i1e": "i1e", "special_erfcx": "erfcx",
+    "special_ndtri": "ndtri",
 }
 
 
@@ -148,10 +149,78 @@ def unary(ctx: Context, x):
 
 @lowers("aten.polygamma.default")
 def polygamma(ctx: Context, n, x):
-    """The n-th derivative of digamma: emmy has the 0th (digamma itself)."""
-    if n != 0:
-        raise UnsupportedOpError(f"unsupported op {ctx.where}: polygamma of order {n} (emmy computes order 0, digamma)")
-    return _arith(ctx, "digamma", x)
+    """The n-th derivative of digamma: digamma itself for n = 0, else (-1)^(n+1) n! zeta(n + 1, x)
+    (trigamma is n = 1: a digamma's gradient)."""
+    if n == 0:
+        return _arith(ctx, "digamma", x)
+    if n < 0:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: polygamma of negative order {n}")
+    out = ctx.out_type()
+    b = ctx.b
+    value = ctx.operand(x, out.dtype, out.shape)
+    series = b.elementwise("zeta", float(n + 1), value, dtype=out.dtype, suffix="zeta")
+    result = b.elementwise("multiply", series, float((-1) ** (n + 1) * math.factorial(n)),
+                           name=ctx.name if n > 1 else None)
+    if n == 1:
+        # torch's trigamma reflects x < 1/2, pi^2 / sin^2(pi x) - trigamma(1 - x) (huge and finite at
+        # the poles, where sin(pi x) rounds off 0; NaN at -inf), and gives 0 at inf (zeta(2, inf) is NaN)
+        wave = b.elementwise("sin", b.elementwise("multiply", value, math.pi))
+        pole = b.elementwise("divide", math.pi ** 2, b.elementwise("multiply", wave, wave))
+        mirrored = b.elementwise("zeta", 2.0, b.elementwise("subtract", 1.0, value), dtype=out.dtype)
+        reflected = b.elementwise("subtract", pole, mirrored, suffix="reflected")
+        result = b.elementwise("where", b.elementwise("less", value, 0.5), reflected, result, dtype=out.dtype)
+        at_infinity = b.elementwise("logical_and", b.elementwise("isinf", value), b.elementwise("greater", value, 0.0))
+        result = b.elementwise("where", at_infinity, 0.0, result, dtype=out.dtype, name=ctx.name)
+    return result
+
+
+@lowers(*(f"aten.special_bessel_{kind}.default" for kind in ("j0", "j1", "y0", "y1")))
+def bessel(ctx: Context, x):
+    """Bessel functions of the first and second kind (CUDA's j0f ... y1f); NaN at infinity, as
+    torch gives (CUDA and C give the limit, 0)."""
+    out = ctx.out_type()
+    value = ctx.tensor(x, out.dtype)
+    kind = str(ctx.node.target).split(".")[1].removeprefix("special_")
+    result = ctx.b.elementwise(kind, value)
+    return ctx.b.elementwise("where", ctx.b.elementwise("isinf", value), math.nan, result, dtype=out.dtype,
+                             name=ctx.name)
+
+
+@lowers("aten.special_zeta.default", "aten.special_zeta.self_scalar", "aten.special_zeta.other_scalar")
+def hurwitz_zeta(ctx: Context, x, q):
+    return _arith(ctx, "zeta", x, q)
+
+
+@lowers("aten.special_log_ndtr.default")
+def log_ndtr(ctx: Context, x):
+    """log of the standard normal's CDF as torch computes it: log(erfcx(-t) / 2) - t^2 below x = -1
+    (t = x / sqrt(2); no underflow in the far tail), log1p(-erfc(t) / 2) above."""
+    out = ctx.out_type()
+    b = ctx.b
+    value = ctx.tensor(x, out.dtype)
+    t = b.elementwise("multiply", value, 1.0 / math.sqrt(2.0), suffix="t")
+    tail = b.elementwise("subtract", b.elementwise("log", b.elementwise("multiply", b.elementwise(
+        "erfcx", b.elementwise("negative", t)), 0.5)), b.elementwise("multiply", t, t), suffix="tail")
+    body = b.elementwise("log1p", b.elementwise("multiply", b.elementwise("erfc", t), -0.5), suffix="body")
+    return b.elementwise("where", b.elementwise("less", value, -1.0), tail, body, dtype=out.dtype, name=ctx.name)
+
+
+@lowers("aten.special_spherical_bessel_j0.default")
+def spherical_bessel_j0(ctx: Context, x):
+    """sin(x) / x, by its Taylor series below |x| = 1/2 (1 at 0, as torch) and 0 at infinity."""
+    out = ctx.out_type()
+    b = ctx.b
+    value = ctx.tensor(x, out.dtype)
+    square = b.elementwise("multiply", value, value, suffix="square")
+    coefficients = [(-1) ** m / math.factorial(2 * m + 1) for m in range(8)]  # 1 - x^2/3! + ... - x^14/15!
+    near = b.elementwise("multiply", square, coefficients[-1], suffix="series")
+    for c in reversed(coefficients[1:-1]):  # Horner's rule in x^2
+        near = b.elementwise("multiply", b.elementwise("add", near, c), square, suffix="series")
+    near = b.elementwise("add", near, coefficients[0], suffix="near_zero")
+    far = b.elementwise("divide", b.elementwise("sin", value), value, suffix="sinc")
+    small = b.elementwise("less", b.elementwise("abs", value), 0.5)
+    result = b.elementwise("where", small, near, far, dtype=out.dtype)
+    return b.elementwise("where", b.elementwise("isinf", value), 0.0, result, dtype=out.dtype, name=ctx.name)
 
 
 @lowers("aten.relu.default")

@@ -42,7 +42,7 @@ _BINARY = {"add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * 
            "atan2": "atan2f({0}, {1})", "hypot": "hypotf({0}, {1})", "copysign": "copysignf({0}, {1})",
            "logical_xor": "({0} != {1})", "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})",
            "bitwise_xor": "({0} ^ {1})", "left_shift": "emmy::shift_left({0}, {1})",
-           "right_shift": "emmy::shift_right({0}, {1})"}
+           "right_shift": "emmy::shift_right({0}, {1})", "zeta": "emmy::zeta({0}, {1})"}
 _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "rescale_exp": "emmy::rescale_exp({0})",
           "log": "logf({0})", "sqrt": "sqrtf({0})",
           "rsqrt": "rsqrtf({0})", "reciprocal": "(1.0f / {0})", "sigmoid": "(1.0f / (1.0f + expf(-{0})))",
@@ -52,7 +52,10 @@ _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "rescal
           "atan": "atanf({0})", "asin": "asinf({0})", "acos": "acosf({0})", "sinh": "sinhf({0})",
           "cosh": "coshf({0})", "asinh": "asinhf({0})", "acosh": "acoshf({0})", "atanh": "atanhf({0})",
           "erfc": "erfcf({0})", "lgamma": "lgammaf({0})", "erfinv": "erfinvf({0})", "i0": "cyl_bessel_i0f({0})",
-          "i1": "cyl_bessel_i1f({0})", "digamma": "emmy::digamma({0})", "isinf": "isinf({0})", "bitwise_not": "(~{0})", "signbit": "signbit({0})",
+          "i1": "cyl_bessel_i1f({0})", "digamma": "emmy::digamma({0})", "isinf": "isinf({0})", "bitwise_not": "(~{0})",
+          "signbit": "signbit({0})", "i0e": "emmy::i0e({0})", "i1e": "emmy::i1e({0})", "erfcx": "erfcxf({0})",
+          "ndtri": "normcdfinvf({0})", "bessel_j0": "j0f({0})", "bessel_j1": "j1f({0})", "bessel_y0": "y0f({0})",
+          "bessel_y1": "y1f({0})",
           "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "round": "rintf({0})",
           "max_key_position": "emmy::max_key_position({0})", "min_key_position": "emmy::min_key_position({0})"}
 
@@ -65,7 +68,8 @@ _DOUBLE_NAMES = {"fabsf": "fabs", "expf": "exp", "logf": "log", "sqrtf": "sqrt",
                  "atanhf": "atanh", "erfcf": "erfc", "lgammaf": "lgamma", "erfinvf": "erfinv",
                  "cyl_bessel_i0f": "cyl_bessel_i0", "cyl_bessel_i1f": "cyl_bessel_i1", "floorf": "floor",
                  "ceilf": "ceil", "truncf": "trunc", "rintf": "rint", "powf": "pow", "atan2f": "atan2",
-                 "hypotf": "hypot", "copysignf": "copysign", "emmy::rescale_exp": "exp"}
+                 "hypotf": "hypot", "copysignf": "copysign", "emmy::rescale_exp": "exp", "erfcxf": "erfcx",
+                 "normcdfinvf": "normcdfinv", "j0f": "j0", "j1f": "j1", "y0f": "y0", "y1f": "y1"}
 
 
 def _double_form(form: str) -> str:

@@ -82,12 +82,19 @@ def _min_key_position(key):
     return np.asarray(key, dtype=np.int64) & (_LOW - 1)
 
 
+def _zeta(s, q):
+    """Hurwitz's zeta as torch computes it: NaN at q = inf (scipy gives the limit, 0)."""
+    from scipy import special
+
+    return np.where(np.isposinf(q), np.nan, special.zeta(s, q)).astype(np.result_type(s, q), copy=False)
+
+
 def _scipy(name: str):
     """A scipy.special function, imported when first evaluated (as erf is)."""
-    def run(x):
+    def run(*args):
         from scipy import special
 
-        return getattr(special, name)(x)
+        return getattr(special, name)(*args)
 
     return run
 
@@ -165,6 +172,15 @@ _TABLE = [
     ScalarOp("erfinv", 1, "arith", _quiet(_scipy("erfinv"))),
     ScalarOp("i0", 1, "arith", _quiet(_scipy("i0"))),  # modified Bessel functions of the first kind
     ScalarOp("i1", 1, "arith", _quiet(_scipy("i1"))),
+    ScalarOp("i0e", 1, "arith", _quiet(_scipy("i0e"))),  # exponentially scaled: i0(x) exp(-|x|), finite for any x
+    ScalarOp("i1e", 1, "arith", _quiet(_scipy("i1e"))),
+    ScalarOp("erfcx", 1, "arith", _quiet(_scipy("erfcx"))),  # exp(x^2) erfc(x)
+    ScalarOp("ndtri", 1, "arith", _quiet(_scipy("ndtri"))),  # the standard normal's quantile
+    ScalarOp("bessel_j0", 1, "arith", _quiet(_scipy("j0"))),  # Bessel functions of the first and second kind
+    ScalarOp("bessel_j1", 1, "arith", _quiet(_scipy("j1"))),
+    ScalarOp("bessel_y0", 1, "arith", _quiet(_scipy("y0"))),
+    ScalarOp("bessel_y1", 1, "arith", _quiet(_scipy("y1"))),
+    ScalarOp("zeta", 2, "arith", _quiet(_zeta)),  # Hurwitz's zeta(s, q) (polygamma's series)
     ScalarOp("atan2", 2, "arith", np.arctan2),
     ScalarOp("hypot", 2, "arith", np.hypot),
     ScalarOp("copysign", 2, "arith", np.copysign),
