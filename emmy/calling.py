@@ -66,6 +66,18 @@ def with_keywords(signature, inputs: tuple, keywords: dict) -> tuple:
     return (*inputs, {k: keywords[k] for k in expected})
 
 
+def _check_flags(signature, inputs: tuple) -> None:
+    """A call's flags (bool arguments) must be the ones the program was compiled with: code branched
+    on them while it was captured."""
+    from emmy.capture import flags_of
+
+    given = dict(flags_of(inputs, bool(signature.keywords)))
+    for where, value in getattr(signature, "flags", ()):
+        if given.get(where, value) != value:
+            raise InputMismatchError(f"{where} was {value} when the program was captured, and the program is "
+                                     f"compiled for that value; got {given[where]} (compile again for it)")
+
+
 def call(program, inputs: tuple, device: str | None, sim_mode: str | None):
     """program(*inputs): see emmy.program.Program.__call__."""
     import torch
@@ -80,6 +92,7 @@ def call(program, inputs: tuple, device: str | None, sim_mode: str | None):
         from emmy.runtime import check_inputs
 
         check_inputs(program, [])  # refuses, naming the inputs
+    _check_flags(signature, inputs)
     returned = len(signature.output_names)
     updates: list = []
     if device == "interpret":

@@ -205,13 +205,17 @@ def reference_outputs(captured, inputs=None, mode: str = "float64", device: str 
 
 def _run_reference(captured, inputs, mode: str, device: str) -> list:
     import torch
-    from torch.utils import _pytree
+
+    from emmy.capture import flat_inputs
 
     program = captured.exported
     # nested inputs (an LSTM cell's (h, c)) in torch.export's order, as emmy.capture.flat_inputs gives them
-    given = _pytree.tree_leaves(list(inputs if inputs is not None else captured.example_inputs))
+    given = flat_inputs(inputs if inputs is not None else captured.example_inputs)
     args = []
     for spec in program.graph_signature.input_specs:
+        if spec.kind.name == "USER_INPUT" and type(spec.arg).__name__ == "ConstantArgument":
+            args.append(spec.arg.value)  # a flag torch.export made a constant (emmy.capture.flags_of)
+            continue
         if spec.kind.name == "USER_INPUT":
             value = given.pop(0)
         elif spec.target in program.state_dict:

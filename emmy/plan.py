@@ -23,6 +23,7 @@ class Signature:
     # what the outputs after the returned ones update in place (emmy.decompose.from_aten.TensorProgram)
     mutations: tuple = ()
     keywords: tuple[str, ...] = ()  # the keyword arguments a call passes, in the order the inputs take them
+    flags: tuple = ()  # (where, value) of each bool argument, compiled in as a constant (emmy.capture.flags_of)
 
     @property
     def output_names(self) -> tuple[str, ...]:

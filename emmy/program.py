@@ -121,8 +121,11 @@ class Program:
         structure = (getattr(self.captured, "outputs", None)
                      or OutputStructure.flat(len(graph.outputs) - len(mutations) + len(empties)))
         structure = structure.with_fixed_tensors(empties)
-        return Signature(tuple((n.name, n.type) for n in graph.inputs), structure, mutations,
-                         getattr(self.captured, "keywords", ()))
+        from emmy.capture import flags_of
+
+        keywords = getattr(self.captured, "keywords", ())
+        flags = flags_of(getattr(self.captured, "example_inputs", None), bool(keywords))
+        return Signature(tuple((n.name, n.type) for n in graph.inputs), structure, mutations, keywords, flags)
 
     @cached_property
     def plan(self):

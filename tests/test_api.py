@@ -5,6 +5,7 @@ and programs saved and loaded in a fresh process that has neither egglog nor tor
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -137,6 +138,51 @@ def test_nones_and_numbers_among_the_outputs_come_back_as_the_module_returns_the
     out = emmy.optimize(Dict(), X)(X)
     assert set(out) == {"logits", "past", "layers"} and out["past"] is None and out["layers"] == 2
     torch.testing.assert_close(out["logits"], X * 2)
+
+
+class Output(dict):
+    """A model output registered with torch's pytree as transformers registers its ModelOutput: by
+    flatten and unflatten functions (the context the field names), no key paths."""
+
+
+torch.utils._pytree.register_pytree_node(
+    Output, lambda o: (list(o.values()), list(o.keys())), lambda values, keys: Output(zip(keys, values)),
+    serialized_type_name=f"{__name__}.Output")
+
+
+def test_an_output_registered_without_key_paths_keeps_its_type_and_field_names():
+    """torch's pytree refuses key paths for such a type (every transformers model's output failed
+    to capture): the fields are named from the spec's context instead."""
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return Output(logits=x * 2, hidden=(x.relu(), x.sum(-1)))
+
+    program = emmy.optimize(Model(), X)
+    assert program.signature.output_names == ("logits", "hidden.0", "hidden.1")
+    out = program(X)
+    assert type(out) is Output and list(out) == ["logits", "hidden"]
+    torch.testing.assert_close(out["hidden"][1], X.sum(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_bool_arguments_are_flags_compiled_in_and_a_call_must_pass_the_same():
+    """use_cache=False, return_dict=True: code branches on them, so they stay constants (a bool
+    lifted to a tensor input made every such branch data-dependent control flow)."""
+
+    class Model(torch.nn.Module):
+        def forward(self, x, double, options, use_cache=True):
+            y = x * 2 if double else x + 1
+            y = y.exp() if options[1] else y
+            return (y, y.sum()) if use_cache else y
+
+    program = emmy.optimize(Model(), X, False, [X, True], example_kwargs={"use_cache": False})
+    assert [name for name, _ in program.signature.inputs] == ["x", "options_0"]
+    torch.testing.assert_close(program(X, False, [X, True], use_cache=False), (X + 1).exp())
+    for args, keywords, said in [((X, True, [X, True]), {"use_cache": False}, "argument 1 was False"),
+                                 ((X, False, [X, False]), {"use_cache": False}, "argument 2[1] was True"),
+                                 ((X, False, [X, True]), {"use_cache": True}, "keyword 'use_cache' was False")]:
+        with pytest.raises(InputMismatchError, match=re.escape(said) + ".* compiled for that value; got"):
+            program(*args, device="interpret", **keywords)
 
 
 def test_nested_inputs_are_taken_as_the_module_takes_them():

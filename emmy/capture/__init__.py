@@ -146,12 +146,14 @@ def _stored_inputs(program) -> tuple | None:
 
 def scalar_tensor(value):
     """A Python number (a scale, an epsilon passed at call time) as a rank-0 tensor input: f32 for a
-    float, i64 for an int, bool for a bool. The program reads it as a one-element buffer, so calls
-    may pass another number without a new compile. Anything else passes through."""
+    float, i64 for an int. The program reads it as a one-element buffer, so calls may pass another
+    number without a new compile. A bool is a flag (use_cache=False, return_dict=True), which code
+    branches on: it stays a constant of the program (emmy.capture.flags_of). Anything else passes
+    through."""
     import torch
 
     if isinstance(value, bool):
-        return torch.tensor(value, dtype=torch.bool)
+        return value
     if isinstance(value, int):
         return torch.tensor(value, dtype=torch.int64)
     if isinstance(value, float):
@@ -161,10 +163,32 @@ def scalar_tensor(value):
 
 def flat_inputs(inputs) -> list:
     """A program's inputs as it takes them: tuples, lists and dicts of tensors (a module's nested
-    arguments) flattened in torch.export's order, so a call may pass them nested as the module takes them."""
+    arguments) flattened in torch.export's order, so a call may pass them nested as the module takes
+    them. Flags (bools) are no inputs: torch.export made them constants of the program."""
     from torch.utils import _pytree
 
-    return _pytree.tree_leaves(list(inputs))
+    return [leaf for leaf in _pytree.tree_leaves(list(inputs)) if not isinstance(leaf, bool)]
+
+
+def flags_of(inputs, keywords: bool = False) -> tuple[tuple[str, bool], ...]:
+    """The flags (bools) among a call's arguments, each with where it is (`keyword 'use_cache'`,
+    `argument 1`, `argument 0[2]` inside a list); `keywords`: the last argument is the dict of keyword
+    arguments. The program was compiled for the captured values, and a call must pass the same."""
+    from torch.utils import _pytree
+
+    if inputs is None:
+        return ()
+    inputs = list(inputs)
+    leaves, _ = _pytree.tree_flatten_with_path(inputs)
+    found = []
+    for path, leaf in leaves:
+        if isinstance(leaf, bool):
+            position = path[0].idx
+            if keywords and position == len(inputs) - 1:
+                found.append((f"keyword {path[1].key!r}{_pytree.keystr(path[2:])}", leaf))
+            else:
+                found.append((f"argument {position}{_pytree.keystr(path[1:])}", leaf))
+    return tuple(found)
 
 
 def _map_leaves(fn, value):

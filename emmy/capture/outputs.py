@@ -46,8 +46,7 @@ class OutputStructure:
                     names = tuple(f"out{k}" for k in range(spec.num_leaves))
                 return cls(STRUCTSEQ + structseq, names, (), complex)
             return cls.flat(spec.num_leaves - len(constants), complex)
-        paths = [path for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(range(spec.num_leaves),
-                                                                                           spec))[0]]
+        paths = _leaf_paths(spec)
         fixed = {k for k, _ in constants}
         tensors = [k for k in range(len(paths)) if k not in fixed]
         return cls(text, tuple(_name(paths[k], n) for n, k in enumerate(tensors)), constants, complex)
@@ -100,6 +99,32 @@ def _structseq_name(spec) -> str | None:
     import torch.return_types
 
     return kind.__name__ if getattr(torch.return_types, kind.__name__, None) is kind else None
+
+
+def _leaf_paths(spec) -> list[tuple]:
+    """Each leaf's path of keys through the returned structure, as pytree gives it; a container
+    registered without key paths (transformers' ModelOutput: torch's pytree then refuses) has them
+    read from its spec: a node whose context lists one string per child names them, as a dict's
+    keys, else its children are numbered."""
+    import torch.utils._pytree as pytree
+
+    try:
+        return [path for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(range(spec.num_leaves),
+                                                                                          spec))[0]]
+    except ValueError:
+        paths, stack = [], [(spec, ())]
+        while stack:  # depth first, children in order: the leaves' order
+            node, prefix = stack.pop()
+            if node.is_leaf():
+                paths.append(prefix)
+                continue
+            children, context = node.children(), node.context
+            named = isinstance(context, (list, tuple)) and len(context) == len(children) and \
+                all(isinstance(c, str) for c in context)
+            keys = [pytree.MappingKey(c) for c in context] if named else [pytree.SequenceKey(k)
+                                                                         for k in range(len(children))]
+            stack.extend(reversed([(child, prefix + (key,)) for child, key in zip(children, keys)]))
+        return paths
 
 
 def _name(path: tuple, position: int) -> str:
