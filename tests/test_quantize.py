@@ -20,6 +20,7 @@ class FakeQuantForms(nn.Module):
         self.register_buffer("channel_zero", torch.randint(-5, 5, (4,), dtype=torch.int32))
         self.register_buffer("last_scale", torch.rand(5) * 0.1 + 0.01)
         self.register_buffer("learned_zero", torch.tensor([1.4, 2.5, 300.0, -3.0]))
+        self.register_buffer("float_zero", torch.tensor([0.3, 1.5, -2.7, 2.5]))
 
     def forward(self, x, enabled):
         by_tensors = torch.ops.aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams
@@ -30,7 +31,11 @@ class FakeQuantForms(nn.Module):
                 torch.fake_quantize_per_channel_affine(x, self.last_scale, torch.zeros(5, dtype=torch.int32), 2, -8, 7),
                 torch._fake_quantize_learnable_per_tensor_affine(x, torch.tensor([0.05]), torch.tensor([2.6]), 0, 255),
                 torch._fake_quantize_learnable_per_channel_affine(x, self.channel_scale, self.learned_zero, 1, 0, 255),
-                torch.fake_quantize_per_tensor_affine(x.half(), 0.05, 3, -128, 127))
+                torch.fake_quantize_per_tensor_affine(x.half(), 0.05, 3, -128, 127),
+                # float zero points: per channel rounded with x / scale, per tensor truncated to an integer
+                *torch.ops.aten.fake_quantize_per_channel_affine_cachemask(x, self.channel_scale, self.float_zero, 1,
+                                                                           -128, 127),
+                *by_tensors(x, torch.tensor([0.05]), torch.tensor([2.7]), enabled, -128, 127))
 
 
 def _equal(got, want):

@@ -41,9 +41,11 @@ def _f32(value):
     return float(np.float32(value)) if not isinstance(value, str) else value
 
 
-def fake_quantized(ctx: Context, x: str, scale, zero_point, qmin: int, qmax: int, axis: int | None = None):
+def fake_quantized(ctx: Context, x: str, scale, zero_point, qmin: int, qmax: int, axis: int | None = None,
+                   round_after_zero: bool = False):
     """(output in x's dtype, bool mask) of x fake-quantized by `scale` and `zero_point` (numbers,
-    one-element tensors, or (C,) tensors along `axis`)."""
+    one-element tensors, or (C,) tensors along `axis`). `round_after_zero`: torch's per-channel form
+    with a float zero point, which rounds zero_point + x / scale (an integer one is added after)."""
     b = ctx.b
     shape = b.shape(x)
     value = ctx.tensor(x, DType.F32)
@@ -53,12 +55,20 @@ def fake_quantized(ctx: Context, x: str, scale, zero_point, qmin: int, qmax: int
         inverse = b.elementwise("divide", 1.0, scale, suffix="inverse_scale")
     else:
         inverse = float(np.float32(1.0) / np.float32(scale))
-    scaled = b.elementwise("round", b.elementwise("multiply", value, inverse, suffix="scaled"), suffix="rounded")
-    q = b.elementwise("add", scaled, zero, suffix="q")
+    scaled = b.elementwise("multiply", value, inverse, suffix="scaled")
+    if round_after_zero:
+        q = b.elementwise("round", b.elementwise("add", zero, scaled), suffix="q")
+    else:
+        q = b.elementwise("add", b.elementwise("round", scaled, suffix="rounded"), zero, suffix="q")
     clamped = b.elementwise("minimum", b.elementwise("maximum", q, float(qmin), suffix="q_low"), float(qmax),
                             suffix="q_clamped")
-    output = b.elementwise("multiply", b.elementwise("subtract", clamped, zero, suffix="q_centered"), scale,
-                           suffix="fake_quantized")
+    if round_after_zero:  # torch computes (q - zero_point) * scale in double there: a fractional zero point
+        wide = [b.cast(t, DType.F64) if isinstance(t, str) else t for t in (clamped, zero, scale)]
+        output = b.elementwise("multiply", b.elementwise("subtract", wide[0], wide[1], suffix="q_centered"), wide[2],
+                               suffix="fake_quantized")
+    else:  # an integer zero point: q - zero_point is exact, and so is its product's one rounding in f32
+        output = b.elementwise("multiply", b.elementwise("subtract", clamped, zero, suffix="q_centered"), scale,
+                               suffix="fake_quantized")
     inside = b.elementwise("logical_and", b.elementwise("greater_equal", q, float(qmin)),
                            b.elementwise("less_equal", q, float(qmax)), suffix="quant_mask")
     return b.cast(output, b.dtype(x)), inside
@@ -74,6 +84,8 @@ def per_tensor_tensor_qparams(ctx: Context, x, scale, zero_point, fake_quant_ena
     """As per_tensor, with the parameters in tensors; where fake_quant_enabled holds 0, x and an
     all-true mask."""
     b = ctx.b
+    if b.dtype(zero_point).is_float:  # torch reads the zero point as an integer (item().toInt(): truncated)
+        zero_point = b.elementwise("trunc", zero_point, suffix="zero_point")
     output, mask = fake_quantized(ctx, x, scale, zero_point, quant_min, quant_max)
     shape = b.shape(x)
     enabled = _per_axis(ctx, b.elementwise("not_equal", fake_quant_enabled, 0), shape, None, DType.BOOL)
@@ -84,7 +96,8 @@ def per_tensor_tensor_qparams(ctx: Context, x, scale, zero_point, fake_quant_ena
 
 @lowers("aten.fake_quantize_per_channel_affine_cachemask.default")
 def per_channel(ctx: Context, x, scale, zero_point, axis, quant_min, quant_max):
-    return fake_quantized(ctx, x, scale, zero_point, quant_min, quant_max, axis % max(len(ctx.b.shape(x)), 1))
+    return fake_quantized(ctx, x, scale, zero_point, quant_min, quant_max, axis % max(len(ctx.b.shape(x)), 1),
+                          round_after_zero=ctx.b.dtype(zero_point).is_float)
 
 
 def _learned_zero_point(ctx: Context, zero_point: str, quant_min: int, quant_max: int) -> str:
