@@ -118,3 +118,37 @@ def test_the_observer_chooses_torchs_parameters_for_edge_ranges():
             assert torch.equal(program(x, device="interpret"), eager(x))
             for mine, theirs in _observed(program, eager):
                 assert (mine == theirs).all(), (x, symmetric)
+
+
+class LearnedStepLinear(nn.Module):
+    """LSQ: a linear layer whose input scale and zero point, and its weight's per-channel ones, are
+    parameters trained with it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4)
+        self.linear = nn.Linear(8, 6)
+        self.scale, self.zero = nn.Parameter(torch.tensor([0.05])), nn.Parameter(torch.tensor([2.6]))
+        self.channel_scale = nn.Parameter(torch.rand(6) * 0.02 + 0.005)
+        self.channel_zero = nn.Parameter(torch.tensor([0.2, 1.6, -3.0, 2.5, 0.0, 4.4]))
+
+    def forward(self, x):
+        xq = torch._fake_quantize_learnable_per_tensor_affine(x, self.scale, self.zero, -128, 127, 0.5)
+        wq = torch._fake_quantize_learnable_per_channel_affine(self.linear.weight, self.channel_scale,
+                                                               self.channel_zero, 0, -8, 7, 1.0)
+        return torch.nn.functional.linear(xq, wq, self.linear.bias)
+
+
+def test_lsq_training_compiles_its_backward_and_gives_eagers_gradients(fresh_dynamo, caplog):
+    import logging
+
+    model = LearnedStepLinear()
+    eager = copy.deepcopy(model)
+    x = torch.randn(5, 8) * 4
+    compiled = torch.compile(model, backend="emmy", dynamic=False, options={"simulate": True})
+    with caplog.at_level(logging.INFO, logger="emmy"):
+        compiled(x).square().mean().backward()
+    assert not [r for r in caplog.records if "not supported" in r.getMessage()]
+    eager(x).square().mean().backward()
+    for (name, mine), (_, theirs) in zip(model.named_parameters(), eager.named_parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")

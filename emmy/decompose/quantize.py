@@ -122,6 +122,70 @@ def learnable_per_channel(ctx: Context, x, scale, zero_point, axis, quant_min, q
     return fake_quantized(ctx, x, scale, zero, quant_min, quant_max, axis % max(len(ctx.b.shape(x)), 1))[0]
 
 
+def _learnable_gradients(ctx: Context, grad: str, x: str, scale, zero, quant_min: int, quant_max: int,
+                         grad_factor: float, axis: int | None):
+    """Per element (dX, dScale, dZeroPoint) of LSQ's fake quantization, as torch's CPU kernel
+    computes them in f32: q = nearbyint(zero + x / scale) (rounded after the zero point is added);
+    dX passes the gradient where q is in range; out of range dScale is the gradient times
+    (qmin or qmax) - zero and dZeroPoint minus the gradient times scale, in range dScale is the
+    gradient times (fake-quantized x - x) / scale and dZeroPoint 0; both times grad_factor."""
+    b = ctx.b
+    shape = b.shape(x)
+    f32 = DType.F32
+    value, dy = ctx.tensor(x, f32), ctx.tensor(grad, f32, shape)
+    scale, zero = (_per_axis(ctx, t, shape, axis, f32) for t in (scale, zero))
+    inverse = b.elementwise("divide", 1.0, scale, suffix="inverse_scale")
+    q = b.elementwise("round", b.elementwise("add", zero, b.elementwise("multiply", value, inverse)), suffix="q")
+    below, above = b.elementwise("less", q, float(quant_min)), b.elementwise("greater", q, float(quant_max))
+    outside = b.elementwise("logical_or", below, above)
+    dx = b.elementwise("multiply", dy, b.cast(b.elementwise("logical_not", outside), f32), suffix="dx")
+    clamped = b.elementwise("minimum", b.elementwise("maximum", q, float(quant_min)), float(quant_max))
+    fake = b.elementwise("multiply", b.elementwise("subtract", clamped, zero), scale, suffix="fake_quantized")
+    factor = float(np.float32(grad_factor))
+    inside_scale = b.elementwise("multiply", b.elementwise("multiply", b.elementwise(
+        "multiply", dy, b.elementwise("subtract", fake, value)), inverse), factor)
+    edge = b.elementwise("where", below, b.elementwise("subtract", float(quant_min), zero),
+                         b.elementwise("subtract", float(quant_max), zero), dtype=f32)
+    outside_scale = b.elementwise("multiply", b.elementwise("multiply", dy, edge), factor)
+    d_scale = b.elementwise("where", outside, outside_scale, inside_scale, dtype=f32, suffix="d_scale")
+    outside_zero = b.elementwise("multiply", b.elementwise("multiply", b.elementwise("multiply", dy, -1.0), scale),
+                                 factor)
+    d_zero = b.elementwise("where", outside, outside_zero, 0.0, dtype=f32, suffix="d_zero_point")
+    return dx, d_scale, d_zero
+
+
+@lowers("aten._fake_quantize_learnable_per_tensor_affine_backward.default")
+def learnable_per_tensor_backward(ctx: Context, grad, x, scale, zero_point, quant_min, quant_max, grad_factor=1.0):
+    """LSQ's gradients; the backward reads the zero point as trunc(clamp(zero_point + 0.5)), as torch."""
+    b = ctx.b
+    first = [b.reshape(b.slice(t, 0, 0, 1), (), suffix="first") for t in (scale, zero_point)]
+    shifted = b.elementwise("add", ctx.tensor(first[1], DType.F32), 0.5)
+    zero = b.elementwise("trunc", b.elementwise("minimum", b.elementwise("maximum", shifted, float(quant_min)),
+                                                float(quant_max)), suffix="zero_point")
+    dx, d_scale, d_zero = _learnable_gradients(ctx, grad, x, ctx.tensor(first[0], DType.F32), zero, quant_min,
+                                               quant_max, grad_factor, None)
+    rank = len(b.shape(x))
+    totals = [b.reshape(b.reduce_axes("sum", t, list(range(rank)), False), (1,)) if rank else b.reshape(t, (1,))
+              for t in (d_scale, d_zero)]
+    return dx, totals[0], totals[1]
+
+
+@lowers("aten._fake_quantize_learnable_per_channel_affine_backward.default")
+def learnable_per_channel_backward(ctx: Context, grad, x, scale, zero_point, axis, quant_min, quant_max,
+                                   grad_factor=1.0):
+    """LSQ's gradients per channel: the zero points rounded and clamped (as the forward reads them),
+    dScale and dZeroPoint summed over every axis but the channel's."""
+    b = ctx.b
+    rank = len(b.shape(x))
+    axis %= max(rank, 1)
+    zero = _learned_zero_point(ctx, zero_point, quant_min, quant_max)
+    dx, d_scale, d_zero = _learnable_gradients(ctx, grad, x, ctx.tensor(scale, DType.F32), zero, quant_min,
+                                               quant_max, grad_factor, axis)
+    others = [k for k in range(rank) if k != axis]
+    totals = [b.reduce_axes("sum", t, others, False) if others else t for t in (d_scale, d_zero)]
+    return dx, totals[0], totals[1]
+
+
 def choose_qparams(ctx: Context, low: str, high: str, qmin: int, qmax: int, symmetric: bool) -> tuple[str, str]:
     """(scale f32, zero point i32) for observed ranges [low, high] (f32 tensors of one shape), as
     quant_utils::ChooseQuantizationParams computes them: f32 where it reads floats, f64 where it
