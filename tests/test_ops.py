@@ -211,6 +211,7 @@ CASES = [
     ("aten.digamma.default", X + "torch.digamma(x * 5) + torch.special.psi(x.abs() + 1e-3)"),
     ("aten.atan2.default", X + "torch.atan2(x, y) + torch.hypot(x, y)"),
     ("aten.copysign.Tensor", X + "torch.copysign(x, y)"),
+    ("aten.nextafter.default", X + "torch.nextafter(x, y) - x"),
     ("aten.fmax.default", "x=torch.tensor([1., float('nan'), float('nan'), -2.]); y=torch.tensor([float('nan'), 3., float('nan'), -1.]); torch.fmax(x, y) + torch.fmin(x, y)"),
     ("aten.fmin.default", I + "torch.fmin(a, b)"),
     ("aten.ldexp.Tensor", X + "torch.ldexp(x, torch.arange(6) - 3)"),

@@ -6,7 +6,7 @@ import math
 
 from emmy.decompose.registry import Context, lowers
 from emmy.dtypes import DType
-from emmy.errors import UnsupportedOpError
+from emmy.errors import UnsupportedDtypeError, UnsupportedOpError
 
 
 def _arith(ctx: Context, op: str, *args) -> str:
@@ -238,9 +238,14 @@ def float_test(ctx: Context, x):
     return ctx.b.elementwise(op, ctx.tensor(x), dtype=DType.BOOL, name=ctx.name)
 
 
-@lowers("aten.atan2.default", "aten.hypot.default", "aten.copysign.Tensor", "aten.copysign.Scalar")
+@lowers("aten.atan2.default", "aten.hypot.default", "aten.copysign.Tensor", "aten.copysign.Scalar",
+        "aten.nextafter.default")
 def float_binary(ctx: Context, a, b):
-    return _arith(ctx, str(ctx.node.target).split(".")[1], a, b)
+    op = str(ctx.node.target).split(".")[1]
+    dtype = ctx.out_type().dtype
+    if op == "nextafter" and dtype not in (DType.F32, DType.F64):  # computed in f32, a half's step rounds away
+        raise UnsupportedDtypeError(f"unsupported op {ctx.where}: nextafter of {dtype} (emmy steps f32 and f64 values)")
+    return _arith(ctx, op, a, b)
 
 
 @lowers("aten.fmax.default", "aten.fmin.default")

@@ -42,7 +42,8 @@ _BINARY = {"add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * 
            "atan2": "atan2f({0}, {1})", "hypot": "hypotf({0}, {1})", "copysign": "copysignf({0}, {1})",
            "logical_xor": "({0} != {1})", "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})",
            "bitwise_xor": "({0} ^ {1})", "left_shift": "emmy::shift_left({0}, {1})",
-           "right_shift": "emmy::shift_right({0}, {1})", "zeta": "emmy::zeta({0}, {1})"}
+           "right_shift": "emmy::shift_right({0}, {1})", "zeta": "emmy::zeta({0}, {1})",
+           "nextafter": "nextafterf({0}, {1})"}
 _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "rescale_exp": "emmy::rescale_exp({0})",
           "log": "logf({0})", "sqrt": "sqrtf({0})",
           "rsqrt": "rsqrtf({0})", "reciprocal": "(1.0f / {0})", "sigmoid": "(1.0f / (1.0f + expf(-{0})))",
@@ -69,7 +70,7 @@ _DOUBLE_NAMES = {"fabsf": "fabs", "expf": "exp", "logf": "log", "sqrtf": "sqrt",
                  "cyl_bessel_i0f": "cyl_bessel_i0", "cyl_bessel_i1f": "cyl_bessel_i1", "floorf": "floor",
                  "ceilf": "ceil", "truncf": "trunc", "rintf": "rint", "powf": "pow", "atan2f": "atan2",
                  "hypotf": "hypot", "copysignf": "copysign", "emmy::rescale_exp": "exp", "erfcxf": "erfcx",
-                 "normcdfinvf": "normcdfinv", "j0f": "j0", "j1f": "j1", "y0f": "y0", "y1f": "y1"}
+                 "normcdfinvf": "normcdfinv", "nextafterf": "nextafter", "j0f": "j0", "j1f": "j1", "y0f": "y0", "y1f": "y1"}
 
 
 def _double_form(form: str) -> str:

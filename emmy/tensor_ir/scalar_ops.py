@@ -184,6 +184,7 @@ _TABLE = [
     ScalarOp("atan2", 2, "arith", np.arctan2),
     ScalarOp("hypot", 2, "arith", np.hypot),
     ScalarOp("copysign", 2, "arith", np.copysign),
+    ScalarOp("nextafter", 2, "arith", np.nextafter),  # the next representable value after a toward b
     # bit twiddling of integers (bools take the logical ops)
     ScalarOp("bitwise_and", 2, "arith", np.bitwise_and, on_floats=False),
     ScalarOp("bitwise_or", 2, "arith", np.bitwise_or, on_floats=False),
