@@ -3,9 +3,9 @@ Cholesky factors, triangular solves (torch.linalg.solve/inv/det/slogdet/cholesky
 solve_triangular, torch.cholesky_solve, torch.triangular_solve ...).
 
 A matrix's order n is static, so a factorization is n steps of whole-matrix elementwise work (and,
-with pivoting, two folds along the column that picks the pivot), over every matrix of a batch at
-once: Tensor IR with no loop of its own. The steps follow LAPACK's unblocked algorithms, which
-torch calls on the CPU: getf2's partial pivoting (the first row of the largest magnitude; the
+with pivoting, three folds down the rows: the column's largest magnitude, the first row holding it,
+that row), over every matrix of a batch at once: Tensor IR with no loop of its own. The steps
+follow LAPACK's unblocked algorithms, which torch calls on the CPU: getf2's partial pivoting (the first row of the largest magnitude; the
 multipliers scaled by the pivot's reciprocal; a zero pivot leaves its column as it is and sets
 info), trsm's substitutions, and a right-looking Cholesky. Results agree with torch's to rounding,
 and the factors are laid out as torch's are: LU packed in one matrix (unit L below the diagonal),
@@ -40,21 +40,22 @@ class _Stack:
     def shape(self, rows: int, cols: int) -> tuple[int, ...]:
         return (*self.batch, rows, cols)
 
-    def _lead(self) -> list[Affine]:
+    def lead(self) -> list[Affine]:
+        """The batch axes' coordinates, unchanged."""
         return [Affine.dim(i) for i in range(self.R)]
 
     def row(self, m: str, i: int) -> str:
         """Row i of m as (*batch, 1, cols)."""
         return self.b.index_map(m, self.shape(1, self.b.shape(m)[-1]),
-                                self._lead() + [Affine.constant(i), Affine.dim(self.C)], suffix="row")
+                                self.lead() + [Affine.constant(i), Affine.dim(self.C)], suffix="row")
 
     def col(self, m: str, j: int) -> str:
         """Column j of m as (*batch, rows, 1)."""
         return self.b.index_map(m, self.shape(self.b.shape(m)[-2], 1),
-                                self._lead() + [Affine.dim(self.R), Affine.constant(j)], suffix="col")
+                                self.lead() + [Affine.dim(self.R), Affine.constant(j)], suffix="col")
 
     def entry(self, m: str, i: int, j: int) -> str:
-        return self.b.index_map(m, self.shape(1, 1), self._lead() + [Affine.constant(i), Affine.constant(j)],
+        return self.b.index_map(m, self.shape(1, 1), self.lead() + [Affine.constant(i), Affine.constant(j)],
                                 suffix="entry")
 
     def spread(self, x: str, rows: int, cols: int) -> str:
@@ -83,7 +84,7 @@ class _Stack:
         """[left | right]: two stacks of n rows side by side."""
         a, c = self.b.shape(left)[-1], self.b.shape(right)[-1]
         shape = self.shape(self.n, a + c)
-        index, column = self._lead() + [Affine.dim(self.R)], Affine.dim(self.C)
+        index, column = self.lead() + [Affine.dim(self.R)], Affine.dim(self.C)
         first = self.b.index_map(left, shape, index + [column], [Guard(column, None, a)], 0.0, suffix="left")
         second = self.b.index_map(right, shape, index + [column - a], [Guard(column, a, None)], 0.0, suffix="right")
         return self.where(self.mask(self.n, a + c, col_range=(None, a)), first, second)
@@ -173,7 +174,7 @@ class _Stack:
 
     def diagonal(self, m: str) -> str:
         """(*batch, n): the diagonal of m's first n columns."""
-        return self.b.index_map(m, (*self.batch, self.n), self._lead() + [Affine.dim(self.R), Affine.dim(self.R)],
+        return self.b.index_map(m, (*self.batch, self.n), self.lead() + [Affine.dim(self.R), Affine.dim(self.R)],
                                 suffix="diagonal")
 
     def info(self, lu: str) -> str:
@@ -243,7 +244,7 @@ class _Stack:
                 update = self.op("subtract", m, self.op("multiply", spread_col, across))
                 kept = self.where(self.mask(n, n, row_range=(j + 1, None), col_range=(j + 1, None)), update, kept)
             m = kept
-        lower = self.b.index_map(m, self.shape(n, n), self._lead() + [Affine.dim(self.R), Affine.dim(self.C)],
+        lower = self.b.index_map(m, self.shape(n, n), self.lead() + [Affine.dim(self.R), Affine.dim(self.C)],
                                  guards=[Guard(Affine.dim(self.R) - Affine.dim(self.C), 0, None)], fill=0.0,
                                  suffix="lower")
         info = self.b.fill(0, self.shape(1, 1), DType.I64)
@@ -345,7 +346,7 @@ def lu(ctx: Context, a, pivot=True):
         if isinstance(p, str):
             exchanged = stack.swap(exchanged, k, p)
     b = ctx.b
-    lead = stack._lead()
+    lead = stack.lead()
     square = stack.shape(n, n)
     lower = b.index_map(lu_, square, lead + [Affine.dim(stack.R), Affine.dim(stack.C)],
                         guards=[Guard(Affine.dim(stack.R) - Affine.dim(stack.C), 1, None)], fill=0.0, suffix="strict")
@@ -366,7 +367,7 @@ def lu_solve(ctx: Context, lu_, pivots, rhs, left=True, adjoint=False):
     piv = ctx.tensor(pivots, DType.I64, (*stack.batch, n))
     chosen = []
     for k in range(n):
-        at = ctx.b.index_map(piv, stack.shape(1, 1), stack._lead() + [Affine.constant(k)], suffix="pivot")
+        at = ctx.b.index_map(piv, stack.shape(1, 1), stack.lead() + [Affine.constant(k)], suffix="pivot")
         chosen.append(ctx.b.elementwise("subtract", at, 1, dtype=DType.I64, suffix="pivot_row"))
     if not adjoint:
         for k, p in enumerate(chosen):
