@@ -5,11 +5,12 @@ solve_triangular, torch.cholesky_solve, torch.triangular_solve ...).
 A matrix's order n is static, so a factorization is n steps of whole-matrix elementwise work (and,
 with pivoting, three folds down the rows: the column's largest magnitude, the first row holding it,
 that row), over every matrix of a batch at once: Tensor IR with no loop of its own. The steps
-follow LAPACK's unblocked algorithms, which torch calls on the CPU: getf2's partial pivoting (the first row of the largest magnitude; the
-multipliers scaled by the pivot's reciprocal; a zero pivot leaves its column as it is and sets
-info), trsm's substitutions, and a right-looking Cholesky. Results agree with torch's to rounding,
-and the factors are laid out as torch's are: LU packed in one matrix (unit L below the diagonal),
-1-based int32 pivots, int32 info (the first zero pivot, 1-based, else 0).
+follow LAPACK's unblocked algorithms, which torch calls on the CPU: getf2's partial pivoting (the
+first row of the largest magnitude; the multipliers scaled by the pivot's reciprocal; a zero pivot
+leaves its column as it is and sets info), trsm's substitutions, and a right-looking Cholesky.
+Results agree with torch's to rounding, and the factors are laid out as torch's are: LU packed in
+one matrix (unit L below the diagonal), 1-based int32 pivots, int32 info (the first zero pivot,
+1-based, else 0).
 
 torch raises where a matrix is singular (check_errors, linalg.solve); a compiled program cannot
 stop, so it returns the infinities and NaNs the arithmetic gives, and info says which matrix.
