@@ -205,12 +205,13 @@ def reference_outputs(captured, inputs=None, mode: str = "float64", device: str 
 
 def _run_reference(captured, inputs, mode: str, device: str) -> list:
     import torch
-
-    from emmy.capture import flat_inputs
+    from torch.utils import _pytree
 
     program = captured.exported
-    # nested inputs (an LSTM cell's (h, c)) in torch.export's order, as emmy.capture.flat_inputs gives them
-    given = flat_inputs(inputs if inputs is not None else captured.example_inputs)
+    # nested inputs (an LSTM cell's (h, c)) in torch.export's order, flags (bools: constants of the
+    # exported program) left out, as emmy.capture.flat_inputs gives them
+    given = [leaf for leaf in _pytree.tree_leaves(list(inputs if inputs is not None else captured.example_inputs))
+             if not isinstance(leaf, bool)]
     args = []
     for spec in program.graph_signature.input_specs:
         if spec.kind.name == "USER_INPUT" and type(spec.arg).__name__ == "ConstantArgument":
