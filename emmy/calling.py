@@ -72,7 +72,7 @@ def _check_flags(signature, inputs: tuple) -> None:
     from emmy.capture import flags_of
 
     given = dict(flags_of(inputs, bool(signature.keywords)))
-    for where, value in getattr(signature, "flags", ()):
+    for where, value in signature.flags:
         if given.get(where, value) != value:
             raise InputMismatchError(f"{where} was {value} when the program was captured, and the program is "
                                      f"compiled for that value; got {given[where]} (compile again for it)")

@@ -86,12 +86,15 @@ def per_tensor_tensor_qparams(ctx: Context, x, scale, zero_point, fake_quant_ena
     b = ctx.b
     if b.dtype(zero_point).is_float:  # torch reads the zero point as an integer (item().toInt(): truncated)
         zero_point = b.elementwise("trunc", zero_point, suffix="zero_point")
-    output, mask = fake_quantized(ctx, x, scale, zero_point, quant_min, quant_max)
-    shape = b.shape(x)
-    enabled = _per_axis(ctx, b.elementwise("not_equal", fake_quant_enabled, 0), shape, None, DType.BOOL)
-    output = b.elementwise("where", enabled, output, x, dtype=b.dtype(x), suffix="fake_quant_on")
-    mask = b.elementwise("logical_or", mask, b.elementwise("logical_not", enabled), suffix="quant_mask")
-    return output, mask
+    return _switched(ctx, x, *fake_quantized(ctx, x, scale, zero_point, quant_min, quant_max), fake_quant_enabled)
+
+
+def _switched(ctx: Context, x: str, output: str, mask: str, enabled: str) -> tuple[str, str]:
+    """(output, mask) where the one-element switch `enabled` is nonzero; else x and an all-true mask."""
+    b = ctx.b
+    on = _per_axis(ctx, b.elementwise("not_equal", enabled, 0), b.shape(x), None, DType.BOOL)
+    output = b.elementwise("where", on, output, x, dtype=b.dtype(x), suffix="fake_quant_on")
+    return output, b.elementwise("logical_or", mask, b.elementwise("logical_not", on), suffix="quant_mask")
 
 
 @lowers("aten.fake_quantize_per_channel_affine_cachemask.default")
@@ -282,14 +285,9 @@ def fused_moving_average_observer(ctx: Context, x, observer_on, fake_quant_on, r
 
     low, high = moved(running_min, seen_low), moved(running_max, seen_high)
     new_scale, new_zero = choose_qparams(ctx, low, high, quant_min, quant_max, symmetric_quant)
-    if per_row_fake_quant:
-        output, mask = fake_quantized(ctx, x, new_scale, new_zero, quant_min, quant_max, 0)
-    else:
-        output, mask = fake_quantized(ctx, x, new_scale, new_zero, quant_min, quant_max)
+    quantized = fake_quantized(ctx, x, new_scale, new_zero, quant_min, quant_max, 0 if per_row_fake_quant else None)
+    output, mask = _switched(ctx, x, *quantized, fake_quant_on)
     on = b.elementwise("not_equal", fake_quant_on, 0)
-    everywhere = _per_axis(ctx, on, shape, None, DType.BOOL)
-    output = b.elementwise("where", everywhere, output, x, dtype=b.dtype(x), suffix="fake_quant_on")
-    mask = b.elementwise("logical_or", mask, b.elementwise("logical_not", everywhere), suffix="quant_mask")
     per_parameter = _per_axis(ctx, on, b.shape(scale), None, DType.BOOL)
     # a per-tensor observer's range is 0-d, its parameters (1,)
     new_scale, new_zero = (b.reshape(t, b.shape(scale), suffix="parameter") for t in (new_scale, new_zero))
