@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from emmy.capture import backward_ops
+from emmy.capture import backward_ops, grid_sampling
 from emmy.capture.training import training_decomposition_table
 
 aten = torch.ops.aten
@@ -171,20 +171,27 @@ def test_cdist_backward_matches_torch(p, shapes):
                                aten._cdist_backward(grad, x1, x2, p, distances))
 
 
-@pytest.mark.parametrize("mode", [0, 1], ids=["bilinear", "nearest"])
+@pytest.mark.parametrize("mode", [0, 1], ids=["linear", "nearest"])
 @pytest.mark.parametrize("padding", [0, 1, 2], ids=["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [False, True])
-def test_grid_sampler_backward_matches_torch(mode, padding, align_corners):
+@pytest.mark.parametrize("spatial", [(5, 6), (4, 5, 3)], ids=["2d", "3d"])
+def test_grid_sampler_forward_and_backward_match_torch(mode, padding, align_corners, spatial):
     torch.manual_seed(0)
-    x = torch.randn(2, 3, 5, 6, dtype=torch.float64)
-    grid = torch.rand(2, 4, 7, 2, dtype=torch.float64) * 3.4 - 1.7  # past the image: padding's paths
-    grad = torch.randn(2, 3, 4, 7, dtype=torch.float64)
-    want = aten.grid_sampler_2d_backward(grad, x, grid, mode, padding, align_corners, [True, True])
-    got = backward_ops.grid_sampler_2d_backward(grad, x, grid, mode, padding, align_corners, [True, True])
+    x = torch.randn(2, 3, *spatial, dtype=torch.float64)
+    samples = (4, 7) if len(spatial) == 2 else (3, 2, 4)
+    grid = torch.rand(2, *samples, len(spatial), dtype=torch.float64) * 3.4 - 1.7  # past the input: padding
+    grad = torch.randn(2, 3, *samples, dtype=torch.float64)
+    forward = aten.grid_sampler_2d if len(spatial) == 2 else aten.grid_sampler_3d
+    backward = aten.grid_sampler_2d_backward if len(spatial) == 2 else aten.grid_sampler_3d_backward
+    torch.testing.assert_close(grid_sampling.grid_sampler(x, grid, mode, padding, align_corners),
+                               forward(x, grid, mode, padding, align_corners))
+    want = backward(grad, x, grid, mode, padding, align_corners, [True, True])
+    got = grid_sampling.grid_sampler_backward(grad, x, grid, mode, padding, align_corners, [True, True])
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
-    assert backward_ops.grid_sampler_2d_backward(grad, x, grid, 2, padding, align_corners, [True, True]) \
-        is NotImplemented  # bicubic stays torch's
+    for spelled in (grid_sampling.grid_sampler(x, grid, 2, padding, align_corners),
+                    grid_sampling.grid_sampler_backward(grad, x, grid, 2, padding, align_corners, [True, True])):
+        assert spelled is NotImplemented  # bicubic stays torch's
 
 
 def test_the_training_table_holds_the_backward_ops_and_not_torchs_attention_decomposition():
@@ -203,7 +210,8 @@ def test_the_training_table_holds_the_backward_ops_and_not_torchs_attention_deco
                         (aten._scaled_dot_product_flash_attention_for_cpu_backward,
                          backward_ops.flash_attention_backward),
                         (aten._cdist_backward, backward_ops.cdist_backward),
-                        (aten.grid_sampler_2d_backward, backward_ops.grid_sampler_2d_backward)]:
+                        (aten.grid_sampler_2d_backward, grid_sampling.grid_sampler_backward),
+                        (aten.grid_sampler_3d_backward, grid_sampling.grid_sampler_backward)]:
         assert table[op.default] is spelled
     assert aten._native_batch_norm_legit_functional.default in table
 

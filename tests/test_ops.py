@@ -470,6 +470,16 @@ def test_searches_bilinear_forms_and_grid_sampling_run_right_in_the_simulator():
     _runs_right_in_the_simulator(code)
 
 
+def test_grid_sampling_in_three_dimensions_runs_right_in_the_simulator():
+    """grid_sample of a volume, trilinear and nearest, every padding mode: torch has no decomposition
+    of aten.grid_sampler_3d; emmy's reads the 8 corners around each sample (emmy.capture.grid_sampling)."""
+    code = ("v=torch.randn(2,3,4,5,6); g=torch.rand(2,3,2,4,3)*2.8-1.4; "
+            "(F.grid_sample(v, g, align_corners=False), "
+            "F.grid_sample(v, g, padding_mode='reflection', align_corners=True), "
+            "F.grid_sample(v, g, mode='nearest', padding_mode='border', align_corners=False))")
+    _runs_right_in_the_simulator(code)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_reads_by_index_tensors_run_right_in_the_simulator(dtype):
     """embedding, gather, index_select and x[ids] compiled to CUDA (ASan on), fused with math."""

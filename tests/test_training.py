@@ -124,6 +124,22 @@ class SpatialTransformer(nn.Module):
         return F.cross_entropy(self.head(warped.flatten(1)), labels)
 
 
+class VolumeWarp(nn.Module):
+    """3-D registration (VoxelMorph's spatial transformer): a predicted displacement field warps the
+    moving volume onto the fixed one (trilinear grid_sample in 3-D, reflection padding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flow = nn.Conv3d(2, 3, 3, padding=1)
+
+    def forward(self, moving, fixed):
+        displacement = self.flow(torch.cat([moving, fixed], 1)).permute(0, 2, 3, 4, 1) * 0.3
+        identity = torch.eye(3, 4).expand(moving.shape[0], 3, 4)
+        grid = F.affine_grid(identity, list(moving.shape), align_corners=False) + displacement
+        warped = F.grid_sample(moving, grid, padding_mode="reflection", align_corners=False)
+        return F.mse_loss(warped, fixed)
+
+
 MODELS = {
     "classifier": (Classifier, lambda: (torch.randn(4, 16), torch.randint(0, 8, (4,)))),
     "convnet": (ConvNet, lambda: (torch.randn(2, 3, 12, 12), torch.randint(0, 4, (2,)))),
@@ -132,6 +148,7 @@ MODELS = {
     "volume": (Volume, lambda: (torch.randn(1, 2, 4, 6, 4), torch.randn(1, 2, 4, 6, 4))),
     "prototypes": (Prototypes, lambda: (torch.randn(6, 6), torch.randint(0, 5, (6,)))),
     "spatial_transformer": (SpatialTransformer, lambda: (torch.randn(2, 2, 5, 5), torch.randint(0, 3, (2,)))),
+    "volume_warp": (VolumeWarp, lambda: (torch.randn(2, 1, 4, 5, 3), torch.randn(2, 1, 4, 5, 3))),
 }
 
 

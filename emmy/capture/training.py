@@ -50,7 +50,7 @@ def training_decomposition_table() -> dict:
     """emmy's decomposition table (emmy.capture.exporting) made right for a training graph."""
     from torch._decomp import get_decompositions
 
-    from emmy.capture import backward_ops
+    from emmy.capture import backward_ops, grid_sampling
     from emmy.capture.exporting import decomposition_table
 
     table = decomposition_table()
@@ -64,6 +64,7 @@ def training_decomposition_table() -> dict:
         aten.avg_pool2d_backward.default: backward_ops.avg_pool2d_backward,
         aten._adaptive_avg_pool2d_backward.default: backward_ops.adaptive_avg_pool2d_backward,
         aten._cdist_backward.default: backward_ops.cdist_backward,
-        aten.grid_sampler_2d_backward.default: backward_ops.grid_sampler_2d_backward,
+        aten.grid_sampler_2d_backward.default: grid_sampling.grid_sampler_backward,
+        aten.grid_sampler_3d_backward.default: grid_sampling.grid_sampler_backward,
     })
     return table
