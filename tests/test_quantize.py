@@ -152,3 +152,35 @@ def test_lsq_training_compiles_its_backward_and_gives_eagers_gradients(fresh_dyn
     eager(x).square().mean().backward()
     for (name, mine), (_, theirs) in zip(model.named_parameters(), eager.named_parameters()):
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+class Int8Linear(nn.Module):
+    """The two int8 linear layers of quantized inference: dynamic activation quantization per row with
+    an int8 x int8 -> int32 product (torch._int_mm, torchao's route) dequantized by row and column
+    scales, and a weight-only int8 layer (aten._weight_int8pack_mm, gpt-fast's route on CPU)."""
+
+    def __init__(self):
+        super().__init__()
+        weight = torch.randn(24, 64)
+        self.register_buffer("weight_scale", weight.abs().amax(1) / 127)
+        self.register_buffer("weight_q", (weight / self.weight_scale[:, None]).round().to(torch.int8))
+
+    def forward(self, x):
+        x_scale = x.abs().amax(1, keepdim=True) / 127
+        x_q = (x / x_scale).round().clamp(-128, 127).to(torch.int8)
+        dynamic = torch._int_mm(x_q, self.weight_q.t().contiguous()) * x_scale * self.weight_scale
+        half = x.to(torch.bfloat16)
+        weight_only = torch.ops.aten._weight_int8pack_mm(half, self.weight_q, self.weight_scale.to(torch.bfloat16))
+        return dynamic, weight_only, torch._int_mm(x_q, x_q.t().contiguous())
+
+
+def test_int8_products_of_quantized_inference_match_torch():
+    torch.manual_seed(2)
+    model, x = Int8Linear(), torch.randn(32, 64)
+    program = emmy.optimize(model, x)
+    dynamic, weight_only, gram = program(x, sim_mode="asan")
+    want_dynamic, want_weight_only, want_gram = model(x)
+    assert gram.dtype == torch.int32 and torch.equal(gram, want_gram)  # exact: integer sums
+    torch.testing.assert_close(dynamic, want_dynamic)
+    assert weight_only.dtype == torch.bfloat16
+    torch.testing.assert_close(weight_only, want_weight_only, atol=0, rtol=2 ** -7)  # one bf16 rounding

@@ -36,11 +36,25 @@ def product_of(ctx: Context, a: str, b: str, acc: DType, name: str | None = None
     return bld.keep_axes(total, [i for i in range(nb + 3) if i != nb + 1], name=name)
 
 
-@lowers("aten.mm.default", "aten.bmm.default")
+@lowers("aten.mm.default", "aten.bmm.default", "aten._int_mm.default")
 def mm(ctx: Context, a, b):
+    """a @ b; _int_mm's int8 operands are widened to its int32 result, the sum's type."""
     out = ctx.out_type()
     final = out.dtype.accumulator is out.dtype
     return ctx.b.cast(matmul(ctx, a, b, ctx.name if final else None), out.dtype)
+
+
+@lowers("aten._weight_int8pack_mm.default")
+def weight_int8pack_mm(ctx: Context, x, weight, scales):
+    """x[M, K] @ weight[N, K].T * scales[N]: a linear layer with int8 weights and a scale per
+    output channel (gpt-fast's weight-only quantization on CPU). In f32 throughout with one rounding
+    to x's type at the end, as torch's CPU kernel computes it."""
+    bld = ctx.b
+    out = ctx.out_type()
+    acc = DType.F32 if out.dtype is not DType.F64 else DType.F64
+    product = product_of(ctx, x, bld.permute(weight, (1, 0), suffix="weight_t"), acc)
+    per_column = bld.index_map(ctx.tensor(scales, acc), out.shape, [Affine.dim(1)], suffix="scales")
+    return bld.cast(bld.elementwise("multiply", product, per_column), out.dtype)
 
 
 @lowers("aten._grouped_mm.default", "transformers.grouped_mm_fallback.default")
