@@ -4,8 +4,11 @@ Each case names the ATen op it must exercise; the test fails if capture
 stops producing that op, so a case cannot silently stop testing its op.
 """
 
+import copy
+
 import pytest
 import torch
+import torch.nn as nn
 
 import emmy
 from emmy.runtime import check_program
@@ -1084,3 +1087,33 @@ def test_attention_gives_zero_for_a_query_its_mask_hides_every_key_from(mask_kin
     got = emmy.optimize(Attend(), q, k, v, mask)(q, k, v, mask, sim_mode="asan")
     assert not expected.isnan().any()
     torch.testing.assert_close(got, expected)
+
+
+class MaxNormEmbedding(nn.Module):
+    """nn.Embedding(max_norm=...) renormalises the rows a call reads, in place, before reading them; a
+    tied output layer then reads the whole table, rows renormalised by earlier calls too."""
+
+    def __init__(self, dtype, norm_type):
+        super().__init__()
+        self.table = nn.Embedding(12, 6, max_norm=1.5, norm_type=norm_type, padding_idx=0).to(dtype)
+
+    def forward(self, ids):
+        return self.table(ids).mean(1) @ self.table.weight.t()
+
+
+@pytest.mark.parametrize("dtype,norm_type", [(torch.float32, 2.0), (torch.bfloat16, 1.0), (torch.float64, 3.0)])
+def test_embedding_max_norm_renormalises_the_table_as_torch_call_after_call(dtype, norm_type):
+    """aten.embedding_renorm (torch has no decomposition) bit for bit against torch's kernel, and the
+    table it returns written back as torch.export's parameter update."""
+    from emmy.capture.uncovered import embedding_renorm
+
+    torch.manual_seed(0)
+    for _ in range(20):
+        table, ids = torch.randn(12, 6, dtype=dtype), torch.randint(0, 12, (3, 4))
+        assert torch.equal(embedding_renorm(table, ids, 1.5, norm_type),
+                           torch.embedding_renorm_(table.clone(), ids, 1.5, norm_type))
+    model = MaxNormEmbedding(dtype, norm_type)
+    program = emmy.optimize(copy.deepcopy(model), torch.randint(0, 12, (3, 4)))
+    for _ in range(3):
+        ids = torch.randint(0, 12, (3, 4))
+        torch.testing.assert_close(program(ids, sim_mode="asan"), model(ids).detach())

@@ -62,7 +62,7 @@ def decomposition_table() -> dict:
     from emmy.capture.cuda_cells import cuda_cell_decompositions
     from emmy.capture.fast_paths import fast_path_decompositions
     from emmy.capture.foreach import foreach_decompositions
-    from emmy.capture.grid_sampling import grid_sampler
+    from emmy.capture.uncovered import uncovered_decompositions
 
     table = torch.export.default_decompositions()
     table.update(get_decompositions([getattr(torch.ops.aten, name) for name in DECOMPOSED_TOO]))
@@ -71,7 +71,7 @@ def decomposition_table() -> dict:
     table.update(cuda_attention_decompositions())
     table.update(cuda_cell_decompositions())
     table.update(foreach_decompositions())
-    table[torch.ops.aten.grid_sampler_3d.default] = grid_sampler  # torch has none
+    table.update(uncovered_decompositions())
     for name in KEPT_WHOLE:
         packet, overload = name.split(".")
         op = getattr(getattr(torch.ops.aten, packet), overload)

@@ -175,14 +175,14 @@ def _returned_then_updates(program, outputs: list[str]) -> tuple[list, list, tup
         if kind == "USER_INPUT_MUTATION":  # its target is the input's placeholder, the Input's name
             updates.append(value)
             mutations.append(("input", spec.target))
-        elif kind == "BUFFER_MUTATION":
+        elif kind in ("BUFFER_MUTATION", "PARAMETER_MUTATION"):  # a parameter: nn.Embedding's max_norm
             updates.append(value)
             mutations.append(("weight", _identifier(spec.target)))
         elif kind in ("USER_OUTPUT", "LOSS_OUTPUT"):
             returned.append(value)
         else:
             raise UnsupportedOpError(f"unsupported output kind {kind} ({spec.arg.name}): emmy returns tensors and "
-                                     "updates inputs and buffers in place")
+                                     "updates inputs, buffers and parameters in place")
     return returned, updates, tuple(mutations)
 
 
