@@ -791,11 +791,42 @@ def test_complex_ops_emmy_does_not_take_are_one_clear_error():
 
     from emmy.errors import UnsupportedOpError
 
-    def exponential(x):
-        return torch.view_as_real(torch.view_as_complex(x).exp())
+    def root(x):
+        return torch.view_as_real(torch.view_as_complex(x).sqrt())
 
-    with pytest.raises(UnsupportedOpError, match="aten.exp.default on complex numbers"):
-        emmy.optimize(exponential, torch.randn(4, 2))
+    with pytest.raises(UnsupportedOpError, match="aten.sqrt.default on complex numbers"):
+        emmy.optimize(root, torch.randn(4, 2))
+
+
+def s4d_kernel(log_dt, a_real, a_imag, c_real, c_imag, length: int = 16):
+    """S4D's convolution kernel (a diagonal state space model), as its authors write it: complex
+    numbers made from parts, exponentials, a quotient, a Vandermonde product and its real part."""
+    a = torch.complex(-torch.exp(a_real), a_imag)
+    dt_a = a * torch.exp(log_dt)[:, None]
+    c = torch.complex(c_real, c_imag) * (torch.exp(dt_a) - 1.0) / a
+    return 2 * torch.einsum("hn,hnl->hl", c, torch.exp(dt_a[..., None] * torch.arange(length))).real
+
+
+def complex_arithmetic(x, y, r):
+    """Quotients by complex, real and zero divisors (both branches of Smith's method), reciprocals,
+    logarithms, negation and a number or a real tensor minus a complex one."""
+    zc, wc = torch.view_as_complex(x), torch.view_as_complex(y)
+    return (torch.view_as_real(zc / wc), torch.view_as_real(zc / r), torch.view_as_real(wc.reciprocal()),
+            torch.view_as_real(torch.log(wc)), torch.view_as_real(-zc + (1.0 - wc) - (r - zc)))
+
+
+def test_complex_quotients_exponentials_and_logarithms_run_right_in_the_simulator():
+    torch.manual_seed(0)
+    program = emmy.optimize(s4d_kernel, torch.randn(4) * 0.1 - 2, torch.randn(4, 6) * 0.1, torch.randn(4, 6),
+                            torch.randn(4, 6), torch.randn(4, 6))
+    assert all(c.ok for c in check_program(program, mode="asan"))
+    x, y, r = torch.randn(3, 8, 2), torch.randn(3, 8, 2), torch.randn(3, 8)
+    y[0, :4] = 0.0  # 0 / 0 and z / 0: torch's infinities and NaNs
+    y[1, :4, 1] = 0.0  # real divisors held as complex
+    y[2, :4, 0] = 0.0  # imaginary divisors: the |c| < |d| branch
+    program = emmy.optimize(complex_arithmetic, x, y, r)
+    for got, want in zip(program(x, y, r, sim_mode="asan"), complex_arithmetic(x, y, r)):
+        torch.testing.assert_close(got, want, equal_nan=True)
 
 
 def test_a_complex_output_comes_back_complex_on_every_route(tmp_path):

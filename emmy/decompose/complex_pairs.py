@@ -1,9 +1,9 @@
 """complex64 as pairs of f32 (complex128 of f64): a complex tensor of shape S is the real tensor of
 shape (*S, 2) that torch.view_as_real shows (real part, then imaginary), so view_as_complex and view_as_real are free
 and rotary embeddings written with complex numbers (Meta's Llama: xq as complex times freqs_cis)
-compile to the same arithmetic as their real spelling. Views, slices, writes, sums, products
-and matrix products of complex tensors are taken, their magnitude and angle, and Fourier transforms
-(emmy.decompose.fourier); any other op on one is refused with the op named.
+compile to the same arithmetic as their real spelling. Views, slices, writes, torch.complex, sums,
+products, quotients, exp and log, matrix products of complex tensors are taken, their magnitude and
+angle, and Fourier transforms (emmy.decompose.fourier); any other op on one is refused with the op named.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def lower_complex(ctx, key: str, args: list, kwargs: dict, pairs: set) -> object
     fn = COMPLEX_OPS.get(key)
     if fn is None:
         raise UnsupportedOpError(f"unsupported op {ctx.where}: {key} on complex numbers (emmy takes view_as_complex, "
-                                 "view_as_real, polar, views, slices, writes, sums, products, matrix products, "
-                                 "abs, angle and Fourier transforms of complex tensors)")
+                                 "view_as_real, complex, polar, views, slices, writes, sums, products, quotients, "
+                                 "exp, log, matrix products, abs, angle and Fourier transforms of complex tensors)")
     result = fn(ctx, *args, **kwargs)
     if is_complex(ctx.node.meta.get("val")):
         pairs.add(result)
@@ -215,8 +215,9 @@ def arithmetic(ctx, a, b, alpha=1):
     if op in ("add", "sub"):
         name = "add" if op == "add" else "subtract"
         real = builder.elementwise(name, parts_a[0], parts_b[0], suffix="re")
-        imag = builder.elementwise(name, parts_a[1], parts_b[1], suffix="im") if (parts_a[1] or parts_b[1]) else None
-        return _pair(ctx, real, imag or builder.fill(0.0, shape[:-1], _part(ctx)), shape)
+        zero = builder.fill(0.0, shape[:-1], _part(ctx))  # a real side's imaginary part
+        imag = builder.elementwise(name, parts_a[1] or zero, parts_b[1] or zero, suffix="im")
+        return _pair(ctx, real, imag, shape)
     (ar, ai), (br, bi) = parts_a, parts_b
     mul = lambda x, y: builder.elementwise("multiply", x, y)  # noqa: E731
     if ai is None or bi is None:  # one side real: each part scales
@@ -224,6 +225,70 @@ def arithmetic(ctx, a, b, alpha=1):
         return _pair(ctx, mul(re, scale), mul(im, scale), shape)
     real = builder.elementwise("subtract", mul(ar, br), mul(ai, bi), suffix="re")
     imag = builder.elementwise("add", mul(ar, bi), mul(ai, br), suffix="im")
+    return _pair(ctx, real, imag, shape)
+
+
+@complex_op("aten.complex.default")
+def from_parts(ctx, real, imag):
+    """torch.complex(real, imag), the two broadcast to the result's shape."""
+    shape = _shape(ctx)
+    return _pair(ctx, ctx.tensor(real, _part(ctx), shape[:-1]), ctx.tensor(imag, _part(ctx), shape[:-1]), shape)
+
+
+@complex_op("aten.neg.default")
+def negative(ctx, x):
+    re, im = parts_of(ctx, x)
+    return _pair(ctx, ctx.b.elementwise("negative", re), ctx.b.elementwise("negative", im), _shape(ctx))
+
+
+@complex_op("aten.exp.default")
+def exponential(ctx, x):
+    """e^re (cos im + i sin im)."""
+    b = ctx.b
+    re, im = parts_of(ctx, x)
+    scale = b.elementwise("exp", re)
+    return _pair(ctx, b.elementwise("multiply", scale, b.elementwise("cos", im)),
+                 b.elementwise("multiply", scale, b.elementwise("sin", im)), _shape(ctx))
+
+
+@complex_op("aten.log.default")
+def logarithm(ctx, x):
+    """log |z| + i arg z."""
+    b = ctx.b
+    re, im = parts_of(ctx, x)
+    return _pair(ctx, b.elementwise("log", b.elementwise("hypot", re, im)), b.elementwise("atan2", im, re), _shape(ctx))
+
+
+@complex_op("aten.div.Tensor", "aten.reciprocal.default")
+def division(ctx, a, b=None):
+    """a / b (reciprocal: 1 / a). By a real divisor each part is divided; by a complex one as
+    c10::complex divides (Smith's method, numpy's): the ratio of the smaller part of the divisor to
+    the larger, so no square overflows; 0 / 0 gives the infinities and NaNs of a / |c|, b / |d|."""
+    if b is None:
+        a, b = 1.0, a
+    shape = _shape(ctx)
+    builder = ctx.b
+    (ar, ai), (c, d) = _parts(ctx, a, shape), _parts(ctx, b, shape)
+    op = builder.elementwise
+    if d is None:
+        return _pair(ctx, op("divide", ar, c), op("divide", ai, c) if ai else builder.fill(0.0, shape[:-1], _part(ctx)),
+                     shape)
+    ai = ai or builder.fill(0.0, shape[:-1], _part(ctx))
+    abs_c, abs_d = op("abs", c), op("abs", d)
+    real_first = op("greater_equal", abs_c, abs_d)  # |c| >= |d|: the ratio d / c
+    big, small = op("where", real_first, c, d), op("where", real_first, d, c)
+    ratio = op("divide", small, big)
+    scale = op("divide", 1.0, op("add", big, op("multiply", small, ratio)))
+    # |c| >= |d|: ((a + b r) s, (b - a r) s); else ((a r + b) s, (b r - a) s)
+    first = op("where", real_first, ar, ai)
+    second = op("where", real_first, ai, ar)
+    real = op("multiply", op("add", first, op("multiply", second, ratio)), scale)
+    imag_when_c = op("multiply", op("subtract", ai, op("multiply", ar, ratio)), scale)
+    imag_when_d = op("multiply", op("subtract", op("multiply", ai, ratio), ar), scale)
+    imag = op("where", real_first, imag_when_c, imag_when_d)
+    both_zero = op("logical_and", op("equal", abs_c, 0.0), op("equal", abs_d, 0.0))
+    real = op("where", both_zero, op("divide", ar, abs_c), real)
+    imag = op("where", both_zero, op("divide", ai, abs_d), imag)
     return _pair(ctx, real, imag, shape)
 
 
