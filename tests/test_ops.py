@@ -1148,3 +1148,33 @@ def test_embedding_max_norm_renormalises_the_table_as_torch_call_after_call(dtyp
     for _ in range(3):
         ids = torch.randint(0, 12, (3, 4))
         torch.testing.assert_close(program(ids, sim_mode="asan"), model(ids).detach())
+
+
+def bool_folds(x):
+    """Max and min over masks: rows all False and all True, where a fold's start value is a real value."""
+    above, below = x > 5, x > -5
+    return (torch.max(above, 1), torch.min(below, 1), above.amax(1), below.amin(0), torch.argmax(above.int(), 1))
+
+
+def test_max_and_min_over_bool_masks_start_at_false_and_true():
+    """A bool max starts at False (the least bool), not at bool(-inf), which is True: CUDA and the
+    Loop IR interpreter said every row of all-False held a True, at index N (AOTAutograd's cumprod
+    backward then gathered out of bounds)."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 17)
+    x[1, 3], x[2, 4] = 10.0, -10.0  # rows 0, 3, 4: no x > 5; every row but 2: all x > -5
+    program = emmy.optimize(bool_folds, x)
+    want = [t for group in bool_folds(x) for t in (group if isinstance(group, tuple) else (group,))]
+    got = program(x, sim_mode="asan")
+    got = [t for group in got for t in (group if isinstance(group, tuple) else (group,))]
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    for g, w in zip(program.interpret(x, stage="loop"), want):
+        assert torch.equal(g.reshape(w.shape), w)
+    from emmy.dtypes import DType
+    from emmy.kernel_ir.scalar_c import literal
+    from emmy.loop_ir.interpreter import _identity
+
+    # the start values themselves (the interpreter's in-order loops start from them)
+    assert (literal(float("-inf"), DType.BOOL), literal(float("inf"), DType.BOOL)) == ("false", "true")
+    assert (_identity("max", DType.BOOL.numpy).item(), _identity("min", DType.BOOL.numpy).item()) == (False, True)

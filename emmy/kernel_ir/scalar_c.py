@@ -90,8 +90,8 @@ def buffer_c(name: str) -> str:
 
 
 def literal(value, dtype: DType) -> str:
-    if dtype == DType.BOOL:
-        return "true" if value else "false"
+    if dtype == DType.BOOL:  # a max (min) fold starts at -inf (inf): false (true), the least (greatest) bool
+        return "true" if (value > 0 if isinstance(value, float) and math.isinf(value) else value) else "false"
     if not dtype.is_float:
         if isinstance(value, float) and math.isinf(value):  # a max or min fold's identity
             info = np.iinfo(dtype.numpy)

@@ -161,6 +161,8 @@ def _identity(op: str, dtype) -> np.ndarray:
     """A fold's starting value in its dtype: an integer max (min) starts at the type's least (greatest)
     value, as the emitted CUDA does, not at an infinity integers cannot hold."""
     value = REDUCE_OPS[op]
+    if dtype == np.bool_ and np.isinf(value):  # a bool max starts at False, a min at True (not bool(-inf))
+        return np.asarray(value > 0)
     if np.issubdtype(dtype, np.integer) and np.isinf(value):
         info = np.iinfo(dtype)
         value = info.max if value > 0 else info.min
