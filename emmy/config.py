@@ -27,6 +27,7 @@ class Settings:
     sim_mode: str = "plain"  # EMMY_SIM_MODE: the simulator build programs run in (plain, asan, racecheck)
     lazy_input_bytes: int = 256 << 20  # EMMY_LAZY_INPUT_MB: -c code inputs larger than this are made only
     # when a run needs their values (compiling needs their shapes)
+    dynamo_rnn: bool = True  # EMMY_DYNAMO_RNN: 0 leaves Dynamo's allow_rnn as it is (emmy.dynamo)
 
 
 def settings(environ: dict[str, str] | None = None) -> Settings:
@@ -44,6 +45,7 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         calibration_dir=Path(env.get("EMMY_CALIBRATION_DIR") or Path(cache) / "calibration"),
         sim_mode=_choice(env, "EMMY_SIM_MODE", ("plain", "asan", "racecheck"), "plain"),
         lazy_input_bytes=_number(env, "EMMY_LAZY_INPUT_MB", int, 256) << 20,
+        dynamo_rnn=_choice(env, "EMMY_DYNAMO_RNN", ("0", "1"), "1") == "1",
     )
 
 

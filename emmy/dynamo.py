@@ -14,6 +14,8 @@ device), in a bounded cache per part:
 - anything that goes wrong inside emmy (an op it refuses at a shape, a build or run failure) makes
   that part run eagerly from then on, with one warning: emmy never breaks the user's program.
 
+Dynamo's allow_rnn is turned on when this module is imported (see trace_recurrent_layers).
+
 Options (`torch.compile(..., options={...})`): simulate (bool), sim_mode (plain/asan/racecheck),
 target (sm_XX or a GPU name; default: the GPU's own architecture, else EMMY_TARGET), cache_size (input
 signatures kept per part, default 8). emmy compiles static shapes: with `dynamic=False` each new
@@ -46,6 +48,22 @@ LAYOUT_OPS = frozenset({
 
 _REPORTED: set = set()  # unsupported ops already logged in this process
 _LOCK = threading.Lock()
+
+
+def trace_recurrent_layers() -> None:
+    """Dynamo skips, whole, a frame that calls nn.RNN, nn.GRU or nn.LSTM unless its allow_rnn is on
+    (off by default): a seq2seq model compiled with backend="emmy" ran wholly eagerly, its attention
+    and heads too. emmy lowers those layers (torch's decompositions of their steps), so looking the
+    backend up turns Dynamo's RNN tracing on for the process; EMMY_DYNAMO_RNN=0 leaves it as it is."""
+    from emmy.config import settings
+
+    if settings().dynamo_rnn and not torch._dynamo.config.allow_rnn:
+        torch._dynamo.config.allow_rnn = True
+        log.info("emmy: Dynamo's allow_rnn turned on, so nn.RNN, nn.GRU and nn.LSTM are traced and compiled "
+                 "(EMMY_DYNAMO_RNN=0 leaves it off)")
+
+
+trace_recurrent_layers()  # Dynamo imports this module when torch.compile looks the backend up
 
 
 def emmy_backend(gm, example_inputs, options: dict | None = None):

@@ -140,6 +140,22 @@ class VolumeWarp(nn.Module):
         return F.mse_loss(warped, fixed)
 
 
+class RecurrentTagger(nn.Module):
+    """A GRU encoder with attention pooling and a classifier: Dynamo skips such a frame whole unless
+    its allow_rnn is on, which looking up emmy's backend turns on (emmy.dynamo)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.GRU(6, 8, batch_first=True)
+        self.score = nn.Linear(8, 1)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x, labels):
+        states, _ = self.encoder(x)
+        weights = torch.softmax(self.score(states).squeeze(-1), dim=1)
+        return F.cross_entropy(self.head((weights.unsqueeze(-1) * states).sum(1)), labels)
+
+
 MODELS = {
     "classifier": (Classifier, lambda: (torch.randn(4, 16), torch.randint(0, 8, (4,)))),
     "convnet": (ConvNet, lambda: (torch.randn(2, 3, 12, 12), torch.randint(0, 4, (2,)))),
@@ -148,6 +164,7 @@ MODELS = {
     "volume": (Volume, lambda: (torch.randn(1, 2, 4, 6, 4), torch.randn(1, 2, 4, 6, 4))),
     "prototypes": (Prototypes, lambda: (torch.randn(6, 6), torch.randint(0, 5, (6,)))),
     "spatial_transformer": (SpatialTransformer, lambda: (torch.randn(2, 2, 5, 5), torch.randint(0, 3, (2,)))),
+    "recurrent_tagger": (RecurrentTagger, lambda: (torch.randn(2, 4, 6), torch.randint(0, 3, (2,)))),
     "volume_warp": (VolumeWarp, lambda: (torch.randn(2, 1, 4, 5, 3), torch.randn(2, 1, 4, 5, 3))),
 }
 
