@@ -75,14 +75,20 @@ EMMY_DEVICE int checked_position(long long v, int extent, bool wrap, long long* 
   return int(v);
 }
 
+// `count` is the index tensor's size. A position outside it belongs to a lane whose value is thrown
+// away: an expression evaluated under a guard that fails there (a concatenated piece's selector, read
+// for every row though only its own rows keep it). Such a lane reads nothing and gets 0.
 template <class I>
-EMMY_DEVICE int gather_index(const I* index, int position, int extent, bool wrap, long long* faults, int tensor) {
+EMMY_DEVICE int gather_index(const I* index, int position, int count, int extent, bool wrap, long long* faults,
+                             int tensor) {
+  if (position < 0 || position >= count) return 0;
   return checked_position((long long)index[position], extent, wrap, faults, tensor, position);
 }
 
 template <class I>
-EMMY_DEVICE int gather_index(const I* index, int position, long long ignore, long long fallback, int extent,
-                             bool wrap, long long* faults, int tensor) {
+EMMY_DEVICE int gather_index(const I* index, int position, int count, long long ignore, long long fallback,
+                             int extent, bool wrap, long long* faults, int tensor) {
+  if (position < 0 || position >= count) return 0;
   const long long v = (long long)index[position];
   return checked_position(v == ignore ? fallback : v, extent, wrap, faults, tensor, position);
 }

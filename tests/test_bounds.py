@@ -3,6 +3,7 @@ every access of every kernel that is lowered."""
 
 import pytest
 import torch
+import torch.nn as nn
 
 import emmy
 from emmy.affine import Affine, Gathered, Guard
@@ -272,3 +273,32 @@ def _types(program) -> dict:
     from emmy.loop_ir.nodes import buffer_types
 
     return buffer_types(program.loop_ir)
+
+
+class PairwiseInteractions(nn.Module):
+    """DLRM's feature interaction: the dense features beside the lower triangle of every pair's dot
+    product, read through torch.tril_indices, then the top layer (bf16, as the model is served)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bottom = nn.Linear(5, 8)
+        self.top = nn.Linear(8 + 6, 1)
+
+    def forward(self, dense, a, b, c):
+        features = torch.stack([self.bottom(dense), a, b, c], 1)
+        products = torch.bmm(features, features.transpose(1, 2))
+        rows, cols = torch.tril_indices(4, 4, -1)
+        return torch.sigmoid(self.top(torch.cat([self.bottom(dense), products[:, rows, cols]], 1)))
+
+
+def test_an_index_tensor_read_under_a_guard_that_fails_stays_inside_it():
+    """The concatenation's second piece selects among the stacked features by the value of
+    tril_indices at column - 8; that selector was evaluated for the first piece's columns too, reading
+    the index tensor at -8..-1 (ASan: heap-buffer-overflow). Compiled code now reads an index tensor
+    only inside it (emmy_rt.cuh's gather_index), the lanes outside being ones whose value is dropped."""
+    torch.manual_seed(0)
+    model = PairwiseInteractions().to(torch.bfloat16)
+    inputs = [torch.randn(3, n, dtype=torch.bfloat16) for n in (5, 8, 8, 8)]
+    program = emmy.optimize(model, *inputs)
+    assert "tril_indices" in program.ir("tensor")
+    torch.testing.assert_close(program(*inputs, sim_mode="asan"), model(*inputs))

@@ -214,7 +214,8 @@ def affine_c(a: Affine, names: dict[int, str] | None = None) -> str:
             text = names.get(atom.index, f"a{atom.index}")
         elif isinstance(atom, Gathered):  # clamped into its axis, a bad value recorded (index_faults.py)
             ignoring = f"{atom.ignore}LL, {atom.fallback}LL, " if atom.ignore is not None else ""
-            text = (f"emmy::gather_index({buffer_c(atom.buffer)}, {affine_c(atom.flat(), names)}, {ignoring}"
+            text = (f"emmy::gather_index({buffer_c(atom.buffer)}, {affine_c(atom.flat(), names)}, "
+                    f"{math.prod(atom.shape)}, {ignoring}"
                     f"{atom.extent}, {'true' if atom.wrap else 'false'}, {buffer_c(INDEX_FAULTS)}, "
                     f"{tensor_code(atom.buffer)})")
         elif isinstance(atom, (FloorDiv, Mod)):  # C's / and % truncate: floor where it may be negative
