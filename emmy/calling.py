@@ -67,11 +67,12 @@ def with_keywords(signature, inputs: tuple, keywords: dict) -> tuple:
 
 
 def _check_flags(signature, inputs: tuple) -> None:
-    """A call's flags (bool arguments) must be the ones the program was compiled with: code branched
-    on them while it was captured."""
+    """A call's flags (bool arguments, and int ones where the program read an int as a size) must be
+    the ones the program was compiled with: code branched on them, or sized by them, while it was
+    captured."""
     from emmy.capture import flags_of
 
-    given = dict(flags_of(inputs, bool(signature.keywords)))
+    given = dict(flags_of(inputs, bool(signature.keywords), signature.fixed_ints))
     for where, value in signature.flags:
         if given.get(where, value) != value:
             raise InputMismatchError(f"{where} was {value} when the program was captured, and the program is "
@@ -127,7 +128,8 @@ def _update_in_place(program, inputs: tuple, mutations: tuple, values: list) -> 
     from emmy.capture import flat_inputs
     from emmy.dtypes import to_numpy
 
-    given = dict(zip((name for name, _ in program.signature.inputs), flat_inputs(inputs)))
+    taken = flat_inputs(inputs, program.signature.fixed_ints)
+    given = dict(zip((name for name, _ in program.signature.inputs), taken))
     for (kind, name), value in zip(mutations, values):
         if kind == "input":
             given[name].copy_(value.to(given[name].device))

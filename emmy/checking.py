@@ -210,8 +210,9 @@ def _run_reference(captured, inputs, mode: str, device: str) -> list:
     program = captured.exported
     # nested inputs (an LSTM cell's (h, c)) in torch.export's order, flags (bools: constants of the
     # exported program) left out, as emmy.capture.flat_inputs gives them
+    fixed_ints = getattr(captured, "fixed_ints", False)  # ints are constants too (emmy.capture.is_flag)
     given = [leaf for leaf in _pytree.tree_leaves(list(inputs if inputs is not None else captured.example_inputs))
-             if not isinstance(leaf, bool)]
+             if not (isinstance(leaf, bool) or (fixed_ints and type(leaf) is int))]
     args = []
     for spec in program.graph_signature.input_specs:
         if spec.kind.name == "USER_INPUT" and type(spec.arg).__name__ == "ConstantArgument":

@@ -26,6 +26,11 @@ class Signature:
     flags: tuple = ()  # (where, value) of each bool argument, compiled in as a constant (emmy.capture.flags_of)
 
     @property
+    def fixed_ints(self) -> bool:
+        """Whether int arguments are constants too: a program that reads one as a size was captured so."""
+        return any(type(value) is int for _, value in self.flags)
+
+    @property
     def output_names(self) -> tuple[str, ...]:
         return self.structure.names
 

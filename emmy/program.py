@@ -124,7 +124,8 @@ class Program:
         from emmy.capture import flags_of
 
         keywords = getattr(self.captured, "keywords", ())
-        flags = flags_of(getattr(self.captured, "example_inputs", None), bool(keywords))
+        flags = flags_of(getattr(self.captured, "example_inputs", None), bool(keywords),
+                         getattr(self.captured, "fixed_ints", False))
         return Signature(tuple((n.name, n.type) for n in graph.inputs), structure, mutations, keywords, flags)
 
     @cached_property

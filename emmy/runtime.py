@@ -44,7 +44,7 @@ def check_inputs(program, inputs, device: str = "cpu") -> list:
     from emmy.capture import flat_inputs, scalar_tensor
 
     expected = program.signature.inputs
-    inputs = None if inputs is None else flat_inputs(inputs)
+    inputs = None if inputs is None else flat_inputs(inputs, program.signature.fixed_ints)
     if inputs is None or len(inputs) != len(expected):
         raise InputMismatchError(f"the program takes {len(expected)} inputs ({', '.join(n for n, _ in expected)}), "
                                  f"got {0 if inputs is None else len(inputs)}")

@@ -147,6 +147,36 @@ def test_python_numbers_are_scalar_inputs_that_each_call_may_change():
         torch.testing.assert_close(torch.from_numpy(got).reshape(6), scaled(x, s, n), rtol=1e-5, atol=1e-4)
 
 
+class LastLogits(torch.nn.Module):
+    """transformers' `num_logits_to_keep`: an int argument read as a size (a slice's start)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, hidden, scale, shift: int, num_logits_to_keep: int = 0):
+        return self.head(hidden[:, -num_logits_to_keep:, :].roll(shift, 1)) * scale
+
+
+def test_an_int_read_as_a_size_is_compiled_in_and_a_call_must_pass_the_same(tmp_path):
+    """No program can take a slice's length at run time: the capture is made again with the int
+    arguments as constants (as bools are), while a float stays an input a call may change."""
+    from emmy.errors import InputMismatchError
+
+    torch.manual_seed(0)
+    model, hidden = LastLogits(), torch.randn(2, 6, 8)
+    program = emmy.optimize(model, hidden, 0.5, 1, example_kwargs={"num_logits_to_keep": 3})
+    assert [name for name, _ in program.signature.inputs] == ["hidden", "scale"]
+    program.save(tmp_path / "last.emmy")
+    for run in (program, emmy.load(tmp_path / "last.emmy")):
+        for scale in (0.5, -2.0):
+            torch.testing.assert_close(run(hidden, scale, 1, num_logits_to_keep=3), model(hidden, scale, 1, 3))
+    with pytest.raises(InputMismatchError, match="keyword 'num_logits_to_keep' was 3 .* got 2"):
+        program(hidden, 0.5, 1, num_logits_to_keep=2)
+    with pytest.raises(InputMismatchError, match="argument 2 was 1 .* got 0"):
+        program(hidden, 0.5, 0, num_logits_to_keep=3)
+
+
 def test_a_graph_already_in_emmys_ops_skips_the_second_trace():
     from emmy.capture import exporting
     from emmy.capture.code import capture_code

@@ -8,6 +8,7 @@ ExportedProgram, or the ATen graph torch.compile hands a backend (emmy.capture.a
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ class Captured:
     # the keyword arguments the program takes, in the order captured: their values come last in
     # example_inputs, as one dict
     keywords: tuple[str, ...] = ()
+    fixed_ints: bool = False  # Python int arguments are constants of the program (_captured_module)
 
     def __post_init__(self):
         if self.outputs is None:
@@ -82,11 +84,6 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
 
     if not example_inputs and not keywords:
         raise EmmyError(f"emmy.optimize needs example inputs to capture a {type(graph).__name__}")
-    # inputs may nest (an LSTM cell's (h, c)): torch.export takes the structure, the program its leaves
-    example_inputs = tuple(_map_leaves(scalar_tensor, v) for v in example_inputs)
-    keywords = {k: _map_leaves(scalar_tensor, v) for k, v in keywords.items()}
-    taken = (*example_inputs, keywords) if keywords else example_inputs
-    _check_inputs(flat_inputs(taken))
     if isinstance(graph, torch.nn.Module):
         module = graph
     elif callable(graph):
@@ -98,15 +95,65 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
             "a function, an fx.GraphModule or an ExportedProgram"
         )
     with _in_eval_mode(module):
-        try:
-            program = _decomposed(_export(module, example_inputs, Source(), keywords or None), Source())
-        except EmmyError:  # a program that takes gradients: export or its decompositions refuse it
-            from emmy.capture.gradients import trace_gradient_program
+        program, taken, fixed_ints = _captured_module(module, example_inputs, keywords)
+    return Captured(program, Source(), taken, keywords=tuple(keywords), fixed_ints=fixed_ints)
 
-            program = trace_gradient_program(module, example_inputs, keywords)
-            if program is None:
-                raise
-    return Captured(program, Source(), taken, keywords=tuple(keywords))
+
+def _captured_module(module, example_inputs: tuple, keywords: dict) -> tuple:
+    """(the decomposed program, the inputs as it takes them, whether Python ints are constants of it).
+
+    A Python number is a rank-0 input (scalar_tensor), so a call may pass another. Where the module
+    reads an int into Python (a size, a shift, a count: x[:, -n:], x.roll(n), topk(x, k)), no
+    program can take it at run time: the capture is made again with every int argument a constant of
+    the program, as a bool is, and a call must pass the same value (emmy.calling)."""
+    has_ints = any(type(leaf) is int for leaf in _leaves((example_inputs, keywords)))
+    try:
+        program, taken = _exported_with(module, example_inputs, keywords, fixed_ints=False)
+        if not (has_ints and _reads_numbers(program)):
+            return program, taken, False
+    except Exception as failure:  # torch may fail on a tensor used as a size before any graph is made
+        if not has_ints:
+            raise
+        try:
+            program, taken = _exported_with(module, example_inputs, keywords, fixed_ints=True)
+        except Exception:
+            raise failure from None  # the ints were not the cause: the first error says what was
+    else:
+        program, taken = _exported_with(module, example_inputs, keywords, fixed_ints=True)
+    logger.info("the program reads an int argument as a number (a size, a shift or a count): every int "
+                "argument is compiled in as a constant, and a call must pass the same value")
+    return program, taken, True
+
+
+def _exported_with(module, example_inputs: tuple, keywords: dict, fixed_ints: bool) -> tuple:
+    # inputs may nest (an LSTM cell's (h, c)): torch.export takes the structure, the program its leaves
+    number = functools.partial(scalar_tensor, fixed_ints=fixed_ints)
+    example_inputs = tuple(_map_leaves(number, v) for v in example_inputs)
+    keywords = {k: _map_leaves(number, v) for k, v in keywords.items()}
+    taken = (*example_inputs, keywords) if keywords else example_inputs
+    _check_inputs(flat_inputs(taken, fixed_ints))
+    try:
+        program = _decomposed(_export(module, example_inputs, Source(), keywords or None), Source())
+    except EmmyError:  # a program that takes gradients: export or its decompositions refuse it
+        from emmy.capture.gradients import trace_gradient_program
+
+        program = trace_gradient_program(module, example_inputs, keywords)
+        if program is None:
+            raise
+    return program, taken
+
+
+def _reads_numbers(program) -> bool:
+    """Whether the graph reads a tensor's value into Python (.item(), int(t), a tensor as a size)."""
+    graph = getattr(program, "graph", None)
+    return graph is not None and any(str(node.target) == "aten._local_scalar_dense.default"
+                                     for node in graph.nodes)
+
+
+def _leaves(value) -> list:
+    from torch.utils import _pytree
+
+    return _pytree.tree_leaves(value)
 
 
 @contextlib.contextmanager
@@ -144,15 +191,15 @@ def _stored_inputs(program) -> tuple | None:
     return tuple(args) if not kwargs else None
 
 
-def scalar_tensor(value):
+def scalar_tensor(value, fixed_ints: bool = False):
     """A Python number (a scale, an epsilon passed at call time) as a rank-0 tensor input: f32 for a
     float, i64 for an int. The program reads it as a one-element buffer, so calls may pass another
     number without a new compile. A bool is a flag (use_cache=False, return_dict=True), which code
-    branches on: it stays a constant of the program (emmy.capture.flags_of). Anything else passes
-    through."""
+    branches on: it stays a constant of the program (emmy.capture.flags_of), as an int does with
+    `fixed_ints` (a program that reads one as a size). Anything else passes through."""
     import torch
 
-    if isinstance(value, bool):
+    if is_flag(value, fixed_ints):
         return value
     if isinstance(value, int):
         return torch.tensor(value, dtype=torch.int64)
@@ -161,19 +208,26 @@ def scalar_tensor(value):
     return value
 
 
-def flat_inputs(inputs) -> list:
+def is_flag(leaf, fixed_ints: bool = False) -> bool:
+    """Whether an argument is compiled in as a constant rather than taken as an input: a bool, and an
+    int where the program was captured with fixed ints (Signature.fixed_ints)."""
+    return isinstance(leaf, bool) or (fixed_ints and type(leaf) is int)
+
+
+def flat_inputs(inputs, fixed_ints: bool = False) -> list:
     """A program's inputs as it takes them: tuples, lists and dicts of tensors (a module's nested
     arguments) flattened in torch.export's order, so a call may pass them nested as the module takes
-    them. Flags (bools) are no inputs: torch.export made them constants of the program."""
+    them. Flags (bools; ints with fixed_ints) are no inputs: torch.export made them constants."""
     from torch.utils import _pytree
 
-    return [leaf for leaf in _pytree.tree_leaves(list(inputs)) if not isinstance(leaf, bool)]
+    return [leaf for leaf in _pytree.tree_leaves(list(inputs)) if not is_flag(leaf, fixed_ints)]
 
 
-def flags_of(inputs, keywords: bool = False) -> tuple[tuple[str, bool], ...]:
-    """The flags (bools) among a call's arguments, each with where it is (`keyword 'use_cache'`,
-    `argument 1`, `argument 0[2]` inside a list); `keywords`: the last argument is the dict of keyword
-    arguments. The program was compiled for the captured values, and a call must pass the same."""
+def flags_of(inputs, keywords: bool = False, fixed_ints: bool = False) -> tuple[tuple[str, object], ...]:
+    """The flags (bools; ints with fixed_ints) among a call's arguments, each with where it is
+    (`keyword 'use_cache'`, `argument 1`, `argument 0[2]` inside a list); `keywords`: the last argument
+    is the dict of keyword arguments. The program was compiled for the captured values, and a call
+    must pass the same."""
     from torch.utils import _pytree
 
     if inputs is None:
@@ -182,7 +236,7 @@ def flags_of(inputs, keywords: bool = False) -> tuple[tuple[str, bool], ...]:
     leaves, _ = _pytree.tree_flatten_with_path(inputs)
     found = []
     for path, leaf in leaves:
-        if isinstance(leaf, bool):
+        if is_flag(leaf, fixed_ints):
             position = path[0].idx
             if keywords and position == len(inputs) - 1:
                 found.append((f"keyword {path[1].key!r}{_pytree.keystr(path[2:])}", leaf))

@@ -97,7 +97,7 @@ def to_tensor_ir(captured) -> TensorProgram:
                 type_ = TensorType(tuple(int(s) for s in val.shape), from_torch(val.dtype, where))
                 name = builder.weight(_identifier(target), type_)
                 weight_arrays[name], _ = to_numpy(tensor)
-            elif isinstance(val, bool) or val is None:  # a flag torch.export made a constant
+            elif isinstance(val, (bool, int)) or val is None:  # a flag (or a fixed int) export made a constant
                 env[node.name] = val
                 continue
             elif is_complex(val):  # a complex input as its (.., 2) real pairs (runtime.check_inputs views it so)
