@@ -182,9 +182,11 @@ class _Support:
     """Which FX nodes emmy decomposes: an ATen op in its table, on dtypes it handles, at static shapes."""
 
     def __init__(self):
+        from emmy.decompose.complex_pairs import COMPLEX_OPS
         from emmy.decompose.from_aten import LOWERINGS
 
         self.lowerings = LOWERINGS
+        self.complex_ops = COMPLEX_OPS  # an op making or reading a complex tensor is lowered from these
         self.refused: set = set()
 
     def is_node_supported(self, submodules, node) -> bool:
@@ -203,10 +205,11 @@ class _Support:
             branches = node.args[1:3]
             return all(hasattr(b, "op") and self.is_node_supported(submodules, b) for b in branches) \
                 and all(_plain(a.meta.get("val")) for a in node.all_input_nodes if a.op != "get_attr")
-        if name not in self.lowerings:
-            self.refused.add(name)
-            return False
         values = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+        on_complex = any(_is_complex(v) for v in values)
+        if name not in (self.complex_ops if on_complex else self.lowerings):
+            self.refused.add(name if not on_complex else f"{name} on complex numbers")
+            return False
         return all(_plain(v) for v in values)
 
 
@@ -215,9 +218,15 @@ def _plain(value) -> bool:
 
     if isinstance(value, (list, tuple)):
         return all(_plain(v) for v in value)
-    if isinstance(value, torch.Tensor):
-        return str(value.dtype) in _TORCH_NAMES and all(isinstance(s, int) for s in value.shape)
+    if isinstance(value, torch.Tensor):  # complex ones as their real pairs (emmy.decompose.complex_pairs)
+        return (str(value.dtype) in _TORCH_NAMES or _is_complex(value)) and all(isinstance(s, int) for s in value.shape)
     return value is None or isinstance(value, (int, float, bool))
+
+
+def _is_complex(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_is_complex(v) for v in value)
+    return isinstance(value, torch.Tensor) and value.dtype in (torch.complex64, torch.complex128)
 
 
 def _traced_strides(graph_module) -> list:

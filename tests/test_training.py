@@ -156,6 +156,24 @@ class RecurrentTagger(nn.Module):
         return F.cross_entropy(self.head((weights.unsqueeze(-1) * states).sum(1)), labels)
 
 
+class SpectralRotary(nn.Module):
+    """Meta's Llama rotary embedding (queries as complex numbers times a complex buffer) and FNet's
+    token mixing (the real part of a 2-D FFT): complex tensors in the forward and backward graphs."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+        angles = torch.outer(torch.arange(4.0), 1.0 / 10000 ** (torch.arange(0, 8, 2) / 8))
+        self.register_buffer("freqs", torch.polar(torch.ones_like(angles), angles))
+
+    def forward(self, x, labels):
+        q = self.q(x)
+        rotated = torch.view_as_real(torch.view_as_complex(q.reshape(*q.shape[:-1], -1, 2)) * self.freqs)
+        mixed = torch.fft.fft2(rotated.flatten(-2)).real
+        return F.cross_entropy(self.head(mixed.mean(1)), labels)
+
+
 MODELS = {
     "classifier": (Classifier, lambda: (torch.randn(4, 16), torch.randint(0, 8, (4,)))),
     "convnet": (ConvNet, lambda: (torch.randn(2, 3, 12, 12), torch.randint(0, 4, (2,)))),
@@ -164,6 +182,7 @@ MODELS = {
     "volume": (Volume, lambda: (torch.randn(1, 2, 4, 6, 4), torch.randn(1, 2, 4, 6, 4))),
     "prototypes": (Prototypes, lambda: (torch.randn(6, 6), torch.randint(0, 5, (6,)))),
     "spatial_transformer": (SpatialTransformer, lambda: (torch.randn(2, 2, 5, 5), torch.randint(0, 3, (2,)))),
+    "spectral_rotary": (SpectralRotary, lambda: (torch.randn(2, 4, 8), torch.randint(0, 3, (2,)))),
     "recurrent_tagger": (RecurrentTagger, lambda: (torch.randn(2, 4, 6), torch.randint(0, 3, (2,)))),
     "volume_warp": (VolumeWarp, lambda: (torch.randn(2, 1, 4, 5, 3), torch.randn(2, 1, 4, 5, 3))),
 }

@@ -202,7 +202,7 @@ def permute(ctx, x, dims):
     return ctx.b.permute(x, [d % rank for d in dims] + [rank], name=ctx.name)
 
 
-@complex_op("aten.mul.Tensor", "aten.add.Tensor", "aten.sub.Tensor")
+@complex_op("aten.mul.Tensor", "aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Scalar")
 def arithmetic(ctx, a, b, alpha=1):
     """(a_re + i a_im) (b_re + i b_im) and sums; a real operand (a tensor or a number) is a complex
     one with no imaginary part."""
@@ -259,7 +259,7 @@ def logarithm(ctx, x):
     return _pair(ctx, b.elementwise("log", b.elementwise("hypot", re, im)), b.elementwise("atan2", im, re), _shape(ctx))
 
 
-@complex_op("aten.div.Tensor", "aten.reciprocal.default")
+@complex_op("aten.div.Tensor", "aten.div.Scalar", "aten.reciprocal.default")
 def division(ctx, a, b=None):
     """a / b (reciprocal: 1 / a). By a real divisor each part is divided; by a complex one as
     c10::complex divides (Smith's method, numpy's): the ratio of the smaller part of the divisor to
@@ -290,6 +290,27 @@ def division(ctx, a, b=None):
     real = op("where", both_zero, op("divide", ar, abs_c), real)
     imag = op("where", both_zero, op("divide", ai, abs_d), imag)
     return _pair(ctx, real, imag, shape)
+
+
+@complex_op("aten.scalar_tensor.default")
+def scalar(ctx, value, **kwargs):
+    """A rank-0 complex tensor (a backward graph's complex zero)."""
+    value = complex(value)
+    shape = _shape(ctx)
+    return _pair(ctx, ctx.b.fill(value.real, shape[:-1], _part(ctx)), ctx.b.fill(value.imag, shape[:-1], _part(ctx)),
+                 shape)
+
+
+@complex_op("aten.where.self")
+def select_where(ctx, condition, a, b):
+    """Each part chosen by the condition, broadcast to the result's shape."""
+    shape = _shape(ctx)
+    builder = ctx.b
+    chosen = ctx.tensor(condition, DType.BOOL, shape[:-1])
+    zero = builder.fill(0.0, shape[:-1], _part(ctx))
+    (ar, ai), (br, bi) = _parts(ctx, a, shape), _parts(ctx, b, shape)
+    return _pair(ctx, builder.elementwise("where", chosen, ar, br),
+                 builder.elementwise("where", chosen, ai or zero, bi or zero), shape)
 
 
 @complex_op("aten.polar.default")
