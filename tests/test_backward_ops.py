@@ -3,6 +3,8 @@ checked in eager torch against torch's own op over the forms real models use, an
 table (emmy.capture.training) checked to hold them and no decomposition that changes what an op's
 backward reads."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -210,6 +212,12 @@ def test_the_training_table_holds_the_backward_ops_and_not_torchs_attention_deco
                         (aten._scaled_dot_product_flash_attention_for_cpu_backward,
                          backward_ops.flash_attention_backward),
                         (aten._cdist_backward, backward_ops.cdist_backward),
+                        (aten._pdist_backward, backward_ops.pdist_backward),
+                        (aten.avg_pool3d_backward, backward_ops.avg_pool3d_backward),
+                        (aten._adaptive_avg_pool3d_backward, backward_ops.adaptive_avg_pool3d_backward),
+                        (aten.adaptive_max_pool2d_backward, backward_ops.adaptive_max_pool2d_backward),
+                        (aten.adaptive_max_pool3d_backward, backward_ops.adaptive_max_pool3d_backward),
+                        (aten.replication_pad2d_backward, backward_ops.replication_pad_backward),
                         (aten.grid_sampler_2d_backward, grid_sampling.grid_sampler_backward),
                         (aten.grid_sampler_3d_backward, grid_sampling.grid_sampler_backward)]:
         assert table[op.default] is spelled
@@ -251,3 +259,53 @@ def test_pooling_and_convolution_backward_match_torch_over_drawn_geometries():
         args = (grad, x, weight, [4], stride, padding, dilation, False, [0, 0], 1, [True, True, True])
         for got, want in zip(backward_ops.convolution_backward(*args), aten.convolution_backward(*args)):
             torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("kernel,stride,padding,ceil_mode,count_include_pad,divisor",
+                         [((2, 2, 3), (2, 1, 2), (1, 0, 1), False, True, None),
+                          ((3, 3, 3), (2, 2, 2), (1, 1, 1), True, False, None), ((2, 2, 2), [], 0, True, True, 3)])
+def test_average_pooling_in_3d_backward_matches_torch(kernel, stride, padding, ceil_mode, count_include_pad, divisor):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 6, 7, dtype=torch.float64)
+    out = F.avg_pool3d(x, kernel, stride or None, padding, ceil_mode, count_include_pad, divisor)
+    grad = torch.randn_like(out)
+    args = (grad, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor)
+    torch.testing.assert_close(backward_ops.avg_pool3d_backward(*args), aten.avg_pool3d_backward(*args))
+    adaptive = torch.randn_like(F.adaptive_avg_pool3d(x, (2, 4, 3)))
+    torch.testing.assert_close(backward_ops.adaptive_avg_pool3d_backward(adaptive, x),
+                               aten._adaptive_avg_pool3d_backward(adaptive, x))
+
+
+@pytest.mark.parametrize("shape,size", [((3, 5, 7), (3, 4)), ((2, 3, 5, 7), (3, 4)), ((2, 3, 5, 6, 7), (2, 3, 4)),
+                                        ((3, 5, 6, 7), (2, 3, 4))], ids=["2d_unbatched", "2d", "3d", "3d_unbatched"])
+def test_adaptive_max_pooling_backward_matches_torch(shape, size):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64)
+    pool, ours, theirs = ((F.adaptive_max_pool2d, backward_ops.adaptive_max_pool2d_backward,
+                           aten.adaptive_max_pool2d_backward) if len(size) == 2 else
+                          (F.adaptive_max_pool3d, backward_ops.adaptive_max_pool3d_backward,
+                           aten.adaptive_max_pool3d_backward))
+    out, indices = pool(x, size, return_indices=True)
+    grad = torch.randn_like(out)
+    torch.testing.assert_close(ours(grad, x, indices), theirs(grad, x, indices))
+
+
+@pytest.mark.parametrize("padding,shape", [((2, 1), (3, 7)), ((2, 1, 0, 3), (3, 6, 7)),
+                                           ((1, 2, 3, 0, 1, 1), (2, 3, 5, 6, 7)), ((1, 1, 1, 1), (2, 1, 7))])
+def test_replication_padding_backward_matches_torch(padding, shape):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64)
+    grad = torch.randn_like(F.pad(x, padding, mode="replicate"))
+    theirs = getattr(aten, f"replication_pad{len(padding) // 2}d_backward")
+    torch.testing.assert_close(backward_ops.replication_pad_backward(grad, x, list(padding)),
+                               theirs(grad, x, list(padding)))
+
+
+@pytest.mark.parametrize("p", [1.0, 1.5, 2.0, 3.0, math.inf])
+def test_pdist_backward_matches_torch(p):
+    torch.manual_seed(0)
+    x = torch.randn(6, 4, dtype=torch.float64)
+    distances = F.pdist(x, p)
+    grad = torch.randn_like(distances)
+    torch.testing.assert_close(backward_ops.pdist_backward(grad, x, p, distances),
+                               aten._pdist_backward(grad, x, p, distances))

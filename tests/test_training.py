@@ -174,6 +174,24 @@ class SpectralRotary(nn.Module):
         return F.cross_entropy(self.head(mixed.mean(1)), labels)
 
 
+class PooledFeatures(nn.Module):
+    """Replicate and circular padding, 3-D average pooling (ceil mode), adaptive 3-D average and 2-D
+    max pooling, and torch.pdist between the samples' features: backward ops torch keeps whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv3d(2, 4, 3)
+        self.head = nn.Linear(4 * 4 + 4 * 4, 3)
+
+    def forward(self, x, labels):
+        h = self.conv(F.pad(x, (1, 1, 1, 1, 1, 1), mode="replicate"))
+        h = F.avg_pool3d(h, 2, ceil_mode=True)
+        averaged = F.adaptive_avg_pool3d(h, (1, 2, 2)).flatten(1)
+        peaks = F.adaptive_max_pool2d(F.pad(h.mean(2), (1, 1, 1, 1), mode="circular"), (2, 2)).flatten(1)
+        features = torch.cat([averaged, peaks], 1)
+        return F.cross_entropy(self.head(features), labels) + 0.1 * F.pdist(features).mean()
+
+
 MODELS = {
     "classifier": (Classifier, lambda: (torch.randn(4, 16), torch.randint(0, 8, (4,)))),
     "convnet": (ConvNet, lambda: (torch.randn(2, 3, 12, 12), torch.randint(0, 4, (2,)))),
@@ -182,6 +200,7 @@ MODELS = {
     "volume": (Volume, lambda: (torch.randn(1, 2, 4, 6, 4), torch.randn(1, 2, 4, 6, 4))),
     "prototypes": (Prototypes, lambda: (torch.randn(6, 6), torch.randint(0, 5, (6,)))),
     "spatial_transformer": (SpatialTransformer, lambda: (torch.randn(2, 2, 5, 5), torch.randint(0, 3, (2,)))),
+    "pooled_features": (PooledFeatures, lambda: (torch.randn(3, 2, 5, 5, 5), torch.randint(0, 3, (3,)))),
     "spectral_rotary": (SpectralRotary, lambda: (torch.randn(2, 4, 8), torch.randint(0, 3, (2,)))),
     "recurrent_tagger": (RecurrentTagger, lambda: (torch.randn(2, 4, 6), torch.randint(0, 3, (2,)))),
     "volume_warp": (VolumeWarp, lambda: (torch.randn(2, 1, 4, 5, 3), torch.randn(2, 1, 4, 5, 3))),

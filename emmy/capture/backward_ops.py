@@ -255,6 +255,84 @@ def adaptive_avg_pool2d_backward(grad_out, x):
     return torch.einsum("ih,...ij,jw->...hw", rows, grad_out, cols)
 
 
+def adaptive_avg_pool3d_backward(grad_out, x):
+    """The 3-D form of adaptive_avg_pool2d_backward: A_d^T, A_h^T, A_w^T applied to the gradient."""
+    depth, rows, cols = (_adaptive_matrix(x.shape[k], grad_out.shape[k]).to(grad_out.device, grad_out.dtype)
+                         for k in (-3, -2, -1))
+    return torch.einsum("id,jh,kw,...ijk->...dhw", depth, rows, cols, grad_out)
+
+
+def avg_pool3d_backward(grad_out, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override=None):
+    """Average pooling is separable (a box's tap count, clipped or not, is the product of its axes'
+    counts), so its gradient is a matrix per axis applied to the gradient: A[o, i] = 1 / divisor[o]
+    where input position i is a tap of window o."""
+    kernel, stride, padding = (_triples(v) for v in (kernel_size, stride or kernel_size, padding))
+    matrices = []
+    for axis in range(3):
+        size, pooled = x.shape[axis - 3], grad_out.shape[axis - 3]
+        start = torch.arange(pooled).unsqueeze(1) * stride[axis] - padding[axis]
+        at = torch.arange(size).unsqueeze(0)
+        taps = ((at >= start) & (at < start + kernel[axis])).to(torch.float64)
+        divisor = _avg_divisor(size, pooled, kernel[axis], stride[axis], padding[axis], count_include_pad)
+        matrices.append((taps if divisor_override else taps / divisor.unsqueeze(1)).to(grad_out.device,
+                                                                                    grad_out.dtype))
+    grad = torch.einsum("id,jh,kw,...ijk->...dhw", *matrices, grad_out)
+    return grad / divisor_override if divisor_override else grad
+
+
+def _triples(value):
+    return tuple(value) * (3 // len(value)) if isinstance(value, (list, tuple)) else (value,) * 3
+
+
+def adaptive_max_pool2d_backward(grad_out, x, indices):
+    """adaptive_max_pool2d's gradient: each output's gradient added at the input position its index
+    names (flat over the plane, as torch's indices are)."""
+    return _added_at_indices(grad_out, x, indices, spatial=2)
+
+
+def adaptive_max_pool3d_backward(grad_out, x, indices):
+    return _added_at_indices(grad_out, x, indices, spatial=3)
+
+
+def _added_at_indices(grad_out, x, indices, spatial: int):
+    lead = x.shape[:x.dim() - spatial]
+    grad = torch.zeros(*lead, math.prod(x.shape[x.dim() - spatial:]), dtype=grad_out.dtype, device=grad_out.device)
+    return grad.scatter_add(-1, indices.reshape(*lead, -1), grad_out.reshape(*lead, -1)).reshape(x.shape)
+
+
+def replication_pad_backward(grad_out, x, padding):
+    """replication_pad1d/2d/3d's gradient: per padded axis, the strips padding took from an edge
+    summed back onto that edge (padding pairs run from the last axis, as F.pad's)."""
+    if any(p < 0 for p in padding):
+        return NotImplemented  # a crop: torch's kernel
+    grad = grad_out
+    for k in range(len(padding) // 2):
+        axis, before, after = grad.dim() - 1 - k, padding[2 * k], padding[2 * k + 1]
+        size = x.shape[axis]
+        core = grad.narrow(axis, before, size)
+        edges = []
+        if before:
+            edges.append((grad.narrow(axis, 0, before).sum(axis, keepdim=True), 0))
+        if after:
+            edges.append((grad.narrow(axis, before + size, after).sum(axis, keepdim=True), size - 1))
+        for strip, at in edges:  # the strip's sum placed at its edge, zeros elsewhere along the axis
+            spread = [0, 0] * (grad.dim() - 1 - axis) + [at, size - 1 - at]
+            core = core + torch.nn.functional.pad(strip, spread)
+        grad = core
+    return grad
+
+
+def pdist_backward(grad, x, p: float, distances):
+    """torch.pdist's gradient: the pair gradients placed in a symmetric (N, N) matrix (pair i < j at
+    [i, j] and [j, i]) and taken through cdist_backward of x against itself."""
+    n = x.shape[0]
+    rows, cols = torch.triu_indices(n, n, 1)
+    pairs = torch.zeros(n, n, dtype=grad.dtype, device=grad.device).index_put((rows, cols), grad)
+    full = torch.zeros(n, n, dtype=distances.dtype, device=distances.device).index_put((rows, cols), distances)
+    return cdist_backward(pairs + pairs.t(), x, x, p, full + full.t())
+
+
 def _adaptive_matrix(size: int, pooled: int):
     i = torch.arange(pooled).unsqueeze(1)
     at = torch.arange(size).unsqueeze(0)

@@ -472,7 +472,7 @@ def full(ctx: Context, size, fill_value=None, **kwargs):
 
 
 @lowers("aten.empty.memory_format", "aten.empty_permuted.default", "aten.empty_like.default",
-        "aten.empty_strided.default")
+        "aten.empty_strided.default", "aten.new_empty.default", "aten.new_empty_strided.default")
 def empty(ctx: Context, *args, **kwargs):
     """Memory a program writes before it reads (functionalized graphs fill it by later ops); any
     value is right for it, and zeros are the cheapest to reason about."""
