@@ -109,8 +109,6 @@ def _captured_module(module, example_inputs: tuple, keywords: dict) -> tuple:
     has_ints = any(type(leaf) is int for leaf in _leaves((example_inputs, keywords)))
     try:
         program, taken = _exported_with(module, example_inputs, keywords, fixed_ints=False)
-        if not (has_ints and _reads_numbers(program)):
-            return program, taken, False
     except Exception as failure:  # torch may fail on a tensor used as a size before any graph is made
         if not has_ints:
             raise
@@ -119,6 +117,8 @@ def _captured_module(module, example_inputs: tuple, keywords: dict) -> tuple:
         except Exception:
             raise failure from None  # the ints were not the cause: the first error says what was
     else:
+        if not (has_ints and _reads_numbers(program)):
+            return program, taken, False
         program, taken = _exported_with(module, example_inputs, keywords, fixed_ints=True)
     logger.info("the program reads an int argument as a number (a size, a shift or a count): every int "
                 "argument is compiled in as a constant, and a call must pass the same value")
