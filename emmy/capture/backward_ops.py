@@ -287,7 +287,8 @@ def _triples(value):
 
 def adaptive_max_pool2d_backward(grad_out, x, indices):
     """adaptive_max_pool2d's gradient: each output's gradient added at the input position its index
-    names (flat over the plane, as torch's indices are)."""
+    names (flat over the plane, as torch's indices are). A scatter_add, not a gather: adaptive windows
+    differ in size, so no fixed set of taps reaches a pixel."""
     return _added_at_indices(grad_out, x, indices, spatial=2)
 
 

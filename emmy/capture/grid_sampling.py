@@ -19,7 +19,7 @@ _LINEAR, _NEAREST = 0, 1  # torch's GridSamplerInterpolation (2 is bicubic)
 _ZEROS, _BORDER, _REFLECTION = 0, 1, 2  # torch's GridSamplerPadding
 
 
-def source_coordinate(coordinate, size: int, padding_mode: int, align_corners: bool):
+def _source_coordinate(coordinate, size: int, padding_mode: int, align_corners: bool):
     """(the pixel coordinate a normalised grid coordinate reads, its derivative by the grid's): torch's
     grid_sampler_compute_source_index_set_grad."""
     if align_corners:
@@ -57,7 +57,7 @@ class _Samples:
         self.dims = len(self.sizes)
         self.out_shape = (self.n, self.channels) + tuple(grid.shape[1:-1])
         self.flat = input.reshape(self.n, self.channels, math.prod(self.sizes))
-        self.pixels, self.slopes = zip(*(source_coordinate(grid[..., k], self.sizes[-1 - k], padding_mode,
+        self.pixels, self.slopes = zip(*(_source_coordinate(grid[..., k], self.sizes[-1 - k], padding_mode,
                                                            align_corners) for k in range(self.dims)))
 
     def corner(self, coords):
