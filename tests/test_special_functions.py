@@ -1,5 +1,5 @@
 """torch.special's scaled Bessel functions, erfcx, ndtri, log_ndtr, the Bessel functions of both
-kinds, Hurwitz's zeta and polygamma of any order: the CUDA (the runtime header's i0e, i1e and zeta,
+kinds, Hurwitz's zeta, polygamma of any order and the orthogonal polynomials: the CUDA (the runtime header's i0e, i1e and zeta,
 CUDA's erfcx, normcdfinv, j0 ... y1, the simulator's stand-ins) in the simulator with ASan, and the
 interpreter, against torch over tails, poles and infinities."""
 
@@ -60,3 +60,42 @@ def test_nextafter_of_a_half_type_is_refused():
     """Computed in f32, a half's neighbour would round back to the value itself."""
     with pytest.raises(emmy.errors.UnsupportedDtypeError, match="nextafter of f16"):
         emmy.optimize("x=torch.randn(8,dtype=torch.float16); torch.nextafter(x, x + 1)")
+
+
+POLYNOMIALS = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
+               "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+               "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he",
+               "laguerre_polynomial_l", "legendre_polynomial_p"]
+DEGREES = [-1, 0, 1, 2, 3, 6, 7, 8, 9, 12, 20, 33]  # past the degrees where torch turns trigonometric too
+
+
+def _polynomial_points(dtype):
+    """Inside, on and past [-1, 1] (and [0, 1], the shifted forms' interval), the ends and 0 exactly."""
+    return torch.cat([torch.linspace(-1.5, 1.5, 61, dtype=dtype), torch.tensor([-1.0, 1.0, 0.0, 0.5], dtype=dtype)])
+
+
+@pytest.mark.parametrize("name", POLYNOMIALS)
+def test_each_polynomial_decomposition_is_torchs_in_double(name):
+    from emmy.capture.polynomials import polynomial_decompositions
+
+    spelled = polynomial_decompositions()[getattr(torch.ops.aten, f"special_{name}").n_scalar]
+    x = _polynomial_points(torch.float64)
+    for n in DEGREES + [3.0]:
+        torch.testing.assert_close(spelled(x, n), getattr(torch.special, name)(x, n), rtol=1e-10, atol=1e-12)
+
+
+def test_polynomials_run_right_in_the_simulator():
+    def polynomials(x):
+        return tuple(getattr(torch.special, name)(x, n) for name in POLYNOMIALS for n in (2, 5, 9))
+
+    x = _polynomial_points(torch.float32)
+    program = emmy.optimize(polynomials, x)
+    for got, want in zip(program(x, sim_mode="asan"), polynomials(x)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_polynomial_of_too_high_a_degree_is_refused_by_name():
+    from emmy.capture.polynomials import MAX_DEGREE
+
+    with pytest.raises(emmy.errors.UnsupportedOpError, match="special_legendre_polynomial_p"):
+        emmy.optimize(lambda x: torch.special.legendre_polynomial_p(x, MAX_DEGREE + 1), torch.rand(4))

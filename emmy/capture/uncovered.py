@@ -28,5 +28,7 @@ def embedding_renorm(weight, indices, max_norm: float, norm_type: float):
 def uncovered_decompositions() -> dict:
     """ATen op -> emmy's decomposition, for the ops torch's tables leave out."""
     from emmy.capture.grid_sampling import grid_sampler
+    from emmy.capture.polynomials import polynomial_decompositions
 
-    return {aten.embedding_renorm.default: embedding_renorm, aten.grid_sampler_3d.default: grid_sampler}
+    return {aten.embedding_renorm.default: embedding_renorm, aten.grid_sampler_3d.default: grid_sampler,
+            **polynomial_decompositions()}
