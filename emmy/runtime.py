@@ -50,7 +50,7 @@ def check_inputs(program, inputs, device: str = "cpu") -> list:
                                  f"got {0 if inputs is None else len(inputs)}")
 
     # a Python number where the program takes a rank-0 input
-    inputs = [scalar_tensor(g) if not t.shape else g for (_, t), g in zip(expected, inputs)]
+    inputs = [scalar_tensor(g) if not t.shape else g for (_, t), g in zip(expected, densified(inputs))]
     # a complex input is compiled as its (.., 2) real pairs: the same memory, viewed as real
     inputs = [real_pairs(g) if isinstance(g, torch.Tensor) and t.shape == (*g.shape, 2) else g
               for (_, t), g in zip(expected, inputs)]
@@ -75,6 +75,15 @@ def check_inputs(program, inputs, device: str = "cpu") -> list:
         if given.layout is not torch.strided:
             raise InputMismatchError(f"{where}: expected a dense (strided) tensor, got layout {given.layout}")
     return inputs
+
+
+def densified(inputs: list) -> list:
+    """Sparse tensors (COO, CSR, ...) as their dense values: a program reads every input dense (a
+    graph's sparse adjacency multiplied with torch.sparse.mm or @ is a dense product), at the memory
+    of the dense matrix."""
+    import torch
+
+    return [x.to_dense() if isinstance(x, torch.Tensor) and x.layout is not torch.strided else x for x in inputs]
 
 
 def check_index_values(program, inputs) -> None:

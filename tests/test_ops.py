@@ -1178,3 +1178,29 @@ def test_max_and_min_over_bool_masks_start_at_false_and_true():
     # the start values themselves (the interpreter's in-order loops start from them)
     assert (literal(float("-inf"), DType.BOOL), literal(float("inf"), DType.BOOL)) == ("false", "true")
     assert (_identity("max", DType.BOOL.numpy).item(), _identity("min", DType.BOOL.numpy).item()) == (False, True)
+
+
+class SparseGraphConvolution(nn.Module):
+    """Kipf and Welling's GCN layer as pygcn writes it: a sparse adjacency times the features
+    (torch.spmm, torch.sparse.mm and @ on a COO tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Linear(5, 4)
+
+    def forward(self, x, adjacency):
+        spread = torch.sparse.mm(adjacency, x).sum(1, keepdim=True)
+        return torch.relu(torch.spmm(adjacency, self.weight(x))) + spread + (adjacency @ x).mean()
+
+
+def test_a_sparse_input_is_read_as_its_dense_values():
+    """The program takes the adjacency dense (as torch.export traced it, a COO placeholder) and a call
+    may pass it sparse in any layout, or dense."""
+    torch.manual_seed(0)
+    model, x = SparseGraphConvolution(), torch.randn(6, 5)
+    edges = torch.tensor([[0, 1, 2, 3, 4, 5, 1], [1, 0, 3, 2, 5, 4, 2]])
+    program = emmy.optimize(model, x, torch.sparse_coo_tensor(edges, torch.rand(7), (6, 6)))
+    assert [str(t) for _, t in program.signature.inputs] == ["f32[6,5]", "f32[6,6]"]
+    other = torch.sparse_coo_tensor(torch.tensor([[0, 5, 2], [5, 0, 1]]), torch.rand(3), (6, 6))
+    for adjacency in (other, other.coalesce().to_sparse_csr(), other.to_dense()):
+        torch.testing.assert_close(program(x, adjacency, sim_mode="asan"), model(x, adjacency))

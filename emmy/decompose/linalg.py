@@ -100,7 +100,7 @@ def grouped_mm(ctx: Context, a, b, offs=None, bias=None, out_dtype=None):
     return bld.cast(kept, out.dtype)
 
 
-@lowers("aten.addmm.default")
+@lowers("aten.addmm.default", "aten._sparse_addmm.default")
 def addmm(ctx: Context, bias, a, b, beta=1, alpha=1):
     return _scaled_sum(ctx, matmul(ctx, a, b, None), bias, beta, alpha)
 
