@@ -557,7 +557,7 @@ def test_bags_of_embeddings_run_right_in_the_simulator(mode):
 def test_a_bad_index_is_a_clear_error_and_never_read():
     import torch
 
-    from emmy.errors import IndexOutOfRangeError, UnsupportedOpError
+    from emmy.errors import IndexOutOfRangeError
     from emmy.runtime import check_program, run_program
 
     def pick(table, ids):

@@ -11,7 +11,6 @@ import numpy as np
 from emmy.affine import Affine, Gathered, Guard
 from emmy.decompose.registry import Context, lowers
 from emmy.dtypes import DType
-from emmy.errors import UnsupportedOpError
 from emmy.tensor_ir.scalar_ops import REDUCE_OPS
 
 

@@ -10,7 +10,6 @@ cannot corrupt them."""
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 
 from emmy.errors import EmmyError, KernelFault
