@@ -38,10 +38,6 @@ def _chebyshev_step(x):
 
 
 def chebyshev_t(x, n: int):
-    if n < 0:
-        return torch.zeros_like(x)
-    if n > MAX_DEGREE:
-        return NotImplemented
     value = _recurrence(n, torch.ones_like(x), x, _chebyshev_step(x))
     if n > 6:
         value = torch.where(x.abs() < 1, torch.cos(n * torch.acos(x)), value)
@@ -49,10 +45,6 @@ def chebyshev_t(x, n: int):
 
 
 def chebyshev_u(x, n: int):
-    if n < 0:
-        return torch.zeros_like(x)
-    if n > MAX_DEGREE:
-        return NotImplemented
     value = _recurrence(n, torch.ones_like(x), x + x, _chebyshev_step(x))
     if n > 8:
         angle = torch.acos(x)
@@ -63,10 +55,6 @@ def chebyshev_u(x, n: int):
 
 
 def chebyshev_v(x, n: int):
-    if n < 0:
-        return torch.zeros_like(x)
-    if n > MAX_DEGREE:
-        return NotImplemented
     at_minus_one = float(2 * n + 1) if n % 2 == 0 else float(-(2 * n + 1))
     value = _recurrence(n, torch.ones_like(x), x + x - 1, _chebyshev_step(x))
     if n > 8:
@@ -78,10 +66,6 @@ def chebyshev_v(x, n: int):
 
 
 def chebyshev_w(x, n: int):
-    if n < 0:
-        return torch.zeros_like(x)
-    if n > MAX_DEGREE:
-        return NotImplemented
     at_plus_one, at_minus_one = float(2 * n + 1), 1.0 if n % 2 == 0 else -1.0
     value = _recurrence(n, torch.ones_like(x), x + x + 1, _chebyshev_step(x))
     if n > 8:
@@ -94,28 +78,16 @@ def chebyshev_w(x, n: int):
 
 def hermite_h(x, n: int):
     """The physicists' Hermite polynomial: H_{k+1} = 2x H_k - 2k H_{k-1}."""
-    if n < 0:
-        return torch.zeros_like(x)
-    if n > MAX_DEGREE:
-        return NotImplemented
     return _recurrence(n, torch.ones_like(x), x + x, lambda k, previous, current: (x + x) * current - 2 * k * previous)
 
 
 def hermite_he(x, n: int):
     """The probabilists' Hermite polynomial: He_{k+1} = x He_k - k He_{k-1}."""
-    if n < 0:
-        return torch.zeros_like(x)
-    if n > MAX_DEGREE:
-        return NotImplemented
     return _recurrence(n, torch.ones_like(x), x, lambda k, previous, current: x * current - k * previous)
 
 
 def laguerre_l(x, n: int):
     """L_{k+1} = ((2k + 1 - x) L_k - k L_{k-1}) / (k + 1); 1 at x = 0."""
-    if n < 0:
-        return torch.zeros_like(x)
-    if n > MAX_DEGREE:
-        return NotImplemented
     value = _recurrence(n, torch.ones_like(x), 1 - x,
                         lambda k, previous, current: ((k + k + 1 - x) * current - k * previous) / (k + 1))
     return torch.where(x == 0, torch.ones_like(x), value)
@@ -123,10 +95,6 @@ def laguerre_l(x, n: int):
 
 def legendre_p(x, n: int):
     """P_{k+1} = ((2k + 1) x P_k - k P_{k-1}) / (k + 1)."""
-    if n < 0:
-        return torch.zeros_like(x)
-    if n > MAX_DEGREE:
-        return NotImplemented
     value = _recurrence(n, torch.ones_like(x), x,
                         lambda k, previous, current: ((k + k + 1) * x * current - k * previous) / (k + 1))
     return _at_ends(x, n, 1.0, 1.0 if n % 2 == 0 else -1.0, value)
@@ -138,8 +106,15 @@ def _shifted(polynomial):
 
 
 def _integral_degree(polynomial):
-    """torch reads the degree as an int64 (a float degree truncated)."""
-    return lambda x, n: polynomial(x, int(n))
+    """torch reads the degree as an int64 (a float degree truncated); a negative degree gives 0, and
+    one above MAX_DEGREE is left to torch (NotImplemented)."""
+    def decomposed(x, n):
+        n = int(n)
+        if n < 0:
+            return torch.zeros_like(x)
+        return NotImplemented if n > MAX_DEGREE else polynomial(x, n)
+
+    return decomposed
 
 
 def polynomial_decompositions() -> dict:
