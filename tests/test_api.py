@@ -453,3 +453,26 @@ def test_a_named_result_of_torch_comes_back_as_that_type_and_names_its_outputs(t
     assert program.signature.output_names == ("values", "indices")
     program.save(tmp_path / "max.emmy")
     assert type(emmy.load(tmp_path / "max.emmy")(x)) is torch.return_types.max
+
+
+def test_named_results_of_torch_nested_in_the_returned_structure_keep_their_type_and_field_names(tmp_path):
+    """A named result inside a tuple, list or dict (`return x.argmin(), x.max(0), [...]`) made the whole
+    spec unserializable, so the program handed back every tensor in one flat tuple."""
+    class Nested(torch.nn.Module):
+        def forward(self, x):
+            return x.argmin(), x.max(0), {"sorted": torch.sort(x, 1), "pair": [x.min(1), x * 2]}
+
+    x = torch.randn(4, 6)
+    program = emmy.optimize(Nested(), x)
+    assert program.signature.output_names == ("out0", "out1.values", "out1.indices", "out2.sorted.values",
+                                              "out2.sorted.indices", "out2.pair.0.values", "out2.pair.0.indices",
+                                              "out2.pair.1")
+    program.save(tmp_path / "nested.emmy")
+    want = Nested()(x)
+    for got in (program(x), emmy.load(tmp_path / "nested.emmy")(x)):
+        assert type(got) is tuple and len(got) == 3 and torch.equal(got[0], want[0])
+        assert type(got[1]) is torch.return_types.max and torch.equal(got[1].indices, want[1].indices)
+        assert type(got[2]["sorted"]) is torch.return_types.sort and type(got[2]["pair"]) is list
+        assert type(got[2]["pair"][0]) is torch.return_types.min
+        torch.testing.assert_close(got[2]["sorted"].values, want[2]["sorted"].values)
+        torch.testing.assert_close(got[2]["pair"][1], want[2]["pair"][1])

@@ -9,6 +9,7 @@ pairs (emmy.decompose.complex_pairs) and handed back as complex (torch.view_as_c
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 
@@ -19,6 +20,9 @@ class OutputStructure:
     # leaves that are no tensor (a None in place of a cache, a count): (leaf position, value), returned as they are
     constants: tuple[tuple[int, object], ...] = ()
     complex: tuple[int, ...] = ()  # positions among the output tensors computed as (.., 2) pairs of a complex one
+    # torch's named results (torch.return_types.max) inside the structure, whose spec does not serialize: `spec`
+    # holds a tuple there; each is (its child positions from the root, its type's name), rebuilt when packing
+    structseqs: tuple[tuple[tuple[int, ...], str], ...] = ()
 
     @classmethod
     def flat(cls, count: int, complex: tuple[int, ...] = ()) -> OutputStructure:
@@ -36,20 +40,15 @@ class OutputStructure:
         spec = exported.call_spec.out_spec
         if spec is None:
             return cls.flat(len(user) - len(constants), complex)
+        plain, structseqs = _without_structseqs(spec)
         try:
-            text = pytree.treespec_dumps(spec)
+            text = pytree.treespec_dumps(plain)
         except Exception:  # a container pytree cannot serialize: hand back a flat tuple
-            structseq = _structseq_name(spec)
-            if structseq and not constants:  # torch's own named result (torch.max(x, 1)): rebuilt by its name
-                names = tuple(getattr(spec.type, "__match_args__", ()))  # its fields: values, indices
-                if len(names) != spec.num_leaves:
-                    names = tuple(f"out{k}" for k in range(spec.num_leaves))
-                return cls(STRUCTSEQ + structseq, names, (), complex)
             return cls.flat(spec.num_leaves - len(constants), complex)
-        paths = _leaf_paths(spec)
+        paths = _with_field_names(spec, _leaf_paths(spec))
         fixed = {k for k, _ in constants}
         tensors = [k for k in range(len(paths)) if k not in fixed]
-        return cls(text, tuple(_name(paths[k], n) for n, k in enumerate(tensors)), constants, complex)
+        return cls(text, tuple(_name(paths[k], n) for n, k in enumerate(tensors)), constants, complex, structseqs)
 
     def with_fixed_tensors(self, fixed: tuple) -> OutputStructure:
         """This structure with some output tensors handed back as they are, not computed (a tensor
@@ -62,7 +61,7 @@ class OutputStructure:
         constants = tuple(sorted(self.constants + tuple((leaves[n], t) for n, t in chosen.items())))
         computed = [n for n in range(len(self.names)) if n not in chosen]
         return OutputStructure(self.spec, names, constants,
-                               tuple(computed.index(n) for n in self.complex if n not in chosen))
+                               tuple(computed.index(n) for n in self.complex if n not in chosen), self.structseqs)
 
     def pack(self, tensors: list):
         """The outputs in the structure the program returned them: a lone tensor as itself."""
@@ -75,30 +74,81 @@ class OutputStructure:
             leaves.append(fixed[k] if k in fixed else next(given))
         if self.spec is None:
             return leaves[0] if len(leaves) == 1 else tuple(leaves)
-        if self.spec.startswith(STRUCTSEQ):
-            import torch.return_types
-
-            return getattr(torch.return_types, self.spec[len(STRUCTSEQ):])(leaves)
         import torch.utils._pytree as pytree
 
-        return pytree.tree_unflatten(leaves, pytree.treespec_loads(self.spec))
+        packed = pytree.tree_unflatten(leaves, pytree.treespec_loads(self.spec))
+        for path, name in sorted(self.structseqs, key=lambda mark: -len(mark[0])):  # inner ones first
+            packed = _rebuilt_at(packed, path, name)
+        return packed
 
 
 def _is_complex(value) -> bool:
     return bool(getattr(getattr(value, "dtype", None), "is_complex", False))
 
 
-STRUCTSEQ = "structseq:"  # a spec naming one of torch.return_types, whose tree spec does not serialize
-
-
-def _structseq_name(spec) -> str | None:
-    """The name of torch's named result type (torch.return_types.max) a spec of plain leaves is; else None."""
-    kind = getattr(spec, "type", None)
-    if getattr(kind, "__module__", None) != "torch.return_types" or any(not c.is_leaf() for c in spec.children()):
-        return None
+def _without_structseqs(spec):
+    """`spec` with each of torch's named results (torch.return_types.*: pytree has no serialized name for
+    them) replaced by a tuple of the same children, and where they were: (child positions, type name)."""
     import torch.return_types
+    import torch.utils._pytree as pytree
 
-    return kind.__name__ if getattr(torch.return_types, kind.__name__, None) is kind else None
+    marks = []
+
+    def plain(node, path):  # recursion as deep as the returned structure's nesting, never per op
+        if node.is_leaf():
+            return node
+        children = [plain(child, path + (k,)) for k, child in enumerate(node.children())]
+        kind = node.type
+        if getattr(kind, "__module__", None) == "torch.return_types" and \
+                getattr(torch.return_types, kind.__name__, None) is kind:
+            marks.append((path, kind.__name__))
+            return pytree.TreeSpec(tuple, None, children)
+        return pytree.TreeSpec(kind, node.context, children)
+
+    return plain(spec, ()), tuple(marks)
+
+
+def _with_field_names(spec, paths: list[tuple]) -> list[tuple]:
+    """Leaf paths whose steps into one of torch's named results use its field names (`values`,
+    `indices`), as a named tuple's do, where pytree numbers them."""
+    import torch.utils._pytree as pytree
+
+    steps, stack = [], [(spec, ())]
+    while stack:  # depth first, children in order: the leaves' order; each leaf's (node, child) steps
+        node, trail = stack.pop()
+        if node.is_leaf():
+            steps.append(trail)
+            continue
+        stack.extend(reversed([(child, trail + ((node, k),)) for k, child in enumerate(node.children())]))
+    named = []
+    for path, trail in zip(paths, steps):
+        keys = list(path)
+        for depth, (node, k) in enumerate(trail):
+            fields = getattr(node.type, "__match_args__", ())
+            if node.type.__module__ == "torch.return_types" and k < len(fields) and depth < len(keys):
+                keys[depth] = pytree.GetAttrKey(fields[k])
+        named.append(tuple(keys))
+    return named
+
+
+def _rebuilt_at(value, path: tuple[int, ...], name: str):
+    """`value` with the tuple at child positions `path` made torch.return_types.<name> again; the
+    containers on the way (tuple, list, dict, named tuple: what pytree gives back) are copied."""
+    if not path:
+        import torch.return_types
+
+        return getattr(torch.return_types, name)(value)
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        key = list(value)[head]
+        rebuilt = copy.copy(value)
+        rebuilt[key] = _rebuilt_at(value[key], rest, name)
+        return rebuilt
+    items = list(value)
+    items[head] = _rebuilt_at(items[head], rest, name)
+    if isinstance(value, list):
+        return items
+    return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
 
 
 def _leaf_paths(spec) -> list[tuple]:
@@ -132,4 +182,7 @@ def _name(path: tuple, position: int) -> str:
     names = [getattr(key, "key", getattr(key, "name", None)) for key in path]
     if all(n is None for n in names):  # only positions: number the tensors in order
         return f"out{position}"
-    return ".".join(str(n if n is not None else key.idx) for n, key in zip(names, path))
+    parts = [str(n if n is not None else key.idx) for n, key in zip(names, path)]
+    if names[0] is None:  # inside a returned tuple: `out1.values`, as its plain tensors are `out0`
+        parts[0] = f"out{parts[0]}"
+    return ".".join(parts)
