@@ -182,6 +182,11 @@ CASES = [
     ("aten.histc.default", "x=torch.randn(4,50); torch.histc(x, 7)"),  # over the data's own extremes
     ("aten.histc.default", "x=torch.full((5,), 2.0); torch.histc(x, 4)"),  # all equal: widened by 1 each way
     ("aten.histc.default", "x=torch.tensor([0., 1., 2., 3., 4.]); torch.histc(x, 4, 0, 4)"),  # max: the last bin
+    ("aten.histogram.bin_ct", "x=torch.randn(4,50); torch.histogram(x, 7)"),  # edges over the data's extremes
+    ("aten.histogram.bin_ct", "x=torch.full((5,), 2.0); torch.histogram(x, 3)"),  # all equal: widened by 0.5
+    ("aten.histogram.bin_ct", "x=torch.arange(9.); torch.histogram(x, 4, range=(0., 8.), weight=x.sin(), density=True)"),
+    ("aten.histogram.bins_tensor", "x=torch.randn(60).double(); torch.histogram(x, torch.tensor([-2., 0., 0.5, 3.]).double(), "
+                                   "density=True)"),
     ("aten.searchsorted.Tensor", "s=torch.randn(10).sort().values; v=torch.randn(()); torch.searchsorted(s, v)"),
     ("aten.searchsorted.Tensor", "s=torch.randn(10); v=torch.randn(3,4); o=torch.argsort(s); torch.searchsorted(s, v, sorter=o, side='right')"),
     ("aten.searchsorted.Tensor", X + "o=torch.argsort(x); torch.searchsorted(x, y[:, :3], sorter=o)"),
@@ -957,6 +962,8 @@ def test_random_numbers_drawn_inside_a_program_are_one_clear_error():
 
 def test_a_histogram_runs_right_in_the_simulator():
     _runs_right_in_the_simulator("x=torch.randn(3,300); (torch.histc(x, 16), torch.histc(x * 2, 9, -1.5, 2.5))")
+    _runs_right_in_the_simulator("x=torch.randn(3,100); w=torch.rand(3,100); (torch.histogram(x, 11, weight=w), "
+                                 "torch.histogram(x, torch.tensor([-1., 0., 2.]), density=True))")
 
 
 def test_a_tensor_read_as_a_python_number_is_named_for_what_it_is():
