@@ -286,6 +286,31 @@ template <typename I, typename J> EMMY_DEVICE I shift_right(I a, J b) {
 }
 #undef EMMY_INTEGER_DIVISION
 
+// Integer abs and power as torch's: exact (fabsf and powf round past 2^24), wrapping like numpy
+// (abs of the most negative value is itself; products wrap, multiplied unsigned: no UB). A negative
+// exponent gives 0 but for a base of 1 or -1, as torch's integer pow.
+template <class I> EMMY_DEVICE I integer_abs(I a) { return a < I(0) ? negated(a) : a; }
+template <class I, class J> EMMY_DEVICE I integer_power(I a, J b) {
+  if (b < J(0)) return a == I(1) ? I(1) : a == I(-1) ? ((b % J(2)) != J(0) ? I(-1) : I(1)) : I(0);
+  unsigned long long result = 1ULL, base = (unsigned long long)a;
+  for (unsigned long long e = (unsigned long long)b; e != 0ULL; e >>= 1) {
+    if (e & 1ULL) result *= base;
+    base *= base;
+  }
+  return I(result);
+}
+// Greatest common divisor as torch's: Euclid's on the magnitudes, gcd(0, 0) = 0.
+template <class I> EMMY_DEVICE I gcd(I a, I b) {
+  a = integer_abs(a);
+  b = integer_abs(b);
+  while (a != I(0)) {
+    const I c = a;
+    a = I(b % a);
+    b = c;
+  }
+  return b;
+}
+
 // An arg-reduction's (value, position) as one int64 ordered by value, then by the earlier position:
 // a max (min) fold of these keys is argmax (argmin) in one pass (emmy/tensor_ir/scalar_ops.py says
 // why the key is built so). -0 is read as +0; NaN ranks above every value for max, below for min.

@@ -245,6 +245,8 @@ CASES = [
     ("aten.div.Tensor_mode", I + "a // 3 + torch.div(a, b - 4 + (b == 4).long(), rounding_mode='trunc')"),
     ("aten.div.Tensor_mode", X + "torch.div(x * 10, y, rounding_mode='floor')"),
     ("aten.remainder.Scalar", I + "a % 5 + torch.remainder(a, -3)"),
+    ("aten.gcd.default", I + "(torch.gcd(a, b * 6), torch.gcd(a.to(torch.int8), torch.zeros(4, 6, dtype=torch.int8)))"),
+    ("aten.lcm.default", I + "(torch.lcm(a, b), torch.lcm((a * 7).to(torch.int8), (b * 13).to(torch.int8)))"),
     ("aten.remainder.Tensor", X + "torch.remainder(x * 10, y)"),
     ("aten.fmod.Tensor", I + "torch.fmod(a, b - 4 + (b == 4).long())"),
     ("aten.fmod.Scalar", X + "torch.fmod(x * 10, 1.5)"),
@@ -958,6 +960,38 @@ def test_random_numbers_drawn_inside_a_program_are_one_clear_error():
 
     with pytest.raises(emmy.EmmyError, match=r"aten.randn.default .*test_ops.py.*draws random numbers.*input"):
         emmy.optimize(Noisy(), torch.randn(2, 3), stop_after="tensor")
+
+
+def test_integer_abs_power_gcd_and_lcm_are_exact_in_the_simulator():
+    """abs and pow of integers went through fabsf and powf: an int64 past 2^24 came back rounded (and
+    abs(2^31 - 1) of an int32 wrapped negative). gcd (Euclid's loop in the kernel) and lcm, as torch's:
+    lcm of a narrow type wraps only its result (C computes it in int)."""
+    big = torch.tensor([-2 ** 40 - 1, 3, -(2 ** 62) - 7, 2 ** 53 + 1, -9, torch.iinfo(torch.int64).min])
+    narrow = torch.tensor([-2 ** 31, -2 ** 30 - 1, 3, -(2 ** 24) - 3, 2 ** 31 - 1, -9], dtype=torch.int32)
+    pairs = torch.randint(-128, 127, (2, 64), dtype=torch.int8)
+
+    def integer_math(big, narrow, pairs):
+        return (big.abs(), narrow.abs(), (big % 3037000499).pow(2), torch.pow(narrow % 50, 5), torch.pow(big % 3 - 1, big % 4 - 4),
+                torch.gcd(big, big.flip(0) * 3), torch.lcm(big % 100000, big % 77), torch.gcd(pairs[0], pairs[1]),
+                torch.lcm(pairs[0], pairs[1]))
+
+    def gcd_of_a_number(big, narrow, pairs):  # the other operand a 0-d tensor, broadcast
+        return torch.lcm(narrow, torch.tensor(12, dtype=torch.int32)), torch.gcd(torch.tensor(0), big)
+
+    for function in (integer_math, gcd_of_a_number):
+        program = emmy.optimize(function, big, narrow, pairs)
+        want = function(big, narrow, pairs)
+        want = want if isinstance(want, tuple) else (want,)
+        for got in (program(big, narrow, pairs, sim_mode="asan"), program(big, narrow, pairs, device="interpret")):
+            got = got if isinstance(got, tuple) else (got,)
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype and torch.equal(g, w), (g, w)
+
+
+def test_a_builtin_torch_function_is_optimized_as_a_function_of_its_arguments():
+    """torch.gcd has no signature inspect can read, and torch.export refused it with a ValueError."""
+    a, b = torch.randint(-90, 90, (12,)), torch.randint(-90, 90, (12,))
+    assert torch.equal(emmy.optimize(torch.gcd, a, b)(a, b, device="interpret"), torch.gcd(a, b))
 
 
 def test_a_histogram_runs_right_in_the_simulator():

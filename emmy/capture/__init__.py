@@ -87,8 +87,10 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
     if isinstance(graph, torch.nn.Module):
         module = graph
     elif callable(graph):
-        # staticmethod keeps the function's own signature, so inputs keep their names.
-        module = type("FunctionProgram", (torch.nn.Module,), {"forward": staticmethod(graph)})()
+        # staticmethod keeps the function's own signature, so inputs keep their names; a builtin
+        # (torch.gcd) has none that inspect can read, so it is called through one taking any arguments
+        forward = graph if _has_signature(graph) else (lambda *args, **kwargs: graph(*args, **kwargs))
+        module = type("FunctionProgram", (torch.nn.Module,), {"forward": staticmethod(forward)})()
     else:
         raise EmmyError(
             f"emmy.optimize cannot capture a {type(graph).__name__}; give -c code, an nn.Module, "
@@ -97,6 +99,16 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
     with _in_eval_mode(module):
         program, taken, fixed_ints = _captured_module(module, example_inputs, keywords)
     return Captured(program, Source(), taken, keywords=tuple(keywords), fixed_ints=fixed_ints)
+
+
+def _has_signature(function) -> bool:
+    import inspect
+
+    try:
+        inspect.signature(function)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _captured_module(module, example_inputs: tuple, keywords: dict) -> tuple:

@@ -427,6 +427,25 @@ def logical_binary(ctx: Context, a, b):
     return ctx.b.elementwise(op, x, y, dtype=DType.BOOL, name=ctx.name)
 
 
+@lowers("aten.gcd.default", "aten.lcm.default")
+def gcd_lcm(ctx: Context, a, b):
+    """Greatest common divisor (Euclid's, in the kernel) and least common multiple |a / gcd * b|
+    (0 where the gcd is: emmy's division by 0 gives 0), as torch's, of integers."""
+    out = ctx.out_type()
+    if out.dtype.is_float or out.dtype is DType.BOOL:
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: gcd and lcm of {out.dtype} (torch takes integers)")
+    if "gcd" in str(ctx.node.target):
+        return _arith(ctx, "gcd", a, b)
+    # C promotes a narrow integer to int before it divides, multiplies and takes abs: only the
+    # result wraps to the type, as torch's kernel computes it
+    wide = DType.I32 if out.dtype.itemsize < 4 else out.dtype
+    left, right = (ctx.operand(v, wide, out.shape) for v in (a, b))
+    divisor = ctx.b.elementwise("gcd", left, right, dtype=wide, suffix="gcd")
+    quotient = ctx.b.elementwise("trunc_divide", left, divisor, dtype=wide, suffix="quotient")
+    product = ctx.b.elementwise("multiply", quotient, right, dtype=wide, suffix="product")
+    return ctx.b.cast(ctx.b.elementwise("abs", product, dtype=wide, suffix="magnitude"), out.dtype)
+
+
 @lowers("aten.__lshift__.Scalar", "aten.__lshift__.Tensor", "aten.bitwise_left_shift.Tensor",
         "aten.bitwise_left_shift.Tensor_Scalar", "aten.__rshift__.Scalar", "aten.__rshift__.Tensor",
         "aten.bitwise_right_shift.Tensor", "aten.bitwise_right_shift.Tensor_Scalar")

@@ -60,6 +60,9 @@ _UNARY = {"negative": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "rescal
           "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "round": "rintf({0})",
           "max_key_position": "emmy::max_key_position({0})", "min_key_position": "emmy::min_key_position({0})"}
 
+# Integer results computed exactly: the float math functions would round a value past 2^24 (f32).
+_INTEGER = {"abs": "emmy::integer_abs({0})", "power": "emmy::integer_power({0}, {1})", "gcd": "emmy::gcd({0}, {1})"}
+
 # f64's forms: the C math functions without their float suffix (CUDA's double functions), double
 # literals, and exp for the online softmax's rescale (whose float form is tuned to f32's bits).
 _DOUBLE_NAMES = {"fabsf": "fabs", "expf": "exp", "logf": "log", "sqrtf": "sqrt", "rsqrtf": "rsqrt", "tanhf": "tanh",
@@ -176,6 +179,8 @@ def _op(op: str, args: tuple[str, ...], dtype: DType | None = None) -> str:
     """`op` of `args` as C; `dtype` is the result's (f64 takes the double forms; a comparison's bool
     result has the same form for either)."""
     binary, unary = (_BINARY_F64, _UNARY_F64) if dtype == DType.F64 else (_BINARY, _UNARY)
+    if dtype is not None and not dtype.is_float and op in _INTEGER:
+        return _INTEGER[op].format(*args)
     if op in binary:
         return binary[op].format(*args)
     if op in unary:

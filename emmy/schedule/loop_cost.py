@@ -28,7 +28,7 @@ EXPENSIVE = {"exp": 4, "log": 4, "sqrt": 4, "rsqrt": 4, "sigmoid": 4, "tanh": 4,
              "log2": 2, "log10": 4, "exp2": 2, "tan": 8, "atan": 8, "asin": 8, "acos": 8, "sinh": 8, "cosh": 8,
              "asinh": 8, "acosh": 8, "atanh": 8, "erfc": 8, "lgamma": 16, "atan2": 12, "hypot": 8,
              "erfinv": 12, "i0": 16, "i1": 16, "digamma": 24, "i0e": 20, "i1e": 20, "erfcx": 16, "ndtri": 16,
-             "bessel_j0": 24, "bessel_j1": 24, "bessel_y0": 24, "bessel_y1": 24, "zeta": 64}
+             "bessel_j0": 24, "bessel_j1": 24, "bessel_y0": 24, "bessel_y1": 24, "zeta": 64, "gcd": 64}
 SPECIAL_FUNCTIONS = set(EXPENSIVE)  # the SFU's work
 # A double-precision function is a sequence on the FP64 pipes (no SFU instruction takes doubles):
 # about this many of them, FMA-equivalents, as CUDA's exp(double) compiles (estimate, until measured)

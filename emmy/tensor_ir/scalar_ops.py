@@ -111,6 +111,25 @@ def _integer_or_float(integer, floating):
     return run
 
 
+def _integer_power(a, b):
+    """torch's integer pow: products wrapping, a negative exponent 0 but for bases 1 and -1."""
+    raised = np.power(a, np.where(b < 0, 0, b).astype(b.dtype))
+    odd = np.fmod(b, 2) != 0
+    return np.where(b >= 0, raised, np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0))).astype(raised.dtype)
+
+
+def _gcd(a, b):
+    """Euclid's greatest common divisor on the magnitudes (wrapping: the most negative value is its
+    own), step for step as emmy_rt.cuh's emmy::gcd; gcd(0, 0) = 0."""
+    a, b = np.broadcast_arrays(np.asarray(a), np.asarray(b))
+    with np.errstate(all="ignore"):
+        a, b = np.where(a < 0, 0 - a, a), np.where(b < 0, 0 - b, b)
+        while (a != 0).any():
+            live = a != 0
+            a, b = np.where(live, np.fmod(b, np.where(live, a, 1)), a), np.where(live, a, b)
+    return b
+
+
 def _int_safe(op):
     """An integer division-like op with C's traps removed: by 0 and by -1 the kernels return 0 for a
     remainder and 0 or -a for a quotient, without dividing (emmy_rt.cuh)."""
@@ -136,7 +155,7 @@ _TABLE = [
     ScalarOp("divide", 2, "arith", _quiet(np.divide)),
     ScalarOp("maximum", 2, "arith", np.maximum),
     ScalarOp("minimum", 2, "arith", np.minimum),
-    ScalarOp("power", 2, "arith", _quiet(np.power)),
+    ScalarOp("power", 2, "arith", _integer_or_float(_integer_power, _quiet(np.power))),
     ScalarOp("negative", 1, "arith", np.negative),
     ScalarOp("abs", 1, "arith", np.abs),
     ScalarOp("exp", 1, "arith", _quiet(np.exp)),
@@ -190,6 +209,7 @@ _TABLE = [
     ScalarOp("bitwise_or", 2, "arith", np.bitwise_or, on_floats=False),
     ScalarOp("bitwise_xor", 2, "arith", np.bitwise_xor, on_floats=False),
     ScalarOp("bitwise_not", 1, "arith", np.invert, on_floats=False),
+    ScalarOp("gcd", 2, "arith", _gcd, on_floats=False),
     ScalarOp("left_shift", 2, "arith", np.left_shift, on_floats=False),  # a count past the bits: 0
     ScalarOp("right_shift", 2, "arith", np.right_shift, on_floats=False),  # arithmetic for signed types
     ScalarOp("floor", 1, "arith", np.floor),
