@@ -217,6 +217,8 @@ def test_the_training_table_holds_the_backward_ops_and_not_torchs_attention_deco
                         (aten._adaptive_avg_pool3d_backward, backward_ops.adaptive_avg_pool3d_backward),
                         (aten.adaptive_max_pool2d_backward, backward_ops.adaptive_max_pool2d_backward),
                         (aten.adaptive_max_pool3d_backward, backward_ops.adaptive_max_pool3d_backward),
+                        (aten.fractional_max_pool2d_backward, backward_ops.fractional_max_pool2d_backward),
+                        (aten.fractional_max_pool3d_backward, backward_ops.fractional_max_pool3d_backward),
                         (aten.replication_pad2d_backward, backward_ops.replication_pad_backward),
                         (aten.grid_sampler_2d_backward, grid_sampling.grid_sampler_backward),
                         (aten.grid_sampler_3d_backward, grid_sampling.grid_sampler_backward)]:
@@ -288,6 +290,23 @@ def test_adaptive_max_pooling_backward_matches_torch(shape, size):
     out, indices = pool(x, size, return_indices=True)
     grad = torch.randn_like(out)
     torch.testing.assert_close(ours(grad, x, indices), theirs(grad, x, indices))
+
+
+@pytest.mark.parametrize("shape,kernel,size", [((2, 3, 9, 8), (2, 3), (4, 5)), ((3, 7, 9), (3, 3), (5, 4)),
+                                              ((2, 2, 6, 7, 8), (2, 3, 2), (3, 4, 5))], ids=["2d", "2d_unbatched", "3d"])
+def test_fractional_max_pooling_backward_matches_torch(shape, kernel, size):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64)
+    samples = torch.rand(shape[0] if len(shape) == len(kernel) + 2 else 1, shape[-len(kernel) - 1], len(kernel),
+                         dtype=torch.float64)
+    spatial = len(kernel)
+    forward = aten.fractional_max_pool2d if spatial == 2 else aten.fractional_max_pool3d
+    out, indices = forward(x, list(kernel), list(size), samples)
+    grad = torch.randn_like(out)
+    ours = getattr(backward_ops, f"fractional_max_pool{spatial}d_backward")
+    theirs = getattr(aten, f"fractional_max_pool{spatial}d_backward")
+    torch.testing.assert_close(ours(grad, x, list(kernel), list(size), indices),
+                               theirs(grad, x, list(kernel), list(size), indices))
 
 
 @pytest.mark.parametrize("padding,shape", [((2, 1), (3, 7)), ((2, 1, 0, 3), (3, 6, 7)),

@@ -176,3 +176,24 @@ def test_an_orthogonally_parametrized_layer_runs_right_in_the_simulator():
     program = emmy.optimize(model, x)
     with torch.no_grad():
         torch.testing.assert_close(program(x, sim_mode="asan"), model(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape,reflectors", [((5, 3), 3), ((2, 6, 4), 2), ((4, 4), 4), ((3, 5, 1), 1)])
+def test_householder_product_matches_torch(shape, reflectors):
+    from emmy.capture.uncovered import householder_product
+
+    torch.manual_seed(0)
+    a = torch.randn(shape, dtype=torch.float64)
+    tau = torch.rand(*shape[:-2], reflectors, dtype=torch.float64)
+    torch.testing.assert_close(householder_product(a, tau), torch.linalg.householder_product(a, tau))
+
+
+def test_a_householder_parametrized_layer_runs_right_in_the_simulator():
+    """orthogonal(..., orthogonal_map="householder") computes linalg.householder_product every forward:
+    torch has no decomposition for it, and emmy refused the op."""
+    torch.manual_seed(0)
+    model = nn.utils.parametrizations.orthogonal(nn.Linear(6, 5), orthogonal_map="householder").eval()
+    x = torch.randn(3, 6)
+    program = emmy.optimize(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(program(x, sim_mode="asan"), model(x), atol=1e-5, rtol=1e-5)

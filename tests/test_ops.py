@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import emmy
 from emmy.runtime import check_program
@@ -992,6 +993,37 @@ def test_a_builtin_torch_function_is_optimized_as_a_function_of_its_arguments():
     """torch.gcd has no signature inspect can read, and torch.export refused it with a ValueError."""
     a, b = torch.randint(-90, 90, (12,)), torch.randint(-90, 90, (12,))
     assert torch.equal(emmy.optimize(torch.gcd, a, b)(a, b, device="interpret"), torch.gcd(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fractional_max_pooling_with_its_samples_given_matches_torch(dtype):
+    """fractional_max_pool2d/3d (torch has no decomposition): windows from the samples computed in the
+    input's type as torch's kernel does, each the first maximum or the last NaN; batched, unbatched
+    and 3-D, the decomposition against torch's kernel, then a program in the simulator."""
+    from emmy.capture.uncovered import fractional_max_pool
+
+    aten = torch.ops.aten
+    torch.manual_seed(0)
+    for shape, kernel, size in [((2, 3, 9, 11), (2, 3), (4, 5)), ((3, 9, 11), (3, 2), (5, 4)),
+                                ((2, 2, 7, 9, 11), (2, 2, 3), (3, 4, 5)), ((1, 2, 6, 6), (2, 2), (1, 3))]:
+        x = torch.randn(shape).to(dtype)
+        x.view(-1)[::7] = x.view(-1)[::7].round()  # ties
+        x.view(-1)[5] = float("nan")
+        planes = shape[0] if len(shape) == len(kernel) + 2 else 1
+        samples = torch.rand(planes, shape[-len(kernel) - 1], len(kernel), dtype=dtype)
+        pool = aten.fractional_max_pool2d if len(kernel) == 2 else aten.fractional_max_pool3d
+        want, want_indices = pool(x, list(kernel), list(size), samples)
+        got, got_indices = fractional_max_pool(x, kernel, size, samples)
+        assert torch.equal(got_indices, want_indices)
+        torch.testing.assert_close(got, want, equal_nan=True, atol=0, rtol=0)
+
+    def pooled(x, samples):
+        return F.fractional_max_pool2d(x, (3, 2), output_ratio=(0.5, 0.6), return_indices=True, _random_samples=samples)
+
+    x, samples = torch.randn(2, 3, 12, 10), torch.rand(2, 3, 2)
+    program = emmy.optimize(pooled, x, samples)
+    for got, want in zip(program(x, samples, sim_mode="asan"), pooled(x, samples)):
+        assert torch.equal(got, want)
 
 
 def test_a_histogram_runs_right_in_the_simulator():

@@ -296,6 +296,16 @@ def adaptive_max_pool3d_backward(grad_out, x, indices):
     return _added_at_indices(grad_out, x, indices, spatial=3)
 
 
+def fractional_max_pool2d_backward(grad_out, x, kernel_size, output_size, indices):
+    """fractional_max_pool2d's gradient: its windows overlap and differ per plane, so each output's
+    gradient is added at the position its index names, as adaptive max pooling's."""
+    return _added_at_indices(grad_out, x, indices, spatial=2)
+
+
+def fractional_max_pool3d_backward(grad_out, x, kernel_size, output_size, indices):
+    return _added_at_indices(grad_out, x, indices, spatial=3)
+
+
 def _added_at_indices(grad_out, x, indices, spatial: int):
     lead = x.shape[:x.dim() - spatial]
     grad = torch.zeros(*lead, math.prod(x.shape[x.dim() - spatial:]), dtype=grad_out.dtype, device=grad_out.device)

@@ -69,6 +69,8 @@ def training_decomposition_table() -> dict:
         aten.avg_pool3d_backward.default: backward_ops.avg_pool3d_backward,
         aten.adaptive_max_pool2d_backward.default: backward_ops.adaptive_max_pool2d_backward,
         aten.adaptive_max_pool3d_backward.default: backward_ops.adaptive_max_pool3d_backward,
+        aten.fractional_max_pool2d_backward.default: backward_ops.fractional_max_pool2d_backward,
+        aten.fractional_max_pool3d_backward.default: backward_ops.fractional_max_pool3d_backward,
         aten.replication_pad1d_backward.default: backward_ops.replication_pad_backward,
         aten.replication_pad2d_backward.default: backward_ops.replication_pad_backward,
         aten.replication_pad3d_backward.default: backward_ops.replication_pad_backward,

@@ -53,10 +53,70 @@ def matrix_exp(a):
     return result
 
 
+def householder_product(a, tau):
+    """torch.linalg.householder_product: the first n columns of H_1 ... H_k, H_i = I - tau_i v_i v_i^T
+    with v_i = (0, ..., 0, 1, a[i+1:, i]), applied to the identity's columns from the last
+    reflector to the first (LAPACK's orgqr order): k rank-one updates."""
+    if a.is_complex():
+        return NotImplemented  # emmy computes complex values as pairs; the conjugates are not written here
+    rows, columns = a.shape[-2:]
+    position = torch.arange(rows, device=a.device)
+    q = torch.eye(rows, columns, dtype=a.dtype, device=a.device).expand(*a.shape[:-2], rows, columns)
+    for i in reversed(range(tau.shape[-1])):
+        v = torch.where(position > i, a[..., :, i], (position == i).to(a.dtype))
+        projected = (v.unsqueeze(-2) @ q) * tau[..., i, None, None]  # tau_i v^T Q, one row
+        q = q - v.unsqueeze(-1) * projected
+    return q
+
+
+def fractional_max_pool(x, kernel_size, output_size, random_samples):
+    """fractional_max_pool2d/3d with its samples given: along each pooled axis (its sample as torch's
+    kernels read them: in 2-D samples[..., 0] is the width's, in 3-D the time's) window i starts at int((i + u) a) - int(u a), a = (input -
+    kernel) / (output - 1), the last at input - kernel, computed in the input's type as the kernel
+    does; each output is its window's maximum and the flat position of it (the first maximum, or the
+    last NaN: the kernel takes a value above the best so far or any NaN)."""
+    axes = len(kernel_size)
+    spatial = x.shape[-axes:]
+    lead = x.shape[:-axes]
+    samples = random_samples.to(x.dtype)
+    if x.dim() == axes + 1:  # unbatched: samples are (1, C, axes)
+        samples = samples[0]
+    starts = []
+    for axis in range(axes):  # axis 0 the first spatial one
+        size, kernel, out = spatial[axis], kernel_size[axis], output_size[axis]
+        u = samples[..., (1 - axis) if axes == 2 else axis, None]
+        if out > 1:
+            alpha = torch.full((), (size - kernel) / (out - 1), dtype=x.dtype, device=x.device)
+            i = torch.arange(out - 1, device=x.device).to(x.dtype)
+            inner = ((i + u) * alpha).to(torch.int64) - (u * alpha).to(torch.int64)
+            starts.append(torch.cat([inner, torch.full_like(inner[..., :1], size - kernel)], -1))
+        else:
+            starts.append(torch.full((*u.shape[:-1], out), size - kernel, dtype=torch.int64, device=x.device))
+    flat = torch.zeros((), dtype=torch.int64, device=x.device)
+    stride = 1
+    for axis in reversed(range(axes)):  # the flat position of each window element, axes broadcast apart
+        offsets = torch.arange(kernel_size[axis], device=x.device)
+        along = starts[axis][..., :, None] + offsets  # (..., out, kernel)
+        shape = [1] * (2 * axes)
+        shape[axis], shape[axes + axis] = output_size[axis], kernel_size[axis]
+        flat = flat + (along * stride).reshape(*along.shape[:-2], *shape)
+        stride *= spatial[axis]
+    positions = flat.reshape(*flat.shape[:flat.dim() - 2 * axes], *output_size, -1)
+    positions = positions.expand(*lead, *output_size, positions.shape[-1])
+    values = torch.gather(x.reshape(*lead, -1), -1, positions.reshape(*lead, -1)).reshape(positions.shape)
+    nan = values.isnan()
+    last_nan = positions.shape[-1] - 1 - nan.flip(-1).to(torch.int8).argmax(-1)
+    chosen = torch.where(nan.any(-1), last_nan, values.argmax(-1))
+    index = torch.gather(positions, -1, chosen[..., None])
+    return torch.gather(values, -1, chosen[..., None])[..., 0], index[..., 0]
+
+
 def uncovered_decompositions() -> dict:
     """ATen op -> emmy's decomposition, for the ops torch's tables leave out."""
     from emmy.capture.grid_sampling import grid_sampler
     from emmy.capture.polynomials import polynomial_decompositions
 
     return {aten.embedding_renorm.default: embedding_renorm, aten.grid_sampler_3d.default: grid_sampler,
-            aten.linalg_matrix_exp.default: matrix_exp, **polynomial_decompositions()}
+            aten.linalg_matrix_exp.default: matrix_exp, aten.linalg_householder_product.default: householder_product,
+            aten.fractional_max_pool2d.default: fractional_max_pool, aten.fractional_max_pool3d.default: fractional_max_pool,
+            **polynomial_decompositions()}
