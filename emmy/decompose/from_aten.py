@@ -21,6 +21,7 @@ from emmy.decompose import fourier  # noqa: F401  (complex ops: Fourier transfor
 from emmy.decompose.complex_pairs import is_complex, lower_complex
 from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_result, has_no_elements, mixed_reads,
                                   reads_empty, without_empty_pieces)
+from emmy.decompose.masked_regions import MaskedRegions, lower_sink, masked_regions
 from emmy.decompose.registry import LOWERINGS, Context
 from emmy.dtypes import DType, from_torch, real_pairs, to_numpy
 from emmy.errors import EmmyError, UnsupportedDtypeError, UnsupportedOpError
@@ -77,9 +78,14 @@ def to_tensor_ir(captured) -> TensorProgram:
     outputs: list[str] = []
     pairs: set[str] = set()
     tokens = _effect_tokens(program)
+    regions = masked_regions(program.graph)
     for node in program.graph.nodes:
         if node.name in tokens:  # torch.export's ordering of side effects: nothing to compute
             env[node.name] = _TOKEN
+        elif regions and node.name in regions.dropped:  # a masked region's size, read for assertions
+            env[node.name] = None
+        elif regions and node.name in regions.selections:  # computed in place, at the mask's shape
+            env[node.name] = env[regions.selections[node.name][0]]
         elif node.op == "placeholder":
             val = node.meta["val"]
             builder.origin = ""
@@ -110,7 +116,7 @@ def to_tensor_ir(captured) -> TensorProgram:
                     name = EmptyTensor.of(val)
             env[node.name] = name
         elif node.op == "call_function":
-            env[node.name] = _decompose_node(captured, builder, node, env, weight_arrays, pairs)
+            env[node.name] = _decompose_node(captured, builder, node, env, weight_arrays, pairs, regions)
         elif node.op == "output":
             results = node.args[0]
             for r in results if isinstance(results, (list, tuple)) else [results]:
@@ -206,7 +212,8 @@ RANDOM_OPS = frozenset({"rand", "randn", "randint", "randperm", "rand_like", "ra
                         "random", "cauchy", "log_normal", "geometric"})  # ATen ops that draw random numbers
 
 
-def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict, pairs: set):
+def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict, pairs: set,
+                    regions: MaskedRegions | None = None):
     if node.target is operator.getitem:
         source, index = node.args
         return env[source.name][index]
@@ -216,9 +223,14 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
         return _with_effects(where, node)
     if key == "cond":
         return _cond(captured, builder, node, env, constants, pairs)
-    if _sized_by_values(node.meta.get("val")):
+    in_place = regions.shapes.get(node.name) if regions else None  # a masked region's op, at the mask's shape
+    if regions and node.name in regions.sinks:
+        builder.origin = where
+        builder.base = builder.fresh(_short_stem(node.name))
+        return lower_sink(Context(builder, node, where, constants, pairs), node, regions, env)
+    if _sized_by_values(node.meta.get("val")) and in_place is None:
         raise UnsupportedOpError.sized_by_values(where)
-    if has_no_elements(node.meta.get("val")):  # nothing to compute, whatever it reads
+    if in_place is None and has_no_elements(node.meta.get("val")):  # nothing to compute, whatever it reads
         return empty_result(node.meta["val"])
     read = _flat_args(node, env)
     empty_pieces = reads_empty(read)
@@ -245,7 +257,7 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
                                                                              "memory_format", "non_blocking")}
     # Result dtypes come from the node's metadata, never from a dtype argument.
     kwargs.pop("dtype", None)
-    ctx = Context(builder, node, where, constants, pairs)
+    ctx = Context(builder, node, where, constants, pairs, out_shape=in_place)
     try:
         if on_complex:  # complex tensors as f32 pairs take their own table
             return lower_complex(ctx, key, args, kwargs, pairs)

@@ -1,0 +1,288 @@
+"""Masked selections computed in place: `out[mask] = f(a[mask], b[mask])` and `x[mask].mean()`.
+
+`a[mask]` (a boolean mask) has as many elements as the mask has True values, a size known only at
+run time, which a compiled program cannot have. Yet real code selects only to compute elementwise
+on the selected values and then either write them back under the same mask (torchvision's box IoU
+losses: `intsct[mask] = (x2[mask] - x1[mask]) * ...`) or reduce them all (`loss[valid].mean()`).
+Such a region is computed on every element instead, at the mask's shape:
+
+- a selection `src[mask]` is `src` itself (its leading axes the mask's);
+- an elementwise op over the region's tensors (and tensors that broadcast over the selected
+  elements' trailing axes) is the same op on the full tensors; its values where the mask is False
+  are computed and never used (an op that traps on them is not one a kernel runs: a float's NaN
+  stays in its element, emmy's integer division by 0 gives 0);
+- `index_put(x, [mask], v)` is `where(mask, v, x)` (`x + where(mask, v, 0)` accumulating);
+- a sum, mean, amax, amin, max or min over the selected elements' first axis is that reduction of
+  `where(mask, v, identity)` over the mask's axes; a mean divides by the count of True values (no
+  element: 0 / 0 = NaN, torch's mean of nothing);
+- the region's size read for torch.export's runtime assertions (`u0 >= 0`), and its checks of a
+  region tensor's dtype, are dropped.
+
+A mask whose region reaches anything else (a selection returned, its size used as a number, a
+reshape) is left alone, and its selection is refused as before: nothing is guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emmy.dtypes import DType
+
+_SELECT = "aten.index.Tensor"
+_WRITE_BACK = "aten.index_put.default"
+_REDUCTIONS = {"aten.sum.default": "sum", "aten.sum.dim_IntList": "sum", "aten.mean.default": "mean",
+               "aten.mean.dim": "mean", "aten.amax.default": "max", "aten.amin.default": "min",
+               "aten.max.default": "max", "aten.min.default": "min"}
+_CASTS = {"aten._to_copy.default", "aten.clone.default", "aten.alias.default"}  # not tagged pointwise
+_SIZE_READS = {"aten.sym_size.int", "aten.sym_numel.default"}
+_CHECKS = {"aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default",
+           "aten.sym_constrain_range.default"}
+
+
+@dataclass(frozen=True)
+class MaskedRegions:
+    """The nodes computed at their mask's shape, each with its mask node's name."""
+
+    selections: dict  # index.Tensor node name -> (source node name, mask node name)
+    computed: dict  # elementwise node name -> mask node name
+    sinks: dict  # index_put or reduction node name -> mask node name
+    dropped: frozenset  # size reads of region tensors and the assertions on them
+    shapes: dict  # region node name -> its shape computed in place (the mask's shape, then its own trailing axes)
+
+    def __bool__(self) -> bool:
+        return bool(self.selections)
+
+
+def _val(node):
+    return node.meta.get("val") if _is_node(node) else None
+
+
+def _sized_by_values(val) -> bool:
+    return hasattr(val, "shape") and any(not isinstance(s, int) for s in val.shape)
+
+
+def _static_shape(val) -> tuple[int, ...] | None:
+    if not hasattr(val, "shape") or _sized_by_values(val):
+        return None
+    return tuple(int(s) for s in val.shape)
+
+
+def _is_node(value) -> bool:
+    import torch.fx
+
+    return isinstance(value, torch.fx.Node)
+
+
+def _node_args(node) -> list:
+    found = []
+    for arg in (*node.args, *node.kwargs.values()):
+        for item in (arg if isinstance(arg, (list, tuple)) else [arg]):
+            if _is_node(item):
+                found.append(item)
+    return found
+
+
+def _selection_mask(node):
+    """The mask node of `src[mask]` by one boolean mask over src's leading axes, else None."""
+    if str(node.target) != _SELECT or len(node.args) != 2:
+        return None
+    source, indices = node.args
+    if not isinstance(indices, (list, tuple)) or len(indices) != 1 or not _is_node(indices[0]):
+        return None
+    mask, src = _static_shape(_val(indices[0])), _static_shape(_val(source))
+    if mask is None or src is None or getattr(_val(indices[0]), "dtype", None) is None:
+        return None
+    import torch
+
+    if _val(indices[0]).dtype != torch.bool or not mask or src[:len(mask)] != mask:
+        return None
+    return indices[0]
+
+
+def _pointwise(node) -> bool:
+    import torch
+
+    key = str(node.target)
+    if key in _CASTS:
+        return True
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.pointwise in tags
+
+
+def masked_regions(graph) -> MaskedRegions:
+    """The masked regions of an FX graph that can be computed in place (one pass in graph order,
+    then one over each region's readers)."""
+    region: dict = {}  # node name -> mask node
+    selections = {}
+    same = _value_numbers(graph)  # `x[y > 0] = y[y > 0]` computes its mask twice: one mask
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        val = _val(node)
+        mask = _selection_mask(node)
+        if mask is not None and _sized_by_values(val):
+            region[node.name] = mask
+            selections[node.name] = (node.args[0].name, mask.name)
+            continue
+        read = [a for a in _node_args(node) if a.name in region]
+        if not read:
+            continue
+        masks = {same[region[a.name].name] for a in read}
+        if _sized_by_values(val) and _pointwise(node) and len(masks) == 1 and \
+                all(_broadcasts_over(a, region, len(val.shape) - 1) for a in _node_args(node)):
+            region[node.name] = region[read[0].name]
+    # each region tensor's readers: its region, a sink, a size read for assertions; anything else
+    # (a selection returned, reshaped, its size used) leaves that mask's region alone
+    sinks, dropped = {}, set()
+    by_name = {n.name: n for n in graph.nodes}
+    spoiled: set = set()
+    for name, mask in region.items():
+        for user in by_name[name].users:
+            if user.name in region:
+                continue
+            if _sink(user, name, mask, region, same):
+                sinks[user.name] = mask.name
+            elif str(user.target) in _SIZE_READS and _only_checks(user, dropped):
+                dropped.add(user.name)
+            elif str(user.target) == "aten._assert_tensor_metadata.default":  # export's check of its dtype
+                dropped.add(user.name)
+            else:
+                spoiled.add(same[mask.name])
+    keep = {name for name, mask in region.items() if same[mask.name] not in spoiled}
+    selections = {k: v for k, v in selections.items() if k in keep}
+    computed = {name: region[name].name for name in keep if name not in selections}
+    sinks = {k: v for k, v in sinks.items() if same[v] not in spoiled}
+    shapes = {}
+    for name in keep:
+        mask_shape = _static_shape(_val(region[name]))
+        shapes[name] = mask_shape + tuple(int(s) for s in _val(by_name[name]).shape[1:])
+    if not selections:
+        return MaskedRegions({}, {}, {}, frozenset(), {})
+    return MaskedRegions(selections, computed, sinks, frozenset(dropped), shapes)
+
+
+def _broadcasts_over(arg, region: dict, trailing: int) -> bool:
+    """Whether an operand of a region's elementwise op is in the region, or broadcasts over the
+    selected elements' trailing axes alone (a number-like tensor, a bias row)."""
+    if arg.name in region:
+        return True
+    shape = _static_shape(_val(arg))
+    if shape is None:
+        return False
+    return len(shape) <= trailing or (len(shape) == trailing + 1 and shape[0] == 1)
+
+
+def _value_numbers(graph) -> dict:
+    """Node name -> a number equal for nodes computing the same value: the same op of the same
+    operands (one pass in graph order; an op drawing random numbers is its own)."""
+    numbers, seen = {}, {}
+    for node in graph.nodes:
+        def number(value):
+            if _is_node(value):
+                return ("node", numbers[value.name])
+            if isinstance(value, (list, tuple)):
+                return tuple(number(v) for v in value)
+            return ("value", repr(value))
+
+        key = None
+        if node.op == "call_function" and not _draws_random(node):
+            key = (str(node.target), number(node.args), tuple(sorted((k, number(v)) for k, v in node.kwargs.items())))
+        numbers[node.name] = seen.setdefault(key, len(seen)) if key is not None else ("own", node.name)
+    return numbers
+
+
+def _draws_random(node) -> bool:
+    from emmy.decompose.from_aten import RANDOM_OPS
+
+    return (str(node.target).split(".") + ["", ""])[1] in RANDOM_OPS
+
+
+def _sink(user, name: str, mask, region: dict, same: dict) -> bool:
+    key = str(user.target)
+    if key == _WRITE_BACK:
+        target, indices, values = user.args[:3]
+        return (values.name == name and target.name not in region and isinstance(indices, (list, tuple))
+                and len(indices) == 1 and _is_node(indices[0]) and same[indices[0].name] == same[mask.name] and _static_shape(_val(target)) is not None
+                and _static_shape(_val(target))[:len(_val(mask).shape)] == tuple(_val(mask).shape))
+    if key in _REDUCTIONS:
+        return user.args[0].name == name and not _sized_by_values(_val(user)) and \
+            all(a.name not in region for a in _node_args(user)[1:])
+    return False
+
+
+def _only_checks(size_read, dropped: set) -> bool:
+    """Whether a region tensor's size is read only for torch.export's runtime assertions (through
+    Python comparisons): then those reads are dropped with it."""
+    seen, stack = [], [size_read]
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            if str(user.target) in _CHECKS:
+                seen.append(user)
+            elif user.op == "call_function" and getattr(user.target, "__module__", None) in ("operator", "_operator"):
+                seen.append(user)
+                stack.append(user)
+            else:
+                return False
+    dropped.update(n.name for n in seen)
+    return True
+
+
+def lower_sink(ctx, node, regions: MaskedRegions, env: dict):
+    """An index_put or reduction reading a region computed in place: `where(mask, v, x)` or the
+    reduction of the masked full tensor over the mask's axes."""
+    b = ctx.b
+    mask = env[regions.sinks[node.name]]
+    key = str(node.target)
+    value = env[(node.args[2] if key == _WRITE_BACK else node.args[0]).name]
+    full = b.shape(value)
+    mask_rank = len(b.shape(mask))
+    spread = b.broadcast_to(b.reshape(mask, (*b.shape(mask), *[1] * (len(full) - mask_rank)), suffix="mask"), full) \
+        if len(full) > mask_rank else mask
+    out = ctx.out_type()
+    if key == _WRITE_BACK:
+        target = env[node.args[0].name]
+        accumulate = bool(node.args[3]) if len(node.args) > 3 else bool(node.kwargs.get("accumulate", False))
+        shape = b.shape(target)
+        chosen = ctx.tensor(spread, DType.BOOL, shape)
+        written = ctx.tensor(value, out.dtype, shape)
+        if accumulate:
+            zero = ctx.tensor(b.const(0, out.dtype), shape=shape)
+            added = b.elementwise("where", chosen, written, zero, dtype=out.dtype, suffix="masked")
+            return b.elementwise("add", ctx.tensor(target, out.dtype), added, dtype=out.dtype, name=ctx.name)
+        return b.elementwise("where", chosen, written, ctx.tensor(target, out.dtype), dtype=out.dtype, name=ctx.name)
+    op = _REDUCTIONS[key]
+    region_rank = len(node.args[0].meta["val"].shape)
+    dims = node.args[1] if len(node.args) > 1 and key.endswith(("dim_IntList", "mean.dim", "amax.default",
+                                                                "amin.default")) else None
+    dims = list(range(region_rank)) if not dims else [d % region_rank for d in dims]
+    axes = sorted({a for d in dims for a in ((range(mask_rank)) if d == 0 else (d + mask_rank - 1,))})
+    accumulator = out.dtype.accumulator if op in ("sum", "mean") else out.dtype
+    if op in ("sum", "mean"):
+        fill = b.const(0, accumulator)
+        masked = b.elementwise("where", spread, ctx.tensor(value, accumulator), ctx.tensor(fill, shape=full),
+                               dtype=accumulator, suffix="masked")
+    else:
+        fill = b.const(_extreme(out.dtype, lowest=op == "max"), out.dtype)
+        masked = b.elementwise("where", spread, ctx.tensor(value, out.dtype), ctx.tensor(fill, shape=full),
+                               dtype=out.dtype, suffix="masked")
+    result = b.reduce_axes(op if op != "mean" else "sum", masked, axes, False, suffix="reduced")
+    if op == "mean":
+        selected = b.reduce_axes("sum", b.cast(spread, accumulator), axes, False, suffix="count")
+        result = b.elementwise("divide", result, selected, dtype=accumulator, suffix="mean")
+    result = b.cast(result, out.dtype)
+    if b.shape(result) != out.shape:  # keepdim: the region's kept axes, not the mask's
+        result = b.reshape(result, out.shape)
+    return result
+
+
+def _extreme(dtype: DType, lowest: bool):
+    """The value no other of `dtype` is below (lowest) or above: a max's (min's) fill."""
+    import numpy as np
+
+    if dtype is DType.BOOL:
+        return not lowest
+    if not dtype.is_float:
+        info = np.iinfo(dtype.numpy)
+        return int(info.min if lowest else info.max)
+    return float("-inf") if lowest else float("inf")
