@@ -989,6 +989,19 @@ def test_integer_abs_power_gcd_and_lcm_are_exact_in_the_simulator():
                 assert g.dtype == w.dtype and torch.equal(g, w), (g, w)
 
 
+def test_a_python_int_past_the_tensors_type_wraps_to_it_as_torch_applies_it():
+    """`int32 + 2**31`: the interpreter raised OverflowError making the constant."""
+    narrow, small = torch.tensor([1, -5, 2 ** 31 - 1], dtype=torch.int32), torch.tensor([3, 200], dtype=torch.uint8)
+
+    def shifted(narrow, small):
+        return narrow + 2 ** 31, narrow * (2 ** 32 + 3), small + 2 ** 9 + 1, small - 2 ** 8
+
+    program = emmy.optimize(shifted, narrow, small)
+    for got in (program(narrow, small, device="interpret"), program(narrow, small, sim_mode="asan")):
+        for g, w in zip(got, shifted(narrow, small)):
+            assert g.dtype == w.dtype and torch.equal(g, w), (g, w)
+
+
 def test_a_builtin_torch_function_is_optimized_as_a_function_of_its_arguments():
     """torch.gcd has no signature inspect can read, and torch.export refused it with a ValueError."""
     a, b = torch.randint(-90, 90, (12,)), torch.randint(-90, 90, (12,))

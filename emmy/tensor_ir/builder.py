@@ -244,7 +244,11 @@ def _coerce(value: Scalar, dtype: DType) -> Scalar:
         return bool(value)
     if dtype.is_float:
         return float(value)
-    return int(value)
+    # a Python int past the type's range wraps to it, as torch applies `int32_tensor + 2**31`
+    bits = 8 * dtype.itemsize
+    if dtype is DType.U8:
+        return int(value) % (1 << bits)
+    return (int(value) + (1 << (bits - 1))) % (1 << bits) - (1 << (bits - 1))
 
 
 def _infer_shape(src: Sequence[int], shape: Sequence[int]) -> tuple[int, ...]:
