@@ -267,6 +267,21 @@ def test_torch_functions_that_test_values_are_captured_through_stand_ins():
     assert (torch.cov, torch.Tensor.corrcoef, F.gaussian_nll_loss) == originals
 
 
+def test_combinations_capture_as_a_constant_table_of_positions():
+    """torch.combinations masks a grid (masked_select: torch.export fails with a pending unbacked
+    symbol); the stand-in gathers by a table of positions, in torch's order."""
+    from emmy.capture.substitutes import combinations
+
+    for n, r, with_replacement in [(6, 2, False), (5, 3, True), (3, 4, False), (4, 0, False), (1, 2, True)]:
+        x = torch.randn(n)
+        assert torch.equal(combinations(x, r, with_replacement), torch.combinations(x, r, with_replacement))
+    original = torch.combinations
+    program = emmy.optimize("a=torch.randn(6); b=torch.randint(0, 9, (4,)); "
+                            "(torch.combinations(a), torch.combinations(b, 3, with_replacement=True).prod(-1))")
+    check_against_torch(program)
+    assert torch.combinations is original
+
+
 def test_a_policy_s_distributions_capture_without_value_validation():
     """An RL policy's Categorical and Normal validate their arguments with an `if` by default;
     capture turns the default off (and back on), so log_prob and entropy compile."""

@@ -1,7 +1,8 @@
 """Stand-ins for torch functions that test their inputs' values while they compute, which no
-traced program can: torch.cov and torch.corrcoef (an `equal` of the weights) and
-F.gaussian_nll_loss (`any(var < 0)`, to raise). While emmy captures a program these names call
-versions built from plain tensor ops that compute the same values for the inputs torch accepts;
+traced program can: torch.cov and torch.corrcoef (an `equal` of the weights),
+F.gaussian_nll_loss (`any(var < 0)`, to raise) and torch.combinations (a masked_select of a grid,
+value-sized for torch.export though its count depends on the length alone). While emmy captures a
+program these names call versions built from plain tensor ops that compute the same values for the inputs torch accepts;
 what torch would reject by value (a negative variance) is not detected. Calls torch's own version
 where an argument takes a path the stand-in does not (cov's frequency or analytic weights).
 Likewise torch.distributions' default argument validation (an RL policy's Categorical checks its
@@ -12,12 +13,14 @@ still validates, and so fails to capture.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 
 import torch
 import torch.nn.functional as F
 
 _TORCH_COV, _TORCH_CORRCOEF, _TORCH_GAUSSIAN_NLL = torch.cov, torch.corrcoef, F.gaussian_nll_loss
+_TORCH_COMBINATIONS = torch.combinations
 _TENSOR_COV, _TENSOR_CORRCOEF = torch.Tensor.cov, torch.Tensor.corrcoef
 
 
@@ -59,6 +62,21 @@ def gaussian_nll(input, target, var, full: bool = False, eps: float = 1e-6, redu
     return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
 
 
+def combinations(input: torch.Tensor, r: int = 2, with_replacement: bool = False) -> torch.Tensor:
+    """torch.combinations: the r-element combinations of a vector's entries, in torch's
+    (lexicographic) order. torch builds them by masking a grid (a value-sized masked_select,
+    which torch.export cannot trace); their positions depend on the length alone, so here they are
+    a constant table the entries are gathered by."""
+    if input.dim() != 1 or r < 0:
+        return _TORCH_COMBINATIONS(input, r=r, with_replacement=with_replacement)  # torch's error
+    if r == 0:
+        return input.new_empty((0,))
+    choose = itertools.combinations_with_replacement if with_replacement else itertools.combinations
+    table = list(choose(range(input.shape[0]), r))
+    positions = torch.tensor(table, dtype=torch.long, device=input.device).reshape(len(table), r)
+    return input[positions]
+
+
 @contextlib.contextmanager
 def substituted():
     """torch's value-testing functions replaced by the stand-ins, for the length of a capture."""
@@ -67,10 +85,12 @@ def substituted():
     validating = Distribution._validate_args
     torch.cov, torch.corrcoef, F.gaussian_nll_loss = covariance, correlation, gaussian_nll
     torch.Tensor.cov, torch.Tensor.corrcoef = covariance, correlation
+    torch.combinations = combinations
     Distribution.set_default_validate_args(False)
     try:
         yield
     finally:
         torch.cov, torch.corrcoef, F.gaussian_nll_loss = _TORCH_COV, _TORCH_CORRCOEF, _TORCH_GAUSSIAN_NLL
         torch.Tensor.cov, torch.Tensor.corrcoef = _TENSOR_COV, _TENSOR_CORRCOEF
+        torch.combinations = _TORCH_COMBINATIONS
         Distribution.set_default_validate_args(validating)
