@@ -5,7 +5,8 @@ value-sized for torch.export though its count depends on the length alone). Whil
 program these names call versions built from plain tensor ops that compute the same values for the inputs torch accepts;
 what torch would reject by value (a negative variance) is not detected. Calls torch's own version
 where an argument takes a path the stand-in does not (cov's frequency or analytic weights).
-Likewise torch.distributions' default argument validation (an RL policy's Categorical checks its
+Packed sequences (pack_padded_sequence, an RNN over one, pad_packed_sequence) are kept padded with
+a mask (emmy.capture.packed_sequences). Likewise torch.distributions' default argument validation (an RL policy's Categorical checks its
 probabilities with an `if`) is off while capturing; a distribution made with validate_args=True
 still validates, and so fails to capture.
 """
@@ -18,6 +19,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from emmy.capture import packed_sequences
 
 _TORCH_COV, _TORCH_CORRCOEF, _TORCH_GAUSSIAN_NLL = torch.cov, torch.corrcoef, F.gaussian_nll_loss
 _TORCH_COMBINATIONS = torch.combinations
@@ -87,10 +90,12 @@ def substituted():
     torch.Tensor.cov, torch.Tensor.corrcoef = covariance, correlation
     torch.combinations = combinations
     Distribution.set_default_validate_args(False)
+    packed_sequences.install()
     try:
         yield
     finally:
         torch.cov, torch.corrcoef, F.gaussian_nll_loss = _TORCH_COV, _TORCH_CORRCOEF, _TORCH_GAUSSIAN_NLL
         torch.Tensor.cov, torch.Tensor.corrcoef = _TENSOR_COV, _TENSOR_CORRCOEF
         torch.combinations = _TORCH_COMBINATIONS
+        packed_sequences.uninstall()
         Distribution.set_default_validate_args(validating)

@@ -1,0 +1,88 @@
+"""Packed sequences captured padded with a mask (emmy.capture.packed_sequences): pack_padded_sequence,
+an LSTM/GRU/RNN over it and pad_packed_sequence compile and give eager torch's outputs and final
+states (each sequence's own end), checked in the simulator under ASan."""
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils._pytree import tree_leaves
+
+import emmy
+from emmy.capture import packed_sequences
+
+
+class PackedEncoder(nn.Module):
+    def __init__(self, recurrent: nn.Module, batch_first: bool = True):
+        super().__init__()
+        self.recurrent, self.batch_first = recurrent, batch_first
+
+    def forward(self, x, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=self.batch_first, enforce_sorted=False)
+        out, state = self.recurrent(packed)
+        padded, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=self.batch_first,
+                                                     total_length=x.shape[1 if self.batch_first else 0])
+        return padded, state
+
+
+class ListedLengths(nn.Module):
+    """Lengths as a Python list: the unpacked length is known, so total_length may be left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.recurrent = nn.GRU(4, 5, batch_first=True, bidirectional=True)
+
+    def forward(self, x):
+        packed = nn.utils.rnn.pack_padded_sequence(x, [3, 2, 3], batch_first=True, enforce_sorted=False)
+        out, h = self.recurrent(packed)
+        return nn.utils.rnn.pad_packed_sequence(out, batch_first=True, padding_value=-1.0)[0], h
+
+
+LENGTHS = torch.tensor([5, 2, 4])
+CASES = {
+    "lstm_bidirectional_two_layers": (lambda: PackedEncoder(nn.LSTM(4, 6, num_layers=2, batch_first=True,
+                                                                    bidirectional=True)),
+                                      (torch.randn(3, 5, 4), LENGTHS)),
+    "lstm_projected": (lambda: PackedEncoder(nn.LSTM(4, 6, proj_size=3, batch_first=True)),
+                       (torch.randn(3, 5, 4), LENGTHS)),
+    "gru_time_major": (lambda: PackedEncoder(nn.GRU(4, 6, bidirectional=True), batch_first=False),
+                       (torch.randn(5, 3, 4), LENGTHS)),
+    "rnn_relu": (lambda: PackedEncoder(nn.RNN(4, 6, nonlinearity="relu", num_layers=2, batch_first=True)),
+                 (torch.randn(3, 5, 4), LENGTHS)),
+    "listed_lengths": (ListedLengths, (torch.randn(3, 4, 4),)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_packed_recurrence_runs_like_eager(name):
+    make, inputs = CASES[name]
+    torch.manual_seed(0)
+    model = make().eval()
+    program = emmy.optimize(model, *inputs)
+    with torch.no_grad():
+        want = tree_leaves(model(*inputs))
+    got = tree_leaves(program(*inputs, sim_mode="asan"))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_packing_is_torch_s_own_outside_a_capture():
+    emmy.optimize(PackedEncoder(nn.GRU(4, 3, batch_first=True)).eval(), torch.randn(3, 5, 4), LENGTHS,
+                  stop_after="tensor")
+    assert nn.utils.rnn.pack_padded_sequence is packed_sequences._PACK
+    assert nn.LSTM.forward is packed_sequences._FORWARDS[nn.LSTM]
+
+
+def test_unpacking_to_a_length_read_from_a_lengths_tensor_is_a_clear_error():
+    class Unbounded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.recurrent = nn.LSTM(4, 3, batch_first=True)
+
+        def forward(self, x, lengths):
+            out, _ = self.recurrent(nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True,
+                                                                      enforce_sorted=False))
+            return nn.utils.rnn.pad_packed_sequence(out, batch_first=True)[0]
+
+    with pytest.raises(emmy.EmmyError, match="pass total_length"):
+        emmy.optimize(Unbounded().eval(), torch.randn(3, 5, 4), LENGTHS, stop_after="tensor")
