@@ -5,6 +5,7 @@ states (each sequence's own end), checked in the simulator under ASan."""
 import pytest
 import torch
 import torch.nn as nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from torch.utils._pytree import tree_leaves
 
 import emmy
@@ -22,6 +23,18 @@ class PackedEncoder(nn.Module):
         padded, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=self.batch_first,
                                                      total_length=x.shape[1 if self.batch_first else 0])
         return padded, state
+
+
+class ImportedNames(nn.Module):
+    """The functions imported by name before the capture, as most sequence code does."""
+
+    def __init__(self):
+        super().__init__()
+        self.recurrent = nn.LSTM(4, 5, batch_first=True)
+
+    def forward(self, x, lengths):
+        out, (h, c) = self.recurrent(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
+        return pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[0], h, c
 
 
 class ListedLengths(nn.Module):
@@ -49,6 +62,7 @@ CASES = {
     "rnn_relu": (lambda: PackedEncoder(nn.RNN(4, 6, nonlinearity="relu", num_layers=2, batch_first=True)),
                  (torch.randn(3, 5, 4), LENGTHS)),
     "listed_lengths": (ListedLengths, (torch.randn(3, 4, 4),)),
+    "imported_names": (ImportedNames, (torch.randn(3, 5, 4), LENGTHS)),
 }
 
 
@@ -69,8 +83,12 @@ def test_a_packed_recurrence_runs_like_eager(name):
 def test_packing_is_torch_s_own_outside_a_capture():
     emmy.optimize(PackedEncoder(nn.GRU(4, 3, batch_first=True)).eval(), torch.randn(3, 5, 4), LENGTHS,
                   stop_after="tensor")
-    assert nn.utils.rnn.pack_padded_sequence is packed_sequences._PACK
+    assert pack_padded_sequence.__code__ is packed_sequences._PACK_CODE
+    assert pad_packed_sequence.__code__ is packed_sequences._PAD_CODE
     assert nn.LSTM.forward is packed_sequences._FORWARDS[nn.LSTM]
+    x = torch.randn(3, 5, 4)  # torch's packing again: a PackedSequence of the lengths' batch sizes
+    assert pack_padded_sequence(x, LENGTHS, batch_first=True, enforce_sorted=False).batch_sizes.tolist() == \
+        [3, 3, 2, 2, 1]
 
 
 def test_unpacking_to_a_length_read_from_a_lengths_tensor_is_a_clear_error():

@@ -13,13 +13,19 @@ lengths given as a Python list).
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from torch.nn.utils import rnn as rnn_utils
 
+# torch's functions are entered through their code, swapped while a program is captured, so that
+# names a program imported (`from torch.nn.utils.rnn import pack_padded_sequence`) reach the
+# stand-ins too; _TORCH_PAD is torch's own, to unpack a real PackedSequence
 _PACK, _PAD = rnn_utils.pack_padded_sequence, rnn_utils.pad_packed_sequence
+_PACK_CODE, _PAD_CODE = _PACK.__code__, _PAD.__code__
+_TORCH_PAD = types.FunctionType(_PAD_CODE, _PAD.__globals__, _PAD.__name__, _PAD.__defaults__, _PAD.__closure__)
 _FORWARDS = {kind: kind.forward for kind in (nn.LSTM, nn.GRU, nn.RNN)}
 
 
@@ -46,7 +52,7 @@ def pack_padded_sequence(input, lengths, batch_first=False, enforce_sorted=True)
 
 def pad_packed_sequence(sequence, batch_first=False, padding_value=0.0, total_length=None):
     if not isinstance(sequence, MaskedSequence):
-        return _PAD(sequence, batch_first=batch_first, padding_value=padding_value, total_length=total_length)
+        return _TORCH_PAD(sequence, batch_first=batch_first, padding_value=padding_value, total_length=total_length)
     if total_length is None and sequence.known_lengths is None:
         raise TypeError("pad_packed_sequence without total_length pads to the longest length, a value of the "
                         "lengths tensor a compiled program cannot know; pass total_length (the padded input's "
@@ -134,13 +140,25 @@ def _cell(module, w, x, h, c):
     return act(gates_x + gates_h), None
 
 
+def _pack_entry(input, lengths, batch_first=False, enforce_sorted=True):
+    from emmy.capture.packed_sequences import pack_padded_sequence  # run with torch's module globals
+
+    return pack_padded_sequence(input, lengths, batch_first, enforce_sorted)
+
+
+def _pad_entry(sequence, batch_first=False, padding_value=0.0, total_length=None):
+    from emmy.capture.packed_sequences import pad_packed_sequence
+
+    return pad_packed_sequence(sequence, batch_first, padding_value, total_length)
+
+
 def install() -> None:
-    rnn_utils.pack_padded_sequence, rnn_utils.pad_packed_sequence = pack_padded_sequence, pad_packed_sequence
+    _PACK.__code__, _PAD.__code__ = _pack_entry.__code__, _pad_entry.__code__
     for kind in _FORWARDS:
         kind.forward = _recurrent_forward(kind)
 
 
 def uninstall() -> None:
-    rnn_utils.pack_padded_sequence, rnn_utils.pad_packed_sequence = _PACK, _PAD
+    _PACK.__code__, _PAD.__code__ = _PACK_CODE, _PAD_CODE
     for kind, forward in _FORWARDS.items():
         kind.forward = forward
