@@ -21,7 +21,8 @@ from emmy.decompose import fourier  # noqa: F401  (complex ops: Fourier transfor
 from emmy.decompose.complex_pairs import is_complex, lower_complex
 from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_result, has_no_elements, mixed_reads,
                                   reads_empty, without_empty_pieces)
-from emmy.decompose.masked_regions import MaskedRegions, lower_sink, masked_regions
+from emmy.decompose.masked_regions import (MaskedRegions, lower_row_product, lower_sink, masked_index, masked_regions,
+                                          row_wise_args)
 from emmy.decompose.registry import LOWERINGS, Context
 from emmy.dtypes import DType, from_torch, real_pairs, to_numpy
 from emmy.errors import EmmyError, UnsupportedDtypeError, UnsupportedOpError
@@ -261,6 +262,13 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
     try:
         if on_complex:  # complex tensors as f32 pairs take their own table
             return lower_complex(ctx, key, args, kwargs, pairs)
+        if regions and node.name in regions.row_wise:  # its axes move past the mask's
+            mask_rank = regions.row_wise[node.name]
+            if key in ("aten.mm.default", "aten.addmm.default"):
+                return lower_row_product(ctx, node, args, mask_rank, fn)
+            if key == "aten.gather.default":
+                args = [*args[:2], masked_index(ctx, args[2], env[regions.computed[node.name]]), *args[3:]]
+            return fn(ctx, *row_wise_args(node, args, mask_rank), **kwargs)
         return _empty_parts_marked(fn(ctx, *args, **kwargs), node.meta.get("val"))
     except EmmyError:
         raise

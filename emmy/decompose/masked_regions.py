@@ -3,7 +3,8 @@
 `a[mask]` (a boolean mask) has as many elements as the mask has True values, a size known only at
 run time, which a compiled program cannot have. Yet real code selects only to compute elementwise
 on the selected values and then either write them back under the same mask (torchvision's box IoU
-losses: `intsct[mask] = (x2[mask] - x1[mask]) * ...`) or reduce them all (`loss[valid].mean()`).
+losses: `intsct[mask] = (x2[mask] - x1[mask]) * ...`) or reduce them all (`loss[valid].mean()`,
+`F.cross_entropy(head(hidden[labelled]), labels[labelled])`).
 Such a region is computed on every element instead, at the mask's shape:
 
 - a selection `src[mask]` is `src` itself (its leading axes the mask's);
@@ -11,6 +12,10 @@ Such a region is computed on every element instead, at the mask's shape:
   elements' trailing axes) is the same op on the full tensors; its values where the mask is False
   are computed and never used (an op that traps on them is not one a kernel runs: a float's NaN
   stays in its element, emmy's integer division by 0 gives 0);
+- an op treating the selected axis as a batch axis (log_softmax or a reduction along a trailing axis,
+  a gather along one by an index selected by the same mask, the selected rows times a matrix: a
+  linear layer) is that op with its axes moved past the mask's; a gather's index is 0 in the rows
+  not selected, whose labels need not be positions;
 - `index_put(x, [mask], v)` is `where(mask, v, x)` (`x + where(mask, v, 0)` accumulating);
 - a sum, mean, amax, amin, max or min over the selected elements' first axis is that reduction of
   `where(mask, v, identity)` over the mask's axes; a mean divides by the count of True values (no
@@ -24,7 +29,8 @@ reshape) is left alone, and its selection is refused as before: nothing is guess
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 from emmy.dtypes import DType
 
@@ -48,6 +54,9 @@ class MaskedRegions:
     sinks: dict  # index_put or reduction node name -> mask node name
     dropped: frozenset  # size reads of region tensors and the assertions on them
     shapes: dict  # region node name -> its shape computed in place (the mask's shape, then its own trailing axes)
+    # ops whose selected axis is a batch axis (a softmax along a trailing axis, a gather along one, a
+    # product of the selected rows by a matrix): node name -> the mask's rank, by which their axes move
+    row_wise: dict = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.selections)
@@ -113,7 +122,7 @@ def masked_regions(graph) -> MaskedRegions:
     """The masked regions of an FX graph that can be computed in place (one pass in graph order,
     then one over each region's readers)."""
     region: dict = {}  # node name -> mask node
-    selections = {}
+    selections, rows = {}, set()
     same = _value_numbers(graph)  # `x[y > 0] = y[y > 0]` computes its mask twice: one mask
     for node in graph.nodes:
         if node.op != "call_function":
@@ -131,6 +140,9 @@ def masked_regions(graph) -> MaskedRegions:
         if _sized_by_values(val) and _pointwise(node) and len(masks) == 1 and \
                 all(_broadcasts_over(a, region, len(val.shape) - 1) for a in _node_args(node)):
             region[node.name] = region[read[0].name]
+        elif _sized_by_values(val) and len(masks) == 1 and _row_wise(node, region):
+            region[node.name] = region[read[0].name]
+            rows.add(node.name)
     # each region tensor's readers: its region, a sink, a size read for assertions; anything else
     # (a selection returned, reshaped, its size used) leaves that mask's region alone
     sinks, dropped = {}, set()
@@ -151,6 +163,7 @@ def masked_regions(graph) -> MaskedRegions:
     keep = {name for name, mask in region.items() if same[mask.name] not in spoiled}
     selections = {k: v for k, v in selections.items() if k in keep}
     computed = {name: region[name].name for name in keep if name not in selections}
+    row_wise = {name: len(_val(region[name]).shape) for name in keep if name in rows}
     sinks = {k: v for k, v in sinks.items() if same[v] not in spoiled}
     shapes = {}
     for name in keep:
@@ -158,7 +171,77 @@ def masked_regions(graph) -> MaskedRegions:
         shapes[name] = mask_shape + tuple(int(s) for s in _val(by_name[name]).shape[1:])
     if not selections:
         return MaskedRegions({}, {}, {}, frozenset(), {})
-    return MaskedRegions(selections, computed, sinks, frozenset(dropped), shapes)
+    return MaskedRegions(selections, computed, sinks, frozenset(dropped), shapes, row_wise)
+
+
+# ops that treat the selected axis (0) as a batch axis, and the argument holding their axes
+_AXES_AT = {"aten._log_softmax.default": 1, "aten._softmax.default": 1, "aten.unsqueeze.default": 1,
+            "aten.squeeze.dims": 1, "aten.squeeze.dim": 1, "aten.gather.default": 1, "aten.sum.dim_IntList": 1,
+            "aten.mean.dim": 1, "aten.amax.default": 1, "aten.amin.default": 1}
+_PRODUCTS = {"aten.mm.default": 0, "aten.addmm.default": 1}  # the selected rows' argument
+
+
+def _row_wise(node, region: dict) -> bool:
+    """Whether `node` computes each selected element (row) from that row alone: a reduction, softmax,
+    gather or (un)squeeze along trailing axes of region tensors, or region rows times a matrix."""
+    key = str(node.target)
+    nodes = _node_args(node)
+    if key in _PRODUCTS:
+        rows = node.args[_PRODUCTS[key]]
+        others = [a for a in nodes if a is not rows]
+        return _is_node(rows) and rows.name in region and all(a.name not in region and _static_shape(_val(a))
+                                                              is not None for a in others)
+    if key not in _AXES_AT or not nodes or nodes[0] is not node.args[0] or node.args[0].name not in region:
+        return False
+    if key == "aten.gather.default":  # the index selected by the same mask
+        if len(node.args) < 3 or not _is_node(node.args[2]) or node.args[2].name not in region:
+            return False
+    elif any(a.name in region for a in nodes[1:]):
+        return False
+    rank = len(_val(node).shape) if key == "aten.unsqueeze.default" else len(_val(node.args[0]).shape)
+    axes = node.args[1] if len(node.args) > 1 else None
+    axes = [axes] if isinstance(axes, int) else list(axes or [])
+    return bool(axes) and all(isinstance(a, int) and a % rank != 0 for a in axes)
+
+
+def row_wise_args(node, args: list, mask_rank: int) -> list:
+    """A row-wise op's arguments at the mask's shape: its trailing axes moved past the mask's."""
+    key = str(node.target)
+    if key in _PRODUCTS or mask_rank == 1:
+        return args
+    rank = len(_val(node).shape) if key == "aten.unsqueeze.default" else len(_val(node.args[0]).shape)
+    at = _AXES_AT[key]
+    axes = args[at]
+    moved = [a % rank + mask_rank - 1 for a in ([axes] if isinstance(axes, int) else axes)]
+    return [*args[:at], moved[0] if isinstance(axes, int) else moved, *args[at + 1:]]
+
+
+def masked_index(ctx, index: str, mask: str) -> str:
+    """A row-wise gather's index at the mask's shape, 0 in the rows not selected: their labels
+    (an ignore_index of -1) need not be positions, and a gather reads inside its source only."""
+    b = ctx.b
+    shape = b.shape(index)
+    spread = b.reshape(mask, (*b.shape(mask), *[1] * (len(shape) - len(b.shape(mask)))), suffix="rows")
+    chosen = ctx.tensor(spread, DType.BOOL, shape)
+    zero = ctx.tensor(b.const(0, b.dtype(index)), shape=shape)
+    return b.elementwise("where", chosen, index, zero, dtype=b.dtype(index), suffix="selected_index")
+
+
+def lower_row_product(ctx, node, args: list, mask_rank: int, lowering):
+    """mm (addmm) of region rows at the mask's shape: the mask's axes flattened into one for the
+    product, then put back."""
+    b = ctx.b
+    at = _PRODUCTS[str(node.target)]
+    rows = args[at]
+    shape = b.shape(rows)
+    count = 1
+    for size in shape[:mask_rank]:
+        count *= size
+    flat = [*args]
+    flat[at] = b.reshape(rows, (count, shape[-1]), suffix="rows")
+    columns = ctx.out_shape[-1]
+    product = lowering(dataclasses.replace(ctx, out_shape=(count, columns)), *flat)
+    return b.reshape(product, (*shape[:mask_rank], columns))
 
 
 def _broadcasts_over(arg, region: dict, trailing: int) -> bool:
