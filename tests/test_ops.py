@@ -1039,6 +1039,33 @@ def test_fractional_max_pooling_with_its_samples_given_matches_torch(dtype):
         assert torch.equal(got, want)
 
 
+def test_mode_is_the_smallest_most_frequent_value_at_its_last_position():
+    """torch.mode (a kNN classifier's vote) had no decomposition. Values are torch's for any row;
+    positions are where torch's are defined (its kernel's sort is stable up to 16 elements)."""
+    from emmy.capture.uncovered import mode
+
+    torch.manual_seed(0)
+    for length in (1, 5, 16, 40):
+        x = torch.randint(-3, 4, (3, length)).float()
+        x[x == 0] = -0.0
+        for dim, keepdim in ((1, False), (-1, True), (0, False)):
+            want, got = torch.mode(x, dim, keepdim), mode(x, dim, keepdim)
+            assert torch.equal(got[0], want.values)
+            assert torch.equal(x.gather(dim % 2, got[1] if keepdim else got[1].unsqueeze(dim % 2)),
+                               want.values if keepdim else want.values.unsqueeze(dim % 2))
+            if x.shape[dim] <= 16:
+                assert torch.equal(got[1], want.indices)
+
+    def vote(labels):
+        return torch.mode(labels, 1)
+
+    labels = torch.randint(0, 4, (5, 9))
+    program = emmy.optimize(vote, labels)
+    got, want = program(labels, sim_mode="asan"), vote(labels)
+    assert type(got) is torch.return_types.mode
+    assert torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices)
+
+
 def test_a_histogram_runs_right_in_the_simulator():
     _runs_right_in_the_simulator("x=torch.randn(3,300); (torch.histc(x, 16), torch.histc(x * 2, 9, -1.5, 2.5))")
     _runs_right_in_the_simulator("x=torch.randn(3,100); w=torch.rand(3,100); (torch.histogram(x, 11, weight=w), "

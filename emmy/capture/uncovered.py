@@ -111,6 +111,37 @@ def fractional_max_pool(x, kernel_size, output_size, random_samples):
     return torch.gather(values, -1, chosen[..., None])[..., 0], index[..., 0]
 
 
+MODE_MAX_LENGTH = 4096  # torch.mode compares every pair of a row's elements: rows up to this long
+
+
+def mode(x, dim: int = -1, keepdim: bool = False):
+    """torch.mode: the most frequent value of each row (the smallest among equally frequent ones;
+    -0 equals 0) and the last position holding it, counted by comparing every pair of a row's
+    elements. torch's CPU kernel sorts the row unstably and with NaN unordered, so its position among
+    equal values is the last only for rows up to 16 long (insertion sort), and a row with a NaN has
+    no defined answer; here each NaN counts once and a NaN is the mode only of a row of NaNs."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    if x.shape[dim] > MODE_MAX_LENGTH or x.dtype == torch.bool or x.is_complex():
+        return NotImplemented
+    rows = x.movedim(dim, -1)
+    length = rows.shape[-1]
+    nan = rows.isnan()
+    counts = (rows[..., :, None] == rows[..., None, :]).sum(-1) + nan.to(torch.int64)
+    candidate = counts == counts.amax(-1, keepdim=True)
+    largest = float("inf") if rows.is_floating_point() else torch.iinfo(rows.dtype).max
+    numbers = candidate & ~nan
+    smallest = torch.where(numbers, rows, torch.full_like(rows, largest)).amin(-1, keepdim=True)
+    only_nan = numbers.sum(-1, keepdim=True) == 0  # every most frequent value a NaN: the last NaN
+    holds = torch.where(only_nan, candidate & nan, rows == smallest)
+    positions = torch.arange(length, device=x.device).expand(rows.shape)
+    index = torch.where(holds, positions, torch.full_like(positions, -1)).amax(-1, keepdim=True)
+    values = rows.gather(-1, index)
+    if not keepdim:
+        return values.squeeze(-1), index.squeeze(-1)
+    return values.movedim(-1, dim), index.movedim(-1, dim)
+
+
 def uncovered_decompositions() -> dict:
     """ATen op -> emmy's decomposition, for the ops torch's tables leave out."""
     from emmy.capture.grid_sampling import grid_sampler
@@ -119,4 +150,5 @@ def uncovered_decompositions() -> dict:
     return {aten.embedding_renorm.default: embedding_renorm, aten.grid_sampler_3d.default: grid_sampler,
             aten.linalg_matrix_exp.default: matrix_exp, aten.linalg_householder_product.default: householder_product,
             aten.fractional_max_pool2d.default: fractional_max_pool, aten.fractional_max_pool3d.default: fractional_max_pool,
+            aten.mode.default: mode,
             **polynomial_decompositions()}
