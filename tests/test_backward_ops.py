@@ -293,7 +293,8 @@ def test_adaptive_max_pooling_backward_matches_torch(shape, size):
 
 
 @pytest.mark.parametrize("shape,kernel,size", [((2, 3, 9, 8), (2, 3), (4, 5)), ((3, 7, 9), (3, 3), (5, 4)),
-                                              ((2, 2, 6, 7, 8), (2, 3, 2), (3, 4, 5))], ids=["2d", "2d_unbatched", "3d"])
+                                              ((2, 2, 6, 7, 8), (2, 3, 2), (3, 4, 5))],
+                         ids=["2d", "2d_unbatched", "3d"])
 def test_fractional_max_pooling_backward_matches_torch(shape, kernel, size):
     torch.manual_seed(0)
     x = torch.randn(shape, dtype=torch.float64)

@@ -94,6 +94,31 @@ def normalized_rows(x, score):
     return (rows / rows.sum(-1, keepdim=True)).amax(1).mean()
 
 
+class SparseMixture(torch.nn.Module):
+    """Mixtral's dispatch (HF's sparse MoE block): each expert's tokens found by torch.where on the
+    routing mask, run through it, weighted and index_add_-ed back."""
+
+    def __init__(self, experts: int = 4, top: int = 2, width: int = 8):
+        super().__init__()
+        self.top, self.experts_count = top, experts
+        self.gate = torch.nn.Linear(width, experts, bias=False)
+        self.experts = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(width, 16), torch.nn.SiLU(),
+                                                               torch.nn.Linear(16, width)) for _ in range(experts))
+
+    def forward(self, x):
+        batch, steps, width = x.shape
+        x = x.view(-1, width)
+        weights, chosen = torch.topk(F.softmax(self.gate(x), dim=1, dtype=torch.float), self.top, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros((batch * steps, width), dtype=x.dtype)
+        routed = F.one_hot(chosen, num_classes=self.experts_count).permute(2, 1, 0)
+        for e in range(self.experts_count):
+            slot, token = torch.where(routed[e])
+            y = self.experts[e](x[None, token].reshape(-1, width)) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(x.dtype))
+        return out.reshape(batch, steps, width)
+
+
 torch.manual_seed(0)
 _BOXES = torch.rand(6, 4) * 10
 _BOXES[:, 2:] += _BOXES[:, :2] + 1
@@ -113,6 +138,8 @@ CASES = {
                                       torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]))),
     "ignored_minus_one": (ignored_minus_one, (torch.randn(6, 5), torch.tensor([1, -1, 3, 0, -1, 4]))),
     "normalized_rows": (normalized_rows, (torch.rand(5, 4) + 0.1, torch.randn(5))),
+    "sparse_mixture": (SparseMixture().eval(), (torch.randn(2, 6, 8),)),
+    "one_expert_each": (SparseMixture(experts=8, top=1).eval(), (torch.randn(1, 7, 8),)),
 }
 
 
@@ -153,11 +180,29 @@ def test_ops_along_the_selected_rows_are_planned_row_wise():
     assert set(regions.row_wise.values()) == {2}
 
 
-@pytest.mark.parametrize("function", [lambda x: x[x > 0], lambda x: x[x > 0].reshape(-1, 1).sum(0),
+@pytest.mark.parametrize("function", [lambda x: x[x > 0], lambda x: x[x > 0].cumsum(0).sum(),
                                       lambda x: x[x > 0].sum() / x[x > 0].numel()],
-                         ids=["returned", "reshaped", "size_as_a_number"])
+                         ids=["returned", "scanned_along_the_selection", "size_as_a_number"])
 def test_a_selection_whose_size_the_program_needs_is_still_refused(function):
     with pytest.raises(emmy.EmmyError, match="depends on tensor values|branches or loops on tensor values"):
+        emmy.optimize(function, torch.randn(6), stop_after="tensor")
+
+
+def test_a_mixture_s_dispatch_is_planned_as_coordinates_of_its_routing_mask():
+    captured = capture(SparseMixture(experts=2).eval(), torch.randn(1, 5, 8))
+    graph = captured.exported.graph
+    regions = masked_regions(graph)
+    targets = {n.name: str(n.target) for n in graph.nodes}
+    assert [targets[n] for n in regions.coordinates] == ["aten.nonzero.default"] * 2
+    assert [targets[n] for n in regions.sinks] == ["aten.index_put.default"] * 2
+    assert {(2, 5)} == {regions.shapes[n][:-1] for n in regions.coordinates}  # (top, tokens), then the rank
+
+
+@pytest.mark.parametrize("function", [lambda x: torch.nonzero(x > 0),
+                                      lambda x: torch.zeros(6).index_put((torch.where(x > 0)[0],), x[x > 0] * 2)],
+                         ids=["returned", "written_without_accumulating"])
+def test_coordinates_whose_rows_the_program_needs_are_still_refused(function):
+    with pytest.raises(emmy.EmmyError, match="depends on tensor values"):
         emmy.optimize(function, torch.randn(6), stop_after="tensor")
 
 

@@ -185,9 +185,10 @@ CASES = [
     ("aten.histc.default", "x=torch.tensor([0., 1., 2., 3., 4.]); torch.histc(x, 4, 0, 4)"),  # max: the last bin
     ("aten.histogram.bin_ct", "x=torch.randn(4,50); torch.histogram(x, 7)"),  # edges over the data's extremes
     ("aten.histogram.bin_ct", "x=torch.full((5,), 2.0); torch.histogram(x, 3)"),  # all equal: widened by 0.5
-    ("aten.histogram.bin_ct", "x=torch.arange(9.); torch.histogram(x, 4, range=(0., 8.), weight=x.sin(), density=True)"),
-    ("aten.histogram.bins_tensor", "x=torch.randn(60).double(); torch.histogram(x, torch.tensor([-2., 0., 0.5, 3.]).double(), "
-                                   "density=True)"),
+    ("aten.histogram.bin_ct", "x=torch.arange(9.); "
+                              "torch.histogram(x, 4, range=(0., 8.), weight=x.sin(), density=True)"),
+    ("aten.histogram.bins_tensor", "x=torch.randn(60).double(); "
+                                   "torch.histogram(x, torch.tensor([-2., 0., 0.5, 3.]).double(), density=True)"),
     ("aten.searchsorted.Tensor", "s=torch.randn(10).sort().values; v=torch.randn(()); torch.searchsorted(s, v)"),
     ("aten.searchsorted.Tensor", "s=torch.randn(10); v=torch.randn(3,4); o=torch.argsort(s); torch.searchsorted(s, v, sorter=o, side='right')"),
     ("aten.searchsorted.Tensor", X + "o=torch.argsort(x); torch.searchsorted(x, y[:, :3], sorter=o)"),
@@ -972,7 +973,8 @@ def test_integer_abs_power_gcd_and_lcm_are_exact_in_the_simulator():
     pairs = torch.randint(-128, 127, (2, 64), dtype=torch.int8)
 
     def integer_math(big, narrow, pairs):
-        return (big.abs(), narrow.abs(), (big % 3037000499).pow(2), torch.pow(narrow % 50, 5), torch.pow(big % 3 - 1, big % 4 - 4),
+        return (big.abs(), narrow.abs(), (big % 3037000499).pow(2), torch.pow(narrow % 50, 5),
+                torch.pow(big % 3 - 1, big % 4 - 4),
                 torch.gcd(big, big.flip(0) * 3), torch.lcm(big % 100000, big % 77), torch.gcd(pairs[0], pairs[1]),
                 torch.lcm(pairs[0], pairs[1]))
 

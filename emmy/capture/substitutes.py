@@ -2,13 +2,13 @@
 traced program can: torch.cov and torch.corrcoef (an `equal` of the weights),
 F.gaussian_nll_loss (`any(var < 0)`, to raise) and torch.combinations (a masked_select of a grid,
 value-sized for torch.export though its count depends on the length alone). While emmy captures a
-program these names call versions built from plain tensor ops that compute the same values for the inputs torch accepts;
-what torch would reject by value (a negative variance) is not detected. Calls torch's own version
-where an argument takes a path the stand-in does not (cov's frequency or analytic weights).
-Packed sequences (pack_padded_sequence, an RNN over one, pad_packed_sequence) are kept padded with
-a mask (emmy.capture.packed_sequences). Likewise torch.distributions' default argument validation (an RL policy's Categorical checks its
-probabilities with an `if`) is off while capturing; a distribution made with validate_args=True
-still validates, and so fails to capture.
+program these names call versions built from plain tensor ops that compute the same values for the
+inputs torch accepts; what torch would reject by value (a negative variance) is not detected. Calls
+torch's own version where an argument takes a path the stand-in does not (cov's frequency or
+analytic weights). Packed sequences (pack_padded_sequence, an RNN over one, pad_packed_sequence)
+are kept padded with a mask (emmy.capture.packed_sequences). Likewise torch.distributions' default
+argument validation (an RL policy's Categorical checks its probabilities with an `if`) is off while
+capturing; a distribution made with validate_args=True still validates, and so fails to capture.
 """
 
 from __future__ import annotations

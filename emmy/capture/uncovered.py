@@ -71,10 +71,11 @@ def householder_product(a, tau):
 
 def fractional_max_pool(x, kernel_size, output_size, random_samples):
     """fractional_max_pool2d/3d with its samples given: along each pooled axis (its sample as torch's
-    kernels read them: in 2-D samples[..., 0] is the width's, in 3-D the time's) window i starts at int((i + u) a) - int(u a), a = (input -
-    kernel) / (output - 1), the last at input - kernel, computed in the input's type as the kernel
-    does; each output is its window's maximum and the flat position of it (the first maximum, or the
-    last NaN: the kernel takes a value above the best so far or any NaN)."""
+    kernels read them: in 2-D samples[..., 0] is the width's, in 3-D the time's) window i starts
+    at int((i + u) a) - int(u a), a = (input - kernel) / (output - 1), the last at input - kernel,
+    computed in the input's type as the kernel does; each output is its window's maximum and the flat
+    position of it (the first maximum, or the last NaN: the kernel takes a value above the best so far
+    or any NaN)."""
     axes = len(kernel_size)
     spatial = x.shape[-axes:]
     lead = x.shape[:-axes]
@@ -149,6 +150,7 @@ def uncovered_decompositions() -> dict:
 
     return {aten.embedding_renorm.default: embedding_renorm, aten.grid_sampler_3d.default: grid_sampler,
             aten.linalg_matrix_exp.default: matrix_exp, aten.linalg_householder_product.default: householder_product,
-            aten.fractional_max_pool2d.default: fractional_max_pool, aten.fractional_max_pool3d.default: fractional_max_pool,
+            aten.fractional_max_pool2d.default: fractional_max_pool,
+            aten.fractional_max_pool3d.default: fractional_max_pool,
             aten.mode.default: mode,
             **polynomial_decompositions()}

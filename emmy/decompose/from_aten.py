@@ -21,8 +21,8 @@ from emmy.decompose import fourier  # noqa: F401  (complex ops: Fourier transfor
 from emmy.decompose.complex_pairs import is_complex, lower_complex
 from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_result, has_no_elements, mixed_reads,
                                   reads_empty, without_empty_pieces)
-from emmy.decompose.masked_regions import (MaskedRegions, lower_row_product, lower_sink, masked_index, masked_regions,
-                                          row_wise_args)
+from emmy.decompose.masked_regions import (MaskedRegions, coordinate_grid, lower_row_product, lower_sink, masked_index,
+                                          masked_regions, row_wise_args)
 from emmy.decompose.registry import LOWERINGS, Context
 from emmy.dtypes import DType, from_torch, real_pairs, to_numpy
 from emmy.errors import EmmyError, UnsupportedDtypeError, UnsupportedOpError
@@ -87,6 +87,12 @@ def to_tensor_ir(captured) -> TensorProgram:
             env[node.name] = None
         elif regions and node.name in regions.selections:  # computed in place, at the mask's shape
             env[node.name] = env[regions.selections[node.name][0]]
+        elif regions and node.name in regions.coordinates:  # nonzero(mask): every position's coordinates
+            builder.base = builder.fresh(_short_stem(node.name))
+            env[node.name] = coordinate_grid(Context(builder, node, str(node.target), weight_arrays, pairs),
+                                             regions.shapes[node.name][:-1])
+        elif regions and node.name in regions.reshaped:  # a view adding or dropping unit axes
+            env[node.name] = builder.reshape(env[node.args[0].name], regions.shapes[node.name])
         elif node.op == "placeholder":
             val = node.meta["val"]
             builder.origin = ""

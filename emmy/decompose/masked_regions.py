@@ -16,6 +16,10 @@ Such a region is computed on every element instead, at the mask's shape:
   a gather along one by an index selected by the same mask, the selected rows times a matrix: a
   linear layer) is that op with its axes moved past the mask's; a gather's index is 0 in the rows
   not selected, whose labels need not be positions;
+- `torch.where(mask)` (nonzero) is the grid of every position's coordinates; a static tensor read at
+  them (`x[None, token]`), a view adding or dropping unit axes, and an accumulating index_put at
+  them (`out.index_add_(0, token, y)`, each value added where the mask holds) make a mixture of
+  experts' dispatch (HF's Mixtral, Qwen2-MoE, OLMoE) dense: every expert computes every token;
 - `index_put(x, [mask], v)` is `where(mask, v, x)` (`x + where(mask, v, 0)` accumulating);
 - a sum, mean, amax, amin, max or min over the selected elements' first axis is that reduction of
   `where(mask, v, identity)` over the mask's axes; a mean divides by the count of True values (no
@@ -57,9 +61,13 @@ class MaskedRegions:
     # ops whose selected axis is a batch axis (a softmax along a trailing axis, a gather along one, a
     # product of the selected rows by a matrix): node name -> the mask's rank, by which their axes move
     row_wise: dict = field(default_factory=dict)
+    # nonzero(mask) (torch.where(mask)): node name -> mask node name; computed as the grid of every
+    # position's coordinates, the rows being the mask's True positions
+    coordinates: dict = field(default_factory=dict)
+    reshaped: frozenset = frozenset()  # views of region tensors that only add or drop unit axes
 
     def __bool__(self) -> bool:
-        return bool(self.selections)
+        return bool(self.selections or self.coordinates)
 
 
 def _val(node):
@@ -122,7 +130,7 @@ def masked_regions(graph) -> MaskedRegions:
     """The masked regions of an FX graph that can be computed in place (one pass in graph order,
     then one over each region's readers)."""
     region: dict = {}  # node name -> mask node
-    selections, rows = {}, set()
+    selections, rows, coordinates, reshaped = {}, set(), {}, set()
     same = _value_numbers(graph)  # `x[y > 0] = y[y > 0]` computes its mask twice: one mask
     for node in graph.nodes:
         if node.op != "call_function":
@@ -133,14 +141,24 @@ def masked_regions(graph) -> MaskedRegions:
             region[node.name] = mask
             selections[node.name] = (node.args[0].name, mask.name)
             continue
+        if str(node.target) == "aten.nonzero.default" and _static_shape(_val(node.args[0])):
+            region[node.name] = node.args[0]
+            coordinates[node.name] = node.args[0].name
+            continue
         read = [a for a in _node_args(node) if a.name in region]
         if not read:
             continue
         masks = {same[region[a.name].name] for a in read}
-        if _sized_by_values(val) and _pointwise(node) and len(masks) == 1 and \
-                all(_broadcasts_over(a, region, len(val.shape) - 1) for a in _node_args(node)):
+        if not _sized_by_values(val) or len(masks) != 1:
+            continue
+        trailing = len(val.shape) - 1 - _selected_axis(val)
+        if _pointwise(node) and all(_broadcasts_over(a, region, trailing) for a in _node_args(node)):
             region[node.name] = region[read[0].name]
-        elif _sized_by_values(val) and len(masks) == 1 and _row_wise(node, region):
+        elif _reads_at_region_positions(node, region) or _drops_unit_axes(node, region):
+            region[node.name] = region[read[0].name]
+            if str(node.target) in _VIEWS:
+                reshaped.add(node.name)
+        elif _row_wise(node, region):
             region[node.name] = region[read[0].name]
             rows.add(node.name)
     # each region tensor's readers: its region, a sink, a size read for assertions; anything else
@@ -162,20 +180,21 @@ def masked_regions(graph) -> MaskedRegions:
                 spoiled.add(same[mask.name])
     keep = {name for name, mask in region.items() if same[mask.name] not in spoiled}
     selections = {k: v for k, v in selections.items() if k in keep}
-    computed = {name: region[name].name for name in keep if name not in selections}
+    computed = {name: region[name].name for name in keep if name not in selections and name not in coordinates}
     row_wise = {name: len(_val(region[name]).shape) for name in keep if name in rows}
     sinks = {k: v for k, v in sinks.items() if same[v] not in spoiled}
-    shapes = {}
-    for name in keep:
-        mask_shape = _static_shape(_val(region[name]))
-        shapes[name] = mask_shape + tuple(int(s) for s in _val(by_name[name]).shape[1:])
-    if not selections:
+    shapes = {name: _full_shape(_val(by_name[name]), _static_shape(_val(region[name]))) for name in keep}
+    coordinates = {k: v for k, v in coordinates.items() if k in keep}
+    reshaped = {k for k in reshaped if k in keep}
+    if not selections and not coordinates:
         return MaskedRegions({}, {}, {}, frozenset(), {})
-    return MaskedRegions(selections, computed, sinks, frozenset(dropped), shapes, row_wise)
+    return MaskedRegions(selections, computed, sinks, frozenset(dropped), shapes, row_wise, coordinates,
+                         frozenset(reshaped))
 
 
 # ops that treat the selected axis (0) as a batch axis, and the argument holding their axes
 _AXES_AT = {"aten._log_softmax.default": 1, "aten._softmax.default": 1, "aten.unsqueeze.default": 1,
+            "aten.slice.Tensor": 1,
             "aten.squeeze.dims": 1, "aten.squeeze.dim": 1, "aten.gather.default": 1, "aten.sum.dim_IntList": 1,
             "aten.mean.dim": 1, "aten.amax.default": 1, "aten.amin.default": 1}
 _PRODUCTS = {"aten.mm.default": 0, "aten.addmm.default": 1}  # the selected rows' argument
@@ -189,9 +208,11 @@ def _row_wise(node, region: dict) -> bool:
     if key in _PRODUCTS:
         rows = node.args[_PRODUCTS[key]]
         others = [a for a in nodes if a is not rows]
-        return _is_node(rows) and rows.name in region and all(a.name not in region and _static_shape(_val(a))
-                                                              is not None for a in others)
+        return (_is_node(rows) and rows.name in region and _selected_axis(_val(rows)) == 0
+                and all(a.name not in region and _static_shape(_val(a)) is not None for a in others))
     if key not in _AXES_AT or not nodes or nodes[0] is not node.args[0] or node.args[0].name not in region:
+        return False
+    if _selected_axis(_val(node.args[0])) != 0:  # its axes are numbered from a leading selected axis
         return False
     if key == "aten.gather.default":  # the index selected by the same mask
         if len(node.args) < 3 or not _is_node(node.args[2]) or node.args[2].name not in region:
@@ -244,6 +265,46 @@ def lower_row_product(ctx, node, args: list, mask_rank: int, lowering):
     return b.reshape(product, (*shape[:mask_rank], columns))
 
 
+_VIEWS = {"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default"}
+
+
+def _selected_axis(val) -> int:
+    """The position of the value-sized axis (the selected rows) in a region tensor's shape."""
+    return next(k for k, s in enumerate(val.shape) if not isinstance(s, int))
+
+
+def _full_shape(val, mask_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A region tensor's shape computed in place: its selected axis replaced by the mask's axes."""
+    at = _selected_axis(val)
+    return (*(int(s) for s in val.shape[:at]), *mask_shape, *(int(s) for s in val.shape[at + 1:]))
+
+
+def _reads_at_region_positions(node, region: dict) -> bool:
+    """`src[None, rows]`, `src[rows, cols]`: a static tensor read at positions held by region index
+    tensors (a nonzero's coordinates), every index a region tensor or a full slice (None)."""
+    if str(node.target) != _SELECT or len(node.args) != 2 or not _is_node(node.args[0]):
+        return False
+    source, indices = node.args
+    import torch
+
+    if source.name in region or _static_shape(_val(source)) is None:
+        return False
+    tensors = [i for i in indices if i is not None]
+    return bool(tensors) and all(_is_node(i) and i.name in region for i in tensors) and \
+        all(getattr(_val(i), "dtype", None) in (torch.int64, torch.int32) for i in tensors)
+
+
+def _drops_unit_axes(node, region: dict) -> bool:
+    """A view of a region tensor that only adds or drops axes of size 1 (`x[None, rows].view(-1, h)`)."""
+    if str(node.target) not in _VIEWS or not _is_node(node.args[0]) or node.args[0].name not in region:
+        return False
+
+    def kept(val):
+        return [("rows" if not isinstance(s, int) else int(s)) for s in val.shape if not isinstance(s, int) or s != 1]
+
+    return kept(_val(node)) == kept(_val(node.args[0]))
+
+
 def _broadcasts_over(arg, region: dict, trailing: int) -> bool:
     """Whether an operand of a region's elementwise op is in the region, or broadcasts over the
     selected elements' trailing axes alone (a number-like tensor, a bias row)."""
@@ -284,13 +345,29 @@ def _sink(user, name: str, mask, region: dict, same: dict) -> bool:
     key = str(user.target)
     if key == _WRITE_BACK:
         target, indices, values = user.args[:3]
-        return (values.name == name and target.name not in region and isinstance(indices, (list, tuple))
-                and len(indices) == 1 and _is_node(indices[0]) and same[indices[0].name] == same[mask.name] and _static_shape(_val(target)) is not None
-                and _static_shape(_val(target))[:len(_val(mask).shape)] == tuple(_val(mask).shape))
+        if not _is_node(values) or values.name not in region or target.name in region or \
+                _static_shape(_val(target)) is None or not isinstance(indices, (list, tuple)):
+            return False
+        if _scatters_at_coordinates(user, region):
+            return True
+        mask_shape = tuple(_val(mask).shape)
+        return (values.name == name and len(indices) == 1 and _is_node(indices[0])
+                and same[indices[0].name] == same[mask.name]
+                and _static_shape(_val(target))[:len(mask_shape)] == mask_shape)
     if key in _REDUCTIONS:
         return user.args[0].name == name and not _sized_by_values(_val(user)) and \
             all(a.name not in region for a in _node_args(user)[1:])
     return False
+
+
+def _scatters_at_coordinates(user, region: dict) -> bool:
+    """`out.index_add_(0, rows, v)`: an accumulating index_put at region index tensors (a nonzero's
+    coordinates) of region values; each value added where the mask holds, the others adding 0."""
+    target, indices, values = user.args[:3]
+    accumulate = user.args[3] if len(user.args) > 3 else user.kwargs.get("accumulate", False)
+    tensors = [i for i in indices if i is not None]
+    return bool(accumulate) and bool(tensors) and all(_is_node(i) and i.name in region for i in tensors) and \
+        _selected_axis(_val(values)) == 0
 
 
 def _only_checks(size_read, dropped: set) -> bool:
@@ -311,6 +388,19 @@ def _only_checks(size_read, dropped: set) -> bool:
     return True
 
 
+def _coordinate_indices(indices, regions: MaskedRegions) -> bool:
+    return any(_is_node(i) and i.name in regions.shapes and i.name not in regions.selections for i in indices)
+
+
+def coordinate_grid(ctx, mask_shape: tuple[int, ...]) -> str:
+    """nonzero(mask) computed in place: every position's coordinates, (*mask_shape, rank)."""
+    import numpy as np
+
+    from emmy.dtypes import DType as D
+
+    return ctx.constant(np.stack(np.indices(mask_shape), axis=-1).astype(np.int64), D.I64)
+
+
 def lower_sink(ctx, node, regions: MaskedRegions, env: dict):
     """An index_put or reduction reading a region computed in place: `where(mask, v, x)` or the
     reduction of the masked full tensor over the mask's axes."""
@@ -323,6 +413,14 @@ def lower_sink(ctx, node, regions: MaskedRegions, env: dict):
     spread = b.broadcast_to(b.reshape(mask, (*b.shape(mask), *[1] * (len(full) - mask_rank)), suffix="mask"), full) \
         if len(full) > mask_rank else mask
     out = ctx.out_type()
+    if key == _WRITE_BACK and _coordinate_indices(node.args[1], regions):
+        from emmy.decompose.registry import LOWERINGS
+
+        zero = ctx.tensor(b.const(0, b.dtype(value)), shape=full)
+        added = b.elementwise("where", ctx.tensor(spread, DType.BOOL, full), value, zero, dtype=b.dtype(value),
+                              suffix="masked")
+        indices = [None if i is None else env[i.name] for i in node.args[1]]
+        return LOWERINGS[_WRITE_BACK](ctx, env[node.args[0].name], indices, added, True)
     if key == _WRITE_BACK:
         target = env[node.args[0].name]
         accumulate = bool(node.args[3]) if len(node.args) > 3 else bool(node.kwargs.get("accumulate", False))

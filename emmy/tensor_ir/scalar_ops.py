@@ -115,7 +115,8 @@ def _integer_power(a, b):
     """torch's integer pow: products wrapping, a negative exponent 0 but for bases 1 and -1."""
     raised = np.power(a, np.where(b < 0, 0, b).astype(b.dtype))
     odd = np.fmod(b, 2) != 0
-    return np.where(b >= 0, raised, np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0))).astype(raised.dtype)
+    negative = np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0))
+    return np.where(b >= 0, raised, negative).astype(raised.dtype)
 
 
 def _gcd(a, b):
