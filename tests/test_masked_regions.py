@@ -119,6 +119,14 @@ class SparseMixture(torch.nn.Module):
         return out.reshape(batch, steps, width)
 
 
+def labels_as_positions(table, labels, values):
+    """Selected labels used as positions: an embedding of them and an index_add at them. The labels
+    not selected (-100) are no positions; computed in place, they must not be read at."""
+    kept = labels != -100
+    out = torch.zeros(5, 3).index_add_(0, labels[kept], values[kept])
+    return table[labels[kept]].sum(0), out
+
+
 torch.manual_seed(0)
 _BOXES = torch.rand(6, 4) * 10
 _BOXES[:, 2:] += _BOXES[:, :2] + 1
@@ -139,6 +147,8 @@ CASES = {
     "ignored_minus_one": (ignored_minus_one, (torch.randn(6, 5), torch.tensor([1, -1, 3, 0, -1, 4]))),
     "normalized_rows": (normalized_rows, (torch.rand(5, 4) + 0.1, torch.randn(5))),
     "sparse_mixture": (SparseMixture().eval(), (torch.randn(2, 6, 8),)),
+    "labels_as_positions": (labels_as_positions, (torch.randn(5, 3), torch.tensor([4, -100, 0, 2, -100, 4]),
+                                                  torch.randn(6, 3))),
     "one_expert_each": (SparseMixture(experts=8, top=1).eval(), (torch.randn(1, 7, 8),)),
 }
 

@@ -275,6 +275,9 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
             if key == "aten.gather.default":
                 args = [*args[:2], masked_index(ctx, args[2], env[regions.computed[node.name]]), *args[3:]]
             return fn(ctx, *row_wise_args(node, args, mask_rank), **kwargs)
+        if in_place is not None and key == "aten.index.Tensor":  # read at region positions: 0 where unselected
+            mask = env[regions.computed[node.name]]
+            args = [args[0], [None if i is None else masked_index(ctx, i, mask) for i in args[1]]]
         return _empty_parts_marked(fn(ctx, *args, **kwargs), node.meta.get("val"))
     except EmmyError:
         raise

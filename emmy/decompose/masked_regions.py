@@ -238,8 +238,8 @@ def row_wise_args(node, args: list, mask_rank: int) -> list:
 
 
 def masked_index(ctx, index: str, mask: str) -> str:
-    """A row-wise gather's index at the mask's shape, 0 in the rows not selected: their labels
-    (an ignore_index of -1) need not be positions, and a gather reads inside its source only."""
+    """An index computed in place, 0 in the rows not selected: their values (an ignore_index of -1)
+    need not be positions, and a gather, an indexed read or an index_add reaches inside its tensor only."""
     b = ctx.b
     shape = b.shape(index)
     spread = b.reshape(mask, (*b.shape(mask), *[1] * (len(shape) - len(b.shape(mask)))), suffix="rows")
@@ -389,7 +389,7 @@ def _only_checks(size_read, dropped: set) -> bool:
 
 
 def _coordinate_indices(indices, regions: MaskedRegions) -> bool:
-    return any(_is_node(i) and i.name in regions.shapes and i.name not in regions.selections for i in indices)
+    return any(_is_node(i) and i.name in regions.shapes for i in indices)  # region tensors, not the mask
 
 
 def coordinate_grid(ctx, mask_shape: tuple[int, ...]) -> str:
@@ -419,7 +419,7 @@ def lower_sink(ctx, node, regions: MaskedRegions, env: dict):
         zero = ctx.tensor(b.const(0, b.dtype(value)), shape=full)
         added = b.elementwise("where", ctx.tensor(spread, DType.BOOL, full), value, zero, dtype=b.dtype(value),
                               suffix="masked")
-        indices = [None if i is None else env[i.name] for i in node.args[1]]
+        indices = [None if i is None else masked_index(ctx, env[i.name], mask) for i in node.args[1]]
         return LOWERINGS[_WRITE_BACK](ctx, env[node.args[0].name], indices, added, True)
     if key == _WRITE_BACK:
         target = env[node.args[0].name]
