@@ -206,6 +206,8 @@ def test_a_mixture_s_dispatch_is_planned_as_coordinates_of_its_routing_mask():
     assert [targets[n] for n in regions.coordinates] == ["aten.nonzero.default"] * 2
     assert [targets[n] for n in regions.sinks] == ["aten.index_put.default"] * 2
     assert {(2, 5)} == {regions.shapes[n][:-1] for n in regions.coordinates}  # (top, tokens), then the rank
+    # the slot and token columns are positions everywhere: read at without masking
+    assert {targets[n] for n in regions.positions} == {"aten.slice.Tensor", "aten.squeeze.dims"}
 
 
 @pytest.mark.parametrize("function", [lambda x: torch.nonzero(x > 0),

@@ -199,6 +199,10 @@ def _returned_then_updates(program, outputs: list[str]) -> tuple[list, list, tup
     return returned, updates, tuple(mutations)
 
 
+def _name_of(value) -> str | None:
+    return getattr(value, "name", None)
+
+
 def _resolve(value, env):
     if hasattr(value, "op") and hasattr(value, "name"):
         return env[value.name]
@@ -277,7 +281,8 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
             return fn(ctx, *row_wise_args(node, args, mask_rank), **kwargs)
         if in_place is not None and key == "aten.index.Tensor":  # read at region positions: 0 where unselected
             mask = env[regions.computed[node.name]]
-            args = [args[0], [None if i is None else masked_index(ctx, i, mask) for i in args[1]]]
+            args = [args[0], [i if i is None or _name_of(n) in regions.positions else masked_index(ctx, i, mask)
+                              for i, n in zip(args[1], node.args[1])]]
         return _empty_parts_marked(fn(ctx, *args, **kwargs), node.meta.get("val"))
     except EmmyError:
         raise

@@ -65,6 +65,7 @@ class MaskedRegions:
     # position's coordinates, the rows being the mask's True positions
     coordinates: dict = field(default_factory=dict)
     reshaped: frozenset = frozenset()  # views of region tensors that only add or drop unit axes
+    positions: frozenset = frozenset()  # columns of nonzero's coordinates: in range everywhere, no masking
 
     def __bool__(self) -> bool:
         return bool(self.selections or self.coordinates)
@@ -130,7 +131,7 @@ def masked_regions(graph) -> MaskedRegions:
     """The masked regions of an FX graph that can be computed in place (one pass in graph order,
     then one over each region's readers)."""
     region: dict = {}  # node name -> mask node
-    selections, rows, coordinates, reshaped = {}, set(), {}, set()
+    selections, rows, coordinates, reshaped, positions = {}, set(), {}, set(), set()
     same = _value_numbers(graph)  # `x[y > 0] = y[y > 0]` computes its mask twice: one mask
     for node in graph.nodes:
         if node.op != "call_function":
@@ -161,6 +162,8 @@ def masked_regions(graph) -> MaskedRegions:
         elif _row_wise(node, region):
             region[node.name] = region[read[0].name]
             rows.add(node.name)
+            if key_of(node) in _PICKS and (node.args[0].name in coordinates or node.args[0].name in positions):
+                positions.add(node.name)  # a column of nonzero's coordinates: always a position
     # each region tensor's readers: its region, a sink, a size read for assertions; anything else
     # (a selection returned, reshaped, its size used) leaves that mask's region alone
     sinks, dropped = {}, set()
@@ -186,10 +189,11 @@ def masked_regions(graph) -> MaskedRegions:
     shapes = {name: _full_shape(_val(by_name[name]), _static_shape(_val(region[name]))) for name in keep}
     coordinates = {k: v for k, v in coordinates.items() if k in keep}
     reshaped = {k for k in reshaped if k in keep}
+    positions = {k for k in positions if k in keep}
     if not selections and not coordinates:
         return MaskedRegions({}, {}, {}, frozenset(), {})
     return MaskedRegions(selections, computed, sinks, frozenset(dropped), shapes, row_wise, coordinates,
-                         frozenset(reshaped))
+                         frozenset(reshaped), frozenset(positions))
 
 
 # ops that treat the selected axis (0) as a batch axis, and the argument holding their axes
@@ -263,6 +267,13 @@ def lower_row_product(ctx, node, args: list, mask_rank: int, lowering):
     columns = ctx.out_shape[-1]
     product = lowering(dataclasses.replace(ctx, out_shape=(count, columns)), *flat)
     return b.reshape(product, (*shape[:mask_rank], columns))
+
+
+_PICKS = {"aten.slice.Tensor", "aten.squeeze.dims", "aten.squeeze.dim"}  # a coordinate column stays one
+
+
+def key_of(node) -> str:
+    return str(node.target)
 
 
 _VIEWS = {"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default"}
@@ -419,7 +430,8 @@ def lower_sink(ctx, node, regions: MaskedRegions, env: dict):
         zero = ctx.tensor(b.const(0, b.dtype(value)), shape=full)
         added = b.elementwise("where", ctx.tensor(spread, DType.BOOL, full), value, zero, dtype=b.dtype(value),
                               suffix="masked")
-        indices = [None if i is None else masked_index(ctx, env[i.name], mask) for i in node.args[1]]
+        indices = [None if i is None else env[i.name] if i.name in regions.positions else
+                   masked_index(ctx, env[i.name], mask) for i in node.args[1]]
         return LOWERINGS[_WRITE_BACK](ctx, env[node.args[0].name], indices, added, True)
     if key == _WRITE_BACK:
         target = env[node.args[0].name]
