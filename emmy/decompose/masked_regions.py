@@ -27,8 +27,9 @@ Such a region is computed on every element instead, at the mask's shape:
 - the region's size read for torch.export's runtime assertions (`u0 >= 0`), and its checks of a
   region tensor's dtype, are dropped.
 
-A mask whose region reaches anything else (a selection returned, its size used as a number, a
-reshape) is left alone, and its selection is refused as before: nothing is guessed.
+A mask whose region reaches anything else (a selection returned, its size used as a number, a scan
+or reshape along the selected axis) is left alone, and its selection is refused as before: nothing
+is guessed.
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ def _pointwise(node) -> bool:
 def masked_regions(graph) -> MaskedRegions:
     """The masked regions of an FX graph that can be computed in place (one pass in graph order,
     then one over each region's readers)."""
+    if not any(str(n.target) in (_SELECT, "aten.nonzero.default") and _sized_by_values(_val(n)) for n in graph.nodes):
+        return MaskedRegions({}, {}, {}, frozenset(), {})  # no value-sized selection: nothing to plan
     region: dict = {}  # node name -> mask node
     selections, rows, coordinates, reshaped, positions = {}, set(), {}, set(), set()
     same = _value_numbers(graph)  # `x[y > 0] = y[y > 0]` computes its mask twice: one mask
