@@ -23,7 +23,7 @@ from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_resu
                                   reads_empty, without_empty_pieces)
 from emmy.decompose.masked_regions import (MaskedRegions, coordinate_grid, lower_row_product, lower_sink, masked_index,
                                           masked_regions, row_wise_args)
-from emmy.decompose.registry import LOWERINGS, Context
+from emmy.decompose.registry import LOWERINGS, RANDOM_OPS, Context
 from emmy.dtypes import DType, from_torch, real_pairs, to_numpy
 from emmy.errors import EmmyError, UnsupportedDtypeError, UnsupportedOpError
 from emmy.tensor_ir.builder import GraphBuilder
@@ -216,11 +216,6 @@ def _sized_by_values(val) -> bool:
     name by a symbol (masked_select's count, nonzero's rows)."""
     vals = val if isinstance(val, (list, tuple)) else [val]
     return any(not isinstance(s, int) for v in vals if hasattr(v, "shape") for s in v.shape)
-
-
-RANDOM_OPS = frozenset({"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
-                        "uniform", "bernoulli", "multinomial", "exponential", "poisson", "native_dropout",
-                        "random", "cauchy", "log_normal", "geometric"})  # ATen ops that draw random numbers
 
 
 def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict, pairs: set,

@@ -350,7 +350,7 @@ def _value_numbers(graph) -> dict:
 
 
 def _draws_random(node) -> bool:
-    from emmy.decompose.from_aten import RANDOM_OPS
+    from emmy.decompose.registry import RANDOM_OPS
 
     return (str(node.target).split(".") + ["", ""])[1] in RANDOM_OPS
 

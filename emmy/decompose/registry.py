@@ -31,6 +31,10 @@ def registrar(table: dict):
 
 lowers = registrar(LOWERINGS)  # a decomposition for ATen overloads such as "aten.add.Tensor"
 
+RANDOM_OPS = frozenset({"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
+                        "uniform", "bernoulli", "multinomial", "exponential", "poisson", "native_dropout",
+                        "random", "cauchy", "log_normal", "geometric"})  # ATen ops that draw random numbers
+
 
 def scalars_as_vectors(fn: Callable) -> Callable:
     """For an op over (x, dim, ...) of a 0-d x, which torch computes as on a one-element vector along
