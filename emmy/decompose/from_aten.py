@@ -22,8 +22,8 @@ from emmy.decompose.complex_pairs import is_complex, lower_complex
 from emmy.decompose.empty import (EmptyTensor, computed_from_empties, empty_result, has_no_elements, mixed_reads,
                                   reads_empty, without_empty_pieces)
 from emmy.decompose.masked_regions import (MaskedRegions, coordinate_grid, lower_row_product, lower_sink, masked_index,
-                                          masked_regions, row_wise_args)
-from emmy.decompose.registry import LOWERINGS, RANDOM_OPS, Context
+                                          masked_regions, row_wise_args, sized_by_values)
+from emmy.decompose.registry import LOWERINGS, Context, draws_random
 from emmy.dtypes import DType, from_torch, real_pairs, to_numpy
 from emmy.errors import EmmyError, UnsupportedDtypeError, UnsupportedOpError
 from emmy.tensor_ir.builder import GraphBuilder
@@ -211,13 +211,6 @@ def _resolve(value, env):
     return value
 
 
-def _sized_by_values(val) -> bool:
-    """Whether a node's result (FakeTensor metadata, or a tuple of them) has a size torch.export could only
-    name by a symbol (masked_select's count, nonzero's rows)."""
-    vals = val if isinstance(val, (list, tuple)) else [val]
-    return any(not isinstance(s, int) for v in vals if hasattr(v, "shape") for s in v.shape)
-
-
 def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict, pairs: set,
                     regions: MaskedRegions | None = None):
     if node.target is operator.getitem:
@@ -234,7 +227,7 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
         builder.origin = where
         builder.base = builder.fresh(_short_stem(node.name))
         return lower_sink(Context(builder, node, where, constants, pairs), node, regions, env)
-    if _sized_by_values(node.meta.get("val")) and in_place is None:
+    if sized_by_values(node.meta.get("val")) and in_place is None:
         raise UnsupportedOpError.sized_by_values(where)
     if in_place is None and has_no_elements(node.meta.get("val")):  # nothing to compute, whatever it reads
         return empty_result(node.meta["val"])
@@ -245,7 +238,7 @@ def _decompose_node(captured, builder: GraphBuilder, node, env, constants: dict,
     fn = LOWERINGS.get(key) or _view_behind_copy(key)
     on_complex = is_complex(node.meta.get("val")) or any(isinstance(a, str) and a in pairs for a in read)
     if fn is None and not on_complex:
-        if (key.split(".") + [""])[1] in RANDOM_OPS:  # "aten.<packet>.<overload>"
+        if draws_random(key):
             raise UnsupportedOpError(f"unsupported op {where}: {key} draws random numbers, which a compiled "
                                      "program does not; pass the random tensor in as an input (dropout: "
                                      "call model.eval())")

@@ -35,8 +35,10 @@ is guessed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
+from emmy.decompose.registry import draws_random
 from emmy.dtypes import DType
 
 _SELECT = "aten.index.Tensor"
@@ -54,11 +56,12 @@ _CHECKS = {"aten._assert_scalar.default", "aten.sym_constrain_range_for_size.def
 class MaskedRegions:
     """The nodes computed at their mask's shape, each with its mask node's name."""
 
-    selections: dict  # index.Tensor node name -> (source node name, mask node name)
-    computed: dict  # elementwise node name -> mask node name
-    sinks: dict  # index_put or reduction node name -> mask node name
-    dropped: frozenset  # size reads of region tensors and the assertions on them
-    shapes: dict  # region node name -> its shape computed in place (the mask's shape, then its own trailing axes)
+    selections: dict = field(default_factory=dict)  # index.Tensor node name -> (source name, mask name)
+    computed: dict = field(default_factory=dict)  # elementwise node name -> mask node name
+    sinks: dict = field(default_factory=dict)  # index_put or reduction node name -> mask node name
+    dropped: frozenset = frozenset()  # size reads of region tensors and the assertions on them
+    # region node name -> its shape computed in place (its selected axis replaced by the mask's axes)
+    shapes: dict = field(default_factory=dict)
     # ops whose selected axis is a batch axis (a softmax along a trailing axis, a gather along one, a
     # product of the selected rows by a matrix): node name -> the mask's rank, by which their axes move
     row_wise: dict = field(default_factory=dict)
@@ -76,12 +79,15 @@ def _val(node):
     return node.meta.get("val") if _is_node(node) else None
 
 
-def _sized_by_values(val) -> bool:
-    return hasattr(val, "shape") and any(not isinstance(s, int) for s in val.shape)
+def sized_by_values(val) -> bool:
+    """Whether a node's result (FakeTensor metadata, or a tuple of them) has a size torch.export could only
+    name by a symbol (masked_select's count, nonzero's rows)."""
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    return any(not isinstance(s, int) for v in vals if hasattr(v, "shape") for s in v.shape)
 
 
 def _static_shape(val) -> tuple[int, ...] | None:
-    if not hasattr(val, "shape") or _sized_by_values(val):
+    if not hasattr(val, "shape") or sized_by_values(val):
         return None
     return tuple(int(s) for s in val.shape)
 
@@ -131,8 +137,8 @@ def _pointwise(node) -> bool:
 def masked_regions(graph) -> MaskedRegions:
     """The masked regions of an FX graph that can be computed in place (one pass in graph order,
     then one over each region's readers)."""
-    if not any(str(n.target) in (_SELECT, "aten.nonzero.default") and _sized_by_values(_val(n)) for n in graph.nodes):
-        return MaskedRegions({}, {}, {}, frozenset(), {})  # no value-sized selection: nothing to plan
+    if not any(str(n.target) in (_SELECT, "aten.nonzero.default") and sized_by_values(_val(n)) for n in graph.nodes):
+        return MaskedRegions()  # no value-sized selection: nothing to plan
     region: dict = {}  # node name -> mask node
     selections, rows, coordinates, reshaped, positions = {}, set(), {}, set(), set()
     same = _value_numbers(graph)  # `x[y > 0] = y[y > 0]` computes its mask twice: one mask
@@ -141,7 +147,7 @@ def masked_regions(graph) -> MaskedRegions:
             continue
         val = _val(node)
         mask = _selection_mask(node)
-        if mask is not None and _sized_by_values(val):
+        if mask is not None and sized_by_values(val):
             region[node.name] = mask
             selections[node.name] = (node.args[0].name, mask.name)
             continue
@@ -153,7 +159,7 @@ def masked_regions(graph) -> MaskedRegions:
         if not read:
             continue
         masks = {same[region[a.name].name] for a in read}
-        if not _sized_by_values(val) or len(masks) != 1:
+        if not sized_by_values(val) or len(masks) != 1:
             continue
         trailing = len(val.shape) - 1 - _selected_axis(val)
         if _pointwise(node) and all(_broadcasts_over(a, region, trailing) for a in _node_args(node)):
@@ -165,7 +171,7 @@ def masked_regions(graph) -> MaskedRegions:
         elif _row_wise(node, region):
             region[node.name] = region[read[0].name]
             rows.add(node.name)
-            if key_of(node) in _PICKS and (node.args[0].name in coordinates or node.args[0].name in positions):
+            if str(node.target) in _PICKS and (node.args[0].name in coordinates or node.args[0].name in positions):
                 positions.add(node.name)  # a column of nonzero's coordinates: always a position
     # each region tensor's readers: its region, a sink, a size read for assertions; anything else
     # (a selection returned, reshaped, its size used) leaves that mask's region alone
@@ -194,7 +200,7 @@ def masked_regions(graph) -> MaskedRegions:
     reshaped = {k for k in reshaped if k in keep}
     positions = {k for k in positions if k in keep}
     if not selections and not coordinates:
-        return MaskedRegions({}, {}, {}, frozenset(), {})
+        return MaskedRegions()
     return MaskedRegions(selections, computed, sinks, frozenset(dropped), shapes, row_wise, coordinates,
                          frozenset(reshaped), frozenset(positions))
 
@@ -244,13 +250,20 @@ def row_wise_args(node, args: list, mask_rank: int) -> list:
     return [*args[:at], moved[0] if isinstance(axes, int) else moved, *args[at + 1:]]
 
 
+def _spread(b, mask: str, shape: tuple[int, ...]) -> str:
+    """The mask (over a region's leading axes) broadcast over the trailing axes of `shape`."""
+    rank = len(b.shape(mask))
+    if len(shape) == rank:
+        return mask
+    return b.broadcast_to(b.reshape(mask, (*b.shape(mask), *[1] * (len(shape) - rank)), suffix="mask"), shape)
+
+
 def masked_index(ctx, index: str, mask: str) -> str:
     """An index computed in place, 0 in the rows not selected: their values (an ignore_index of -1)
     need not be positions, and a gather, an indexed read or an index_add reaches inside its tensor only."""
     b = ctx.b
     shape = b.shape(index)
-    spread = b.reshape(mask, (*b.shape(mask), *[1] * (len(shape) - len(b.shape(mask)))), suffix="rows")
-    chosen = ctx.tensor(spread, DType.BOOL, shape)
+    chosen = ctx.tensor(_spread(b, mask, shape), DType.BOOL, shape)
     zero = ctx.tensor(b.const(0, b.dtype(index)), shape=shape)
     return b.elementwise("where", chosen, index, zero, dtype=b.dtype(index), suffix="selected_index")
 
@@ -262,9 +275,7 @@ def lower_row_product(ctx, node, args: list, mask_rank: int, lowering):
     at = _PRODUCTS[str(node.target)]
     rows = args[at]
     shape = b.shape(rows)
-    count = 1
-    for size in shape[:mask_rank]:
-        count *= size
+    count = math.prod(shape[:mask_rank])
     flat = [*args]
     flat[at] = b.reshape(rows, (count, shape[-1]), suffix="rows")
     columns = ctx.out_shape[-1]
@@ -273,10 +284,6 @@ def lower_row_product(ctx, node, args: list, mask_rank: int, lowering):
 
 
 _PICKS = {"aten.slice.Tensor", "aten.squeeze.dims", "aten.squeeze.dim"}  # a coordinate column stays one
-
-
-def key_of(node) -> str:
-    return str(node.target)
 
 
 _VIEWS = {"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default"}
@@ -334,25 +341,20 @@ def _value_numbers(graph) -> dict:
     """Node name -> a number equal for nodes computing the same value: the same op of the same
     operands (one pass in graph order; an op drawing random numbers is its own)."""
     numbers, seen = {}, {}
-    for node in graph.nodes:
-        def number(value):
-            if _is_node(value):
-                return ("node", numbers[value.name])
-            if isinstance(value, (list, tuple)):
-                return tuple(number(v) for v in value)
-            return ("value", repr(value))
 
+    def number(value):
+        if _is_node(value):
+            return ("node", numbers[value.name])
+        if isinstance(value, (list, tuple)):
+            return tuple(number(v) for v in value)
+        return ("value", repr(value))
+
+    for node in graph.nodes:
         key = None
-        if node.op == "call_function" and not _draws_random(node):
+        if node.op == "call_function" and not draws_random(str(node.target)):
             key = (str(node.target), number(node.args), tuple(sorted((k, number(v)) for k, v in node.kwargs.items())))
         numbers[node.name] = seen.setdefault(key, len(seen)) if key is not None else ("own", node.name)
     return numbers
-
-
-def _draws_random(node) -> bool:
-    from emmy.decompose.registry import RANDOM_OPS
-
-    return (str(node.target).split(".") + ["", ""])[1] in RANDOM_OPS
 
 
 def _sink(user, name: str, mask, region: dict, same: dict) -> bool:
@@ -369,7 +371,7 @@ def _sink(user, name: str, mask, region: dict, same: dict) -> bool:
                 and same[indices[0].name] == same[mask.name]
                 and _static_shape(_val(target))[:len(mask_shape)] == mask_shape)
     if key in _REDUCTIONS:
-        return user.args[0].name == name and not _sized_by_values(_val(user)) and \
+        return user.args[0].name == name and not sized_by_values(_val(user)) and \
             all(a.name not in region for a in _node_args(user)[1:])
     return False
 
@@ -402,7 +404,7 @@ def _only_checks(size_read, dropped: set) -> bool:
     return True
 
 
-def _coordinate_indices(indices, regions: MaskedRegions) -> bool:
+def _region_indices(indices, regions: MaskedRegions) -> bool:
     return any(_is_node(i) and i.name in regions.shapes for i in indices)  # region tensors, not the mask
 
 
@@ -410,9 +412,7 @@ def coordinate_grid(ctx, mask_shape: tuple[int, ...]) -> str:
     """nonzero(mask) computed in place: every position's coordinates, (*mask_shape, rank)."""
     import numpy as np
 
-    from emmy.dtypes import DType as D
-
-    return ctx.constant(np.stack(np.indices(mask_shape), axis=-1).astype(np.int64), D.I64)
+    return ctx.constant(np.stack(np.indices(mask_shape), axis=-1).astype(np.int64), DType.I64)
 
 
 def lower_sink(ctx, node, regions: MaskedRegions, env: dict):
@@ -424,10 +424,9 @@ def lower_sink(ctx, node, regions: MaskedRegions, env: dict):
     value = env[(node.args[2] if key == _WRITE_BACK else node.args[0]).name]
     full = b.shape(value)
     mask_rank = len(b.shape(mask))
-    spread = b.broadcast_to(b.reshape(mask, (*b.shape(mask), *[1] * (len(full) - mask_rank)), suffix="mask"), full) \
-        if len(full) > mask_rank else mask
+    spread = _spread(b, mask, full)
     out = ctx.out_type()
-    if key == _WRITE_BACK and _coordinate_indices(node.args[1], regions):
+    if key == _WRITE_BACK and _region_indices(node.args[1], regions):
         from emmy.decompose.registry import LOWERINGS
 
         zero = ctx.tensor(b.const(0, b.dtype(value)), shape=full)

@@ -36,6 +36,11 @@ RANDOM_OPS = frozenset({"rand", "randn", "randint", "randperm", "rand_like", "ra
                         "random", "cauchy", "log_normal", "geometric"})  # ATen ops that draw random numbers
 
 
+def draws_random(key: str) -> bool:
+    """Whether the ATen op "aten.<packet>.<overload>" draws random numbers."""
+    return (key.split(".") + [""])[1] in RANDOM_OPS
+
+
 def scalars_as_vectors(fn: Callable) -> Callable:
     """For an op over (x, dim, ...) of a 0-d x, which torch computes as on a one-element vector along
     dim 0 (index_select, gather, the scatters): its 0-d tensor arguments viewed as (1,), the op
