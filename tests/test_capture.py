@@ -302,3 +302,30 @@ def test_a_policy_s_distributions_capture_without_value_validation():
     program = emmy.optimize(Policy(), torch.randn(5, 6), torch.randint(0, 4, (5,)), torch.randn(5, 2))
     check_against_torch(program)
     assert Distribution._validate_args == validating
+
+
+def _draw_noise(x):
+    return x + torch.randn(x.shape)  # marker: helper's draw
+
+
+class NoisyLayers(torch.nn.Module):
+    """An op made in a helper a forward calls, and one made inside a `with torch.no_grad():` block
+    (which torch.export wraps in a grad-mode region whose ops lost their lines when decomposed)."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.where = where
+
+    def forward(self, x):
+        if self.where == "helper":
+            return _draw_noise(x.relu())
+        with torch.no_grad():
+            y = x.relu() * torch.rand(x.shape)  # marker: no_grad draw
+        return y + 1
+
+
+@pytest.mark.parametrize("where, marker", [("helper", "helper's draw"), ("no_grad", "no_grad draw")])
+def test_an_unsupported_op_in_a_helper_or_a_no_grad_block_names_its_own_line(where, marker):
+    with pytest.raises(emmy.EmmyError) as refused:
+        emmy.optimize(NoisyLayers(where), torch.randn(3))
+    assert f"{__file__}:{_line_of('marker: ' + marker)}:" in str(refused.value), str(refused.value)

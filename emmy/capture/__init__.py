@@ -87,10 +87,7 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
     if isinstance(graph, torch.nn.Module):
         module = graph
     elif callable(graph):
-        # staticmethod keeps the function's own signature, so inputs keep their names; a builtin
-        # (torch.gcd) has none that inspect can read, so it is called through one taking any arguments
-        forward = graph if _has_signature(graph) else (lambda *args, **kwargs: graph(*args, **kwargs))
-        module = type("FunctionProgram", (torch.nn.Module,), {"forward": staticmethod(forward)})()
+        module = type("FunctionProgram", (torch.nn.Module,), {"forward": staticmethod(_as_forward(graph))})()
     else:
         raise EmmyError(
             f"emmy.optimize cannot capture a {type(graph).__name__}; give -c code, an nn.Module, "
@@ -99,6 +96,19 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
     with _in_eval_mode(module):
         program, taken, fixed_ints = _captured_module(module, example_inputs, keywords)
     return Captured(program, Source(), taken, keywords=tuple(keywords), fixed_ints=fixed_ints)
+
+
+def _as_forward(function):
+    """A function as a module's forward. torch.export records where each op came from only below a
+    frame named `forward` (so errors name the user's line), and takes input names from the signature,
+    which the wrapper shows as the function's own; a builtin (torch.gcd) has none inspect can read."""
+
+    def forward(*args, **kwargs):
+        return function(*args, **kwargs)
+
+    if _has_signature(function):
+        functools.update_wrapper(forward, function)
+    return forward
 
 
 def _has_signature(function) -> bool:
@@ -289,8 +299,10 @@ def _decomposed(program, source: Source):
     from emmy.capture import exporting
     from emmy.capture.errors import explain_export_failure
 
+    from emmy.capture.constant_reads import fold_constant_reads
+
     try:
-        return exporting.decompose(program)
+        return fold_constant_reads(exporting.decompose(program))
     except EmmyError:
         raise
     except Exception as err:

@@ -7,7 +7,7 @@ import os
 import re
 import traceback
 
-from emmy.capture.source import CODE_FILENAME, Location, Source, _inside_torch
+from emmy.capture.source import CODE_FILENAME, Location, Source, inside_torch_or_emmy
 from emmy.errors import CodeError, EmmyError
 
 _DATA_DEPENDENT = ("GuardOnDataDependentSymNode", "DataDependentOutputException", "UserError")
@@ -30,7 +30,7 @@ def _library_roots() -> tuple[str, ...]:
 
 def _user_file(filename: str) -> bool:
     """A file of the user's program: not torch, emmy, Python's own library or generated code."""
-    if filename.startswith("<") or _inside_torch(filename):
+    if filename.startswith("<") or inside_torch_or_emmy(filename):
         return False
     path = os.path.abspath(filename)
     return not any(path.startswith(root + os.sep) for root in _library_roots())

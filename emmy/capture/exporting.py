@@ -82,8 +82,39 @@ def decomposition_table() -> dict:
 def export_module(module: torch.nn.Module, args: tuple, keywords: dict | None = None) -> "torch.export.ExportedProgram":
     from emmy.capture.substitutes import substituted
 
-    with quiet_torch(), substituted():
+    # under no_grad, a `with torch.no_grad():` block in the model (Reformer's layers, a rotary
+    # embedding's decorator) changes nothing, so export leaves no grad-mode region around it: such a
+    # region's ops lose their source lines when the graph is decomposed
+    with quiet_torch(), substituted(), _every_user_frame(), torch.no_grad():
         return torch.export.export(module, args, keywords, strict=False)
+
+
+@contextlib.contextmanager
+def _every_user_frame():
+    """torch.export keeps only the frames named `forward` in each op's stack trace, so an op made in
+    a helper that a forward calls (a model file's `relative_pos`, a function given to emmy.optimize)
+    was placed at the forward's call of the helper. While emmy exports, every frame below the first
+    forward that is not torch's or emmy's own is kept, and errors name the line that made the op."""
+    import traceback
+
+    from torch.fx import proxy
+
+    from emmy.capture.source import inside_torch_or_emmy
+
+    forward_only = proxy.TracerBase._filter_traceback_frames
+
+    def every_user_frame(tracer, frames):
+        if not tracer._record_forward_stack_traces_only:
+            return forward_only(tracer, frames)
+        first_forward = next((i for i, frame in enumerate(frames) if frame.name == "forward"), len(frames))
+        return traceback.StackSummary.from_list(
+            [frame for frame in frames[first_forward:] if not inside_torch_or_emmy(frame.filename)])
+
+    proxy.TracerBase._filter_traceback_frames = every_user_frame
+    try:
+        yield
+    finally:
+        proxy.TracerBase._filter_traceback_frames = forward_only
 
 
 def decompose(program: "torch.export.ExportedProgram") -> "torch.export.ExportedProgram":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -11,12 +12,19 @@ CODE_FILENAME = "<emmy -c>"
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
-def _inside_torch(filename: str) -> bool:
+@functools.lru_cache(maxsize=4096)  # asked for every frame of every op's stack trace
+def inside_torch_or_emmy(filename: str) -> bool:
+    """Whether a frame is torch's or emmy's own (emmy's substitutes for torch functions run while
+    a program is captured), not the user's."""
     import sys
 
-    torch = sys.modules.get("torch")
-    root = os.path.dirname(torch.__file__) if torch is not None else None
-    return bool(root) and os.path.abspath(filename).startswith(root + os.sep)
+    path = os.path.abspath(filename)
+    for name in ("torch", "emmy"):
+        package = sys.modules.get(name)
+        root = os.path.dirname(package.__file__) if package is not None else None
+        if root and path.startswith(root + os.sep):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -49,8 +57,8 @@ class Source:
         if not stack_trace:
             return None
         frames = _FRAME.findall(stack_trace)
-        # The innermost frame outside torch itself is the user's line.
-        user = [f for f in frames if not _inside_torch(f[0])] or frames
+        # The innermost frame outside torch and emmy is the user's line.
+        user = [f for f in frames if not inside_torch_or_emmy(f[0])] or frames
         if not user:
             return None
         filename, line = user[-1]
