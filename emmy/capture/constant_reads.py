@@ -1,0 +1,151 @@
+"""Reads of a tensor's value into Python that no input reaches, folded into the program as constants.
+
+`.item()` or `int(t)` on a tensor the program computes from constants alone (Reformer's
+`position_ids.max().item()` over an `arange`; Funnel's relative positions) is a number known when
+the program is captured, but torch.export cannot run it: it leaves an unbacked symbol (`u0`) that
+slices and views then take as a size. Such a read is worked out here on the real weights and
+constants, written into its readers as the number it is, and every shape the symbol reached is
+worked out again (torch's fake tensors, so no tensor is computed twice). A read the inputs reach
+stays, and emmy refuses it with the line that made it.
+
+One pass in graph order over the nodes the folded numbers reach; nothing recurses.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def fold_constant_reads(program):
+    """`program` (an ExportedProgram) with every value read that no user input reaches folded in;
+    the program given is left as it was."""
+    import torch
+
+    reads = [node for node in program.graph.nodes if node.target is torch.ops.aten._local_scalar_dense.default]
+    if not reads:
+        return program
+    reached = _reached_by_inputs(program)
+    constant = [read for read in reads if read not in reached]
+    if not constant:
+        return program
+    module = _copied(program.graph_module)
+    copies = {node.name: node for node in module.graph.nodes}
+    numbers = {copies[read.name]: value for read, value in _evaluated(program, constant).items()}
+    _specialized(module, numbers)
+    logger.info("%d read(s) of a tensor's value that no input reaches folded in as constants", len(numbers))
+    return program._update(module, program.graph_signature)
+
+
+def _reached_by_inputs(program) -> set:
+    """The nodes a user input reaches (one pass in graph order)."""
+    user_inputs = {spec.arg.name for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"}
+    reached = set()
+    for node in program.graph.nodes:
+        if (node.op == "placeholder" and node.name in user_inputs) or \
+                any(source in reached for source in node.all_input_nodes):
+            reached.add(node)
+    return reached
+
+
+def _evaluated(program, reads: list) -> dict:
+    """Each read's Python number, computed on the real weights and constants (only the nodes the
+    reads stand on are run)."""
+    import torch
+
+    needed = set(reads)
+    for node in reversed(program.graph.nodes):
+        if node in needed:
+            needed.update(node.all_input_nodes)
+    stored = {}
+    for spec in program.graph_signature.input_specs:
+        if spec.target in program.state_dict:
+            stored[spec.arg.name] = program.state_dict[spec.target]
+        elif spec.target in program.constants:
+            stored[spec.arg.name] = program.constants[spec.target]
+    values = {}
+    with torch.no_grad():
+        for node in program.graph.nodes:
+            if node not in needed:
+                continue
+            if node.op == "placeholder":
+                values[node] = stored[node.name]
+            elif node.op == "get_attr":
+                values[node] = getattr(program.graph_module, node.target)
+            else:
+                args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+                values[node] = node.target(*args, **kwargs)
+    return {read: values[read] for read in reads}
+
+
+def _copied(module):
+    """A graph module over a copy of `module`'s graph (nodes and their meta copied, weights shared),
+    so the caller's exported program is not changed."""
+    import torch
+
+    graph = torch.fx.Graph()
+    result = graph.graph_copy(module.graph, {})
+    graph.output(result)
+    return torch.fx.GraphModule(module, graph)
+
+
+def _specialized(module, numbers: dict) -> None:
+    """Write `numbers` (node -> Python number) into their readers, fold what becomes a number
+    (symbolic arithmetic, sizes, assertions), and work out again each value whose shape changed."""
+    import torch
+
+    known = dict(numbers)
+    changed = set()
+    fake_mode = _fake_mode(module.graph)
+    for node in module.graph.nodes:
+        if node in known or node.op != "call_function":
+            continue
+        if not any(source in known or source in changed for source in node.all_input_nodes):
+            continue
+        node.args, node.kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: known.get(n, n))
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+        with fake_mode:
+            value = node.target(*args, **kwargs)  # an assertion found false raises here
+        if value is None or isinstance(value, (bool, int, float)):
+            known[node] = value
+        elif _is_symbolic(node.meta.get("val")) or _shape_of(value) != _shape_of(node.meta.get("val")):
+            node.meta["val"] = value
+            changed.add(node)
+    for node in reversed(module.graph.nodes):
+        if node in known:
+            if node.users:
+                raise AssertionError(f"{node.name} was folded but {list(node.users)} still read it")
+            module.graph.erase_node(node)
+    module.recompile()
+
+
+def _fake_mode(graph):
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode([node.meta["val"] for node in graph.nodes if "val" in node.meta])
+
+
+def _is_symbolic(value) -> bool:
+    """Whether a value (a fake tensor, a number, a list of them) holds a symbol: a size torch
+    worked out as equal to a number still reads the symbol it came from."""
+    import torch
+
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, torch.Tensor):
+        return any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride(), value.storage_offset()))
+    if isinstance(value, (list, tuple)):
+        return any(_is_symbolic(item) for item in value)
+    return False
+
+
+def _shape_of(value):
+    """What a value's shape is, in a form compared across fake tensors (symbols as their text)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return (str(tuple(value.shape)), str(value.stride()), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return tuple(_shape_of(item) for item in value)
+    return str(value)

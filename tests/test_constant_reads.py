@@ -1,0 +1,51 @@
+"""A tensor's value read into Python (.item(), int(t)) that no input reaches is a constant of the program."""
+
+import pytest
+import torch
+
+import emmy
+
+
+class PositionsBySize(torch.nn.Module):
+    """Reformer's form: the count of positions is read back from an arange (`positions.max().item()`)
+    and slices a table; Funnel's: relative positions are an arange bounded by differences of
+    another (0-d tensors read as numbers). A learned temperature is read as a float."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(16, 8))
+        self.temperature = torch.nn.Parameter(torch.tensor(0.75))
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[1])
+        count = positions.max().item() + 1
+        relative = torch.arange(positions[0] - positions[-1], positions[-1] + 1)  # -(n - 1) ... n - 1
+        scaled = (x + self.table[:count]) * self.temperature.item()
+        return scaled + relative[:count, None] * relative[-count:, None]
+
+
+def test_reads_no_input_reaches_are_folded_and_the_program_equals_eager():
+    module, x = PositionsBySize(), torch.randn(2, 5, 8)
+    program = emmy.optimize(module, x)
+    got = program(x, sim_mode="asan")
+    torch.testing.assert_close(got, module(x).detach(), rtol=1e-5, atol=1e-5)
+    graph = program.captured.exported.graph
+    assert not [n for n in graph.nodes if n.target is torch.ops.aten._local_scalar_dense.default]
+
+
+def test_a_read_an_input_reaches_is_still_refused_with_its_line():
+    def scaled(x):
+        return x * x.abs().max().item()
+
+    with pytest.raises(emmy.EmmyError, match=r"_local_scalar_dense.*x\.abs\(\)\.max\(\)\.item\(\).*read into Python"):
+        emmy.optimize(scaled, torch.randn(4))
+
+
+def test_an_exported_program_given_to_optimize_is_left_as_it_was():
+    module, x = PositionsBySize(), torch.randn(2, 5, 8)
+    exported = torch.export.export(module, (x,), strict=False).run_decompositions()
+    reads_before = [n.name for n in exported.graph.nodes if n.target is torch.ops.aten._local_scalar_dense.default]
+    program = emmy.optimize(exported, x)
+    torch.testing.assert_close(program(x, device="interpret"), module(x).detach(), rtol=1e-5, atol=1e-5)
+    assert reads_before and reads_before == [
+        n.name for n in exported.graph.nodes if n.target is torch.ops.aten._local_scalar_dense.default]
