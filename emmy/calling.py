@@ -74,9 +74,14 @@ def _check_flags(signature, inputs: tuple) -> None:
 
     given = dict(flags_of(inputs, bool(signature.keywords), signature.fixed_ints))
     for where, value in signature.flags:
-        if given.get(where, value) != value:
+        got = given.get(where, value if value is not None else _NOT_A_FLAG)
+        if got is _NOT_A_FLAG or got != value:
+            said = "something other than None" if got is _NOT_A_FLAG else got
             raise InputMismatchError(f"{where} was {value} when the program was captured, and the program is "
-                                     f"compiled for that value; got {given[where]} (compile again for it)")
+                                     f"compiled for that value; got {said} (compile again for it)")
+
+
+_NOT_A_FLAG = object()  # a call passing a tensor (or nothing) where the program was captured with None
 
 
 def call(program, inputs: tuple, device: str | None, sim_mode: str | None):

@@ -185,6 +185,24 @@ def test_bool_arguments_are_flags_compiled_in_and_a_call_must_pass_the_same():
             program(*args, device="interpret", **keywords)
 
 
+def test_none_arguments_are_flags_and_a_call_passing_a_tensor_there_is_refused():
+    """An optional argument left out (`bias=None`, diffusers' `added_cond_kwargs={"resolution": None}`)
+    was refused as "example input 1 is a NoneType": it is compiled in as None, as a bool is."""
+
+    class Model(torch.nn.Module):
+        def forward(self, x, bias=None, extra=None):
+            y = x * 2 if bias is None else x + bias
+            return y if extra["scale"] is None else y * extra["scale"]
+
+    program = emmy.optimize(Model(), X, None, example_kwargs={"extra": {"scale": None}})
+    assert [name for name, _ in program.signature.inputs] == ["x"]
+    torch.testing.assert_close(program(X, None, extra={"scale": None}), X * 2)
+    for args, keywords, said in [((X, X), {"extra": {"scale": None}}, "argument 1 was None"),
+                                 ((X, None), {"extra": {"scale": X}}, "keyword 'extra'['scale'] was None")]:
+        with pytest.raises(InputMismatchError, match=re.escape(said) + ".* compiled for that value; got something"):
+            program(*args, device="interpret", **keywords)
+
+
 def test_nested_inputs_are_taken_as_the_module_takes_them():
     # An LSTM cell takes (x, (h, c)): capture refused the tuple ("example input 1 is a tuple").
     cell = torch.nn.LSTMCell(12, 20)

@@ -231,9 +231,10 @@ def scalar_tensor(value, fixed_ints: bool = False):
 
 
 def is_flag(leaf, fixed_ints: bool = False) -> bool:
-    """Whether an argument is compiled in as a constant rather than taken as an input: a bool, and an
-    int where the program was captured with fixed ints (Signature.fixed_ints)."""
-    return isinstance(leaf, bool) or (fixed_ints and type(leaf) is int)
+    """Whether an argument is compiled in as a constant rather than taken as an input: a bool, None
+    (an optional argument left out: `added_cond_kwargs={"resolution": None}`), and an int where the
+    program was captured with fixed ints (Signature.fixed_ints)."""
+    return leaf is None or isinstance(leaf, bool) or (fixed_ints and type(leaf) is int)
 
 
 def flat_inputs(inputs, fixed_ints: bool = False) -> list:
