@@ -49,3 +49,19 @@ def test_an_exported_program_given_to_optimize_is_left_as_it_was():
     torch.testing.assert_close(program(x, device="interpret"), module(x).detach(), rtol=1e-5, atol=1e-5)
     assert reads_before and reads_before == [
         n.name for n in exported.graph.nodes if n.target is torch.ops.aten._local_scalar_dense.default]
+
+
+def test_a_read_of_a_random_draw_is_no_constant():
+    """torch.rand(1).item() reaches no input, but eager torch draws another number on each call:
+    folding it in would fix one draw for ever. The read stays (and emmy refuses the draw)."""
+    from emmy.capture.constant_reads import fold_constant_reads
+
+    class Jitter(torch.nn.Module):
+        def forward(self, x):
+            return x * torch.rand(1).item()
+
+    exported = torch.export.export(Jitter(), (torch.randn(4),), strict=False).run_decompositions()
+    folded = fold_constant_reads(exported)
+    assert [n for n in folded.graph.nodes if n.target is torch.ops.aten._local_scalar_dense.default]
+    with pytest.raises(emmy.EmmyError, match=r"aten\.rand\.default .*torch\.rand\(1\)\.item\(\).*draws random"):
+        emmy.optimize(Jitter(), torch.randn(4))

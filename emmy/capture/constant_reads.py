@@ -5,8 +5,9 @@
 the program is captured, but torch.export cannot run it: it leaves an unbacked symbol (`u0`) that
 slices and views then take as a size. Such a read is worked out here on the real weights and
 constants, written into its readers as the number it is, and every shape the symbol reached is
-worked out again (torch's fake tensors, so no tensor is computed twice). A read the inputs reach
-stays, and emmy refuses it with the line that made it.
+worked out again (torch's fake tensors, so no tensor is computed twice). A read the inputs reach,
+or one standing on a random draw (a new number each call), stays, and emmy refuses it with the line
+that made it.
 
 One pass in graph order over the nodes the folded numbers reach; nothing recurses.
 """
@@ -27,7 +28,7 @@ def fold_constant_reads(program):
     if not reads:
         return program
     reached = _reached_by_inputs(program)
-    constant = [read for read in reads if read not in reached]
+    constant = [read for read in reads if read not in reached and not _draws_random(read)]
     if not constant:
         return program
     module = _copied(program.graph_module)
@@ -47,6 +48,23 @@ def _reached_by_inputs(program) -> set:
                 any(source in reached for source in node.all_input_nodes):
             reached.add(node)
     return reached
+
+
+def _draws_random(read) -> bool:
+    """Whether a read stands on a random draw (`torch.rand(1).item()`): eager torch draws another
+    number on each call, so it is no constant (and emmy refuses it as before)."""
+    from emmy.decompose.registry import draws_random
+
+    seen, stack = set(), [read]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op == "call_function" and draws_random(str(node.target)):
+            return True
+        stack.extend(node.all_input_nodes)
+    return False
 
 
 def _evaluated(program, reads: list) -> dict:
