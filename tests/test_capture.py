@@ -329,3 +329,25 @@ def test_an_unsupported_op_in_a_helper_or_a_no_grad_block_names_its_own_line(whe
     with pytest.raises(emmy.EmmyError) as refused:
         emmy.optimize(NoisyLayers(where), torch.randn(3))
     assert f"{__file__}:{_line_of('marker: ' + marker)}:" in str(refused.value), str(refused.value)
+
+
+def test_a_statement_written_over_several_lines_is_named_whole():
+    """A branch on values in the second line of a multi-line `if (...)` was shown as its first line
+    alone (`if (mask is not None`), which names the wrong test; a call split over lines lost its
+    arguments. The statement is shown whole, as one line."""
+    from emmy.errors import CodeError
+
+    def gate(x, mask):
+        if (
+            mask is not None
+            and (mask.sum() > 0)
+        ):
+            return x * mask
+        return x
+
+    with pytest.raises(CodeError) as refused:
+        emmy.optimize(gate, torch.randn(3), torch.ones(3))
+    assert "`if mask is not None and mask.sum() > 0:`" in str(refused.value), str(refused.value)
+    code = "x = torch.randn(4)\ny = torch.where(x > 0,\n                x, x.max().item())  # a read\ny"
+    with pytest.raises(emmy.EmmyError, match=r"line 3: `y = torch\.where\(x > 0, x, x\.max\(\)\.item\(\)\)`"):
+        emmy.optimize(code)

@@ -45,12 +45,18 @@ class Source:
     code: str = ""
 
     def line_text(self, filename: str, line: int) -> str:
+        """The line's text, or the whole statement where the line is part of one written over several
+        (`if (mask is not None` alone would name the wrong test), as one line."""
         if filename == CODE_FILENAME:
-            lines = self.code.splitlines()
-            return lines[line - 1].strip() if 0 < line <= len(lines) else ""
-        import linecache
+            text = self.code
+        else:
+            import linecache
 
-        return linecache.getline(filename, line).strip()
+            text = "".join(linecache.getlines(filename))
+        lines = text.splitlines()
+        if not 0 < line <= len(lines):
+            return ""
+        return _multi_line_statements(text).get(line, lines[line - 1].strip())
 
     def locate(self, stack_trace: str | None) -> Location | None:
         """The innermost user frame named in an FX node's stack trace."""
@@ -63,3 +69,49 @@ class Source:
             return None
         filename, line = user[-1]
         return Location(filename, int(line), self.line_text(filename, int(line)))
+
+
+_STATEMENT_TEXT_LIMIT = 200
+
+
+@functools.lru_cache(maxsize=32)
+def _multi_line_statements(text: str) -> dict[int, str]:
+    """Line -> its statement as one line, for each line of a statement written over several lines
+    (a compound statement's header only: `if (...):`, `for ... in (...):`); code that does not
+    parse gives none. Comments and line breaks are gone (ast.unparse)."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return {}
+    found = {}
+    for node in ast.walk(tree):
+        header = _header(node) if isinstance(node, ast.stmt) else None
+        if header is None:
+            continue
+        last, said = header
+        if last <= node.lineno:
+            continue
+        if len(said) > _STATEMENT_TEXT_LIMIT:
+            said = said[:_STATEMENT_TEXT_LIMIT - 3] + "..."
+        found.update({line: said for line in range(node.lineno, last + 1)})
+    return found
+
+
+def _header(node) -> tuple[int, str] | None:
+    """(the last line, the text) of a statement's header: a simple statement whole, a compound one up
+    to its colon; None for definitions (their lines are not where ops are made)."""
+    import ast
+
+    if isinstance(node, (ast.If, ast.While)):
+        keyword = "if" if isinstance(node, ast.If) else "while"
+        return node.test.end_lineno, f"{keyword} {ast.unparse(node.test)}:"
+    if isinstance(node, ast.For):
+        return node.iter.end_lineno, f"for {ast.unparse(node.target)} in {ast.unparse(node.iter)}:"
+    if isinstance(node, ast.With):
+        return node.items[-1].context_expr.end_lineno, f"with {', '.join(ast.unparse(i) for i in node.items)}:"
+    if any(hasattr(node, part) for part in ("body", "cases", "handlers")):  # definitions, try, match
+        return None
+    return node.end_lineno, ast.unparse(node)
+
