@@ -65,3 +65,40 @@ def test_a_read_of_a_random_draw_is_no_constant():
     assert [n for n in folded.graph.nodes if n.target is torch.ops.aten._local_scalar_dense.default]
     with pytest.raises(emmy.EmmyError, match=r"aten\.rand\.default .*torch\.rand\(1\)\.item\(\).*draws random"):
         emmy.optimize(Jitter(), torch.randn(4))
+
+
+def _branch_on_positions(x):
+    positions = torch.arange(3, 3 + x.shape[1])  # a cache's positions after 3 earlier tokens
+    if positions[0] > 0:  # decoding after a prefix
+        return x + positions[:, None]
+    return x * 2
+
+
+def _axis_order_from_aranges(x):
+    order = torch.cat([torch.tensor([2]), torch.arange(0, 2)]).tolist()  # kornia's zca_whiten
+    return x.permute(order).contiguous()
+
+
+@pytest.mark.parametrize("program", [_branch_on_positions, _axis_order_from_aranges])
+def test_a_branch_or_a_size_read_from_factory_values_is_taken_as_eager_takes_it(program):
+    """torch.export's fake tensors have no values, so branching on an arange's entry or reading an
+    axis order from aranges (.tolist()) was refused as data-dependent; the values are fixed by the
+    code, and carried while emmy exports."""
+    x = torch.randn(2, 5, 3)
+    compiled = emmy.optimize(program, x)
+    torch.testing.assert_close(compiled(x, sim_mode="asan"), program(x))
+
+
+def test_a_factory_written_in_place_from_an_input_has_no_known_value():
+    """torch forgets a value when the tensor is written by an op without one: the branch stays
+    data-dependent, and refused."""
+
+    def shifted(x):
+        positions = torch.arange(x.shape[1])
+        positions.add_(x[0].long())
+        if positions[0] > 0:
+            return x + 1
+        return x * 2
+
+    with pytest.raises(emmy.EmmyError, match=r"data-dependent control flow .*`if positions\[0\] > 0:"):
+        emmy.optimize(shifted, torch.randn(3, 4))

@@ -80,12 +80,13 @@ def decomposition_table() -> dict:
 
 
 def export_module(module: torch.nn.Module, args: tuple, keywords: dict | None = None) -> "torch.export.ExportedProgram":
+    from emmy.capture.known_values import known_values
     from emmy.capture.substitutes import substituted
 
     # under no_grad, a `with torch.no_grad():` block in the model (Reformer's layers, a rotary
     # embedding's decorator) changes nothing, so export leaves no grad-mode region around it: such a
     # region's ops lose their source lines when the graph is decomposed
-    with quiet_torch(), substituted(), _every_user_frame(), torch.no_grad():
+    with quiet_torch(), substituted(), known_values(), _every_user_frame(), torch.no_grad():
         return torch.export.export(module, args, keywords, strict=False)
 
 

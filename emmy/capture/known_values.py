@@ -1,0 +1,69 @@
+"""Tensors made from Python numbers alone keep their values while a program is exported.
+
+torch.export runs the program on fake tensors, which have shapes but no values, so code that reads
+a value branches on an unknown and is refused, even where the value is fixed by the code: a cache's
+positions (`cache_position = torch.arange(past, past + n)`, then `if cache_position[0] > 0:`), an
+axis order built from aranges (`torch.cat([torch.tensor([d]), torch.arange(0, d)]).tolist()`).
+torch's fake tensors can carry a value (`FakeTensor.constant`): a one-element `torch.tensor(...)`
+literal does, and an op whose arguments all carry values computes its own (constant propagation).
+While emmy exports, the factories below called with numbers alone carry their values too, and
+constant propagation runs for results of up to VALUE_LIMIT elements, so such a read is a number
+when the program is traced. torch forgets a value when a tensor is written in place by anything
+without one (its alias bookkeeping, which each value here is entered in), and values never come
+from inputs, weights or random draws; the graph torch records is unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+FACTORIES = ("arange", "zeros", "ones", "full", "linspace", "eye")
+VALUE_LIMIT = 4096  # elements: a table of positions, not a tensor worth computing twice
+
+
+@contextlib.contextmanager
+def known_values():
+    """torch's factories (FACTORIES) carry their values, for the length of an export."""
+    import torch
+    from torch._subclasses import fake_tensor
+
+    originals = {name: getattr(torch, name) for name in FACTORIES}
+    limit = fake_tensor.CONSTANT_NUMEL_LIMIT
+    for name, factory in originals.items():
+        setattr(torch, name, _with_value(factory))
+    fake_tensor.CONSTANT_NUMEL_LIMIT = VALUE_LIMIT
+    try:
+        yield
+    finally:
+        for name, factory in originals.items():
+            setattr(torch, name, factory)
+        fake_tensor.CONSTANT_NUMEL_LIMIT = limit
+
+
+def _with_value(factory):
+    @functools.wraps(factory)
+    def made(*args, **kwargs):
+        result = factory(*args, **kwargs)
+        _give_value(result, factory, args, kwargs)
+        return result
+
+    return made
+
+
+def _give_value(result, factory, args: tuple, kwargs: dict) -> None:
+    """Give a fake factory result its value, where numbers alone (no tensor, no symbolic size) made it."""
+    import torch
+    from torch._subclasses.fake_tensor import is_fake
+    from torch.utils import _pytree
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    if not is_fake(result) or result.constant is not None or result.device.type != "cpu":
+        return
+    if result.numel() > VALUE_LIMIT or any(isinstance(leaf, (torch.Tensor, torch.SymInt, torch.SymFloat))
+                                           for leaf in _pytree.tree_leaves((args, kwargs))):
+        return
+    with _disable_current_modes():  # computed for real, and not traced into the program
+        value = factory(*args, **kwargs)
+    result.constant = value
+    result.fake_mode.fake_tensor_converter.add_constant_storage_mapping(result)
