@@ -102,3 +102,30 @@ def test_a_factory_written_in_place_from_an_input_has_no_known_value():
 
     with pytest.raises(emmy.EmmyError, match=r"data-dependent control flow .*`if positions\[0\] > 0:"):
         emmy.optimize(shifted, torch.randn(3, 4))
+
+
+_UNIT_TEMPERATURE = torch.tensor(1.0)
+
+
+def _soft_argmax(x, temperature=_UNIT_TEMPERATURE):
+    if temperature <= 0:  # kornia validates a default tensor argument so
+        raise ValueError("temperature must be positive")
+    return torch.softmax(x / temperature, dim=-1)
+
+
+class ScaledUnlessUnit(torch.nn.Module):
+    """A plain tensor attribute (no buffer), branched on."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.tensor([2.0, 3.0, 0.5, 1.0])
+
+    def forward(self, x):
+        return x * self.scale if bool((self.scale != 1.0).any()) else x
+
+
+@pytest.mark.parametrize("program", [_soft_argmax, ScaledUnlessUnit()])
+def test_a_branch_on_a_tensor_the_code_holds_is_taken_as_eager_takes_it(program):
+    x = torch.randn(3, 4)
+    compiled = emmy.optimize(program, x)
+    torch.testing.assert_close(compiled(x, sim_mode="asan"), program(x))

@@ -1,4 +1,5 @@
-"""Tensors made from Python numbers alone keep their values while a program is exported.
+"""Tensors made from Python numbers alone, and constants of the code, keep their values while a
+program is exported.
 
 torch.export runs the program on fake tensors, which have shapes but no values, so code that reads
 a value branches on an unknown and is refused, even where the value is fixed by the code: a cache's
@@ -8,7 +9,8 @@ torch's fake tensors can carry a value (`FakeTensor.constant`): a one-element `t
 literal does, and an op whose arguments all carry values computes its own (constant propagation).
 While emmy exports, the factories below called with numbers alone carry their values too, and
 constant propagation runs for results of up to VALUE_LIMIT elements, so such a read is a number
-when the program is traced. torch forgets a value when a tensor is written in place by anything
+when the program is traced; so does a real tensor the code holds (a default argument, a plain
+attribute: not an input, parameter or buffer, which export made fake before tracing). torch forgets a value when a tensor is written in place by anything
 without one (its alias bookkeeping, which each value here is entered in), and values never come
 from inputs, weights or random draws; the graph torch records is unchanged.
 """
@@ -30,15 +32,42 @@ def known_values():
 
     originals = {name: getattr(torch, name) for name in FACTORIES}
     limit = fake_tensor.CONSTANT_NUMEL_LIMIT
+    converting = fake_tensor.FakeTensorMode.validate_and_convert_non_fake_tensors
+
+    def converting_with_values(mode, func, converter, flat_args, args_spec):
+        return converting(mode, func, _KeepingValues(converter), flat_args, args_spec)
+
     for name, factory in originals.items():
         setattr(torch, name, _with_value(factory))
     fake_tensor.CONSTANT_NUMEL_LIMIT = VALUE_LIMIT
+    fake_tensor.FakeTensorMode.validate_and_convert_non_fake_tensors = converting_with_values
     try:
         yield
     finally:
         for name, factory in originals.items():
             setattr(torch, name, factory)
         fake_tensor.CONSTANT_NUMEL_LIMIT = limit
+        fake_tensor.FakeTensorMode.validate_and_convert_non_fake_tensors = converting
+
+
+class _KeepingValues:
+    """torch's fake-tensor converter, giving a small real tensor met in the middle of a trace its
+    value: export made inputs, parameters and buffers fake before tracing, so such a tensor is a
+    constant of the code (kornia's `temperature: Tensor = tensor(1.0)` default, a plain tensor
+    attribute), and emmy compiles it in as one."""
+
+    def __init__(self, converter):
+        self._converter = converter
+
+    def __getattr__(self, name):
+        return getattr(self._converter, name)
+
+    def from_real_tensor(self, fake_mode, tensor, make_constant: bool = False, *args, **kwargs):
+        import torch
+
+        make_constant = make_constant or (type(tensor) is torch.Tensor and tensor.device.type == "cpu"
+                                          and tensor.numel() <= VALUE_LIMIT and not tensor.requires_grad)
+        return self._converter.from_real_tensor(fake_mode, tensor, make_constant, *args, **kwargs)
 
 
 def _with_value(factory):
