@@ -3,16 +3,20 @@ program is exported.
 
 torch.export runs the program on fake tensors, which have shapes but no values, so code that reads
 a value branches on an unknown and is refused, even where the value is fixed by the code: a cache's
-positions (`cache_position = torch.arange(past, past + n)`, then `if cache_position[0] > 0:`), an
-axis order built from aranges (`torch.cat([torch.tensor([d]), torch.arange(0, d)]).tolist()`).
+positions (`cache_position = torch.arange(past, past + n)`, then `if cache_position[0] > 0:`), a
+view sized by a table's entry (`x.reshape(b, -1, int(widths[-1]))`), a default tensor argument
+validated (`if temperature <= 0: raise`).
 torch's fake tensors can carry a value (`FakeTensor.constant`): a one-element `torch.tensor(...)`
-literal does, and an op whose arguments all carry values computes its own (constant propagation).
-While emmy exports, the factories below called with numbers alone carry their values too, and
-constant propagation runs for results of up to VALUE_LIMIT elements, so such a read is a number
-when the program is traced; so does a real tensor the code holds (a default argument, a plain
-attribute: not an input, parameter or buffer, which export made fake before tracing). torch forgets a value when a tensor is written in place by anything
-without one (its alias bookkeeping, which each value here is entered in), and values never come
-from inputs, weights or random draws; the graph torch records is unchanged.
+literal does, and an op whose arguments all carry values computes its own where it has one element
+(constant propagation: `positions[0] > 0` reads a number). While emmy exports, the factories below
+called with numbers alone carry their values too (up to VALUE_LIMIT elements), and so does a real
+tensor the code holds (a default argument, a plain attribute: not an input, parameter or buffer,
+which export made fake before tracing). torch forgets a value when a tensor is written in place by
+anything without one (its alias bookkeeping, which each value here is entered in); values never
+come from inputs, weights or random draws; the graph torch records is unchanged. Propagation stays
+at torch's one element: raised, it ran `new_empty` for real and gave its uninitialized memory as a
+value (ViLT's patch selection then indexed with it), so an axis order read by `.tolist()` from a
+cat of aranges stays refused.
 """
 
 from __future__ import annotations
@@ -26,12 +30,12 @@ VALUE_LIMIT = 4096  # elements: a table of positions, not a tensor worth computi
 
 @contextlib.contextmanager
 def known_values():
-    """torch's factories (FACTORIES) carry their values, for the length of an export."""
+    """torch's factories (FACTORIES) and the real tensors a trace meets carry their values, for the
+    length of an export."""
     import torch
     from torch._subclasses import fake_tensor
 
     originals = {name: getattr(torch, name) for name in FACTORIES}
-    limit = fake_tensor.CONSTANT_NUMEL_LIMIT
     converting = fake_tensor.FakeTensorMode.validate_and_convert_non_fake_tensors
 
     def converting_with_values(mode, func, converter, flat_args, args_spec):
@@ -39,14 +43,12 @@ def known_values():
 
     for name, factory in originals.items():
         setattr(torch, name, _with_value(factory))
-    fake_tensor.CONSTANT_NUMEL_LIMIT = VALUE_LIMIT
     fake_tensor.FakeTensorMode.validate_and_convert_non_fake_tensors = converting_with_values
     try:
         yield
     finally:
         for name, factory in originals.items():
             setattr(torch, name, factory)
-        fake_tensor.CONSTANT_NUMEL_LIMIT = limit
         fake_tensor.FakeTensorMode.validate_and_convert_non_fake_tensors = converting
 
 
