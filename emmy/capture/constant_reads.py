@@ -24,11 +24,17 @@ def fold_constant_reads(program):
     the program given is left as it was."""
     import torch
 
+    from emmy.decompose.registry import draws_random
+
     reads = [node for node in program.graph.nodes if node.target is torch.ops.aten._local_scalar_dense.default]
     if not reads:
         return program
-    reached = _reached_by_inputs(program)
-    constant = [read for read in reads if read not in reached and not _draws_random(read)]
+    user_inputs = {spec.arg.name for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"}
+    # a read an input reaches varies by call; one standing on a random draw (`torch.rand(1).item()`)
+    # too, as eager torch draws again on each call
+    varying = _reached_from(program.graph, lambda node: (node.op == "placeholder" and node.name in user_inputs)
+                            or (node.op == "call_function" and draws_random(str(node.target))))
+    constant = [read for read in reads if read not in varying]
     if not constant:
         return program
     module = _copied(program.graph_module)
@@ -39,32 +45,13 @@ def fold_constant_reads(program):
     return program._update(module, program.graph_signature)
 
 
-def _reached_by_inputs(program) -> set:
-    """The nodes a user input reaches (one pass in graph order)."""
-    user_inputs = {spec.arg.name for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"}
+def _reached_from(graph, is_source) -> set:
+    """The nodes a source node reaches, sources included (one pass in graph order)."""
     reached = set()
-    for node in program.graph.nodes:
-        if (node.op == "placeholder" and node.name in user_inputs) or \
-                any(source in reached for source in node.all_input_nodes):
+    for node in graph.nodes:
+        if is_source(node) or any(source in reached for source in node.all_input_nodes):
             reached.add(node)
     return reached
-
-
-def _draws_random(read) -> bool:
-    """Whether a read stands on a random draw (`torch.rand(1).item()`): eager torch draws another
-    number on each call, so it is no constant (and emmy refuses it as before)."""
-    from emmy.decompose.registry import draws_random
-
-    seen, stack = set(), [read]
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if node.op == "call_function" and draws_random(str(node.target)):
-            return True
-        stack.extend(node.all_input_nodes)
-    return False
 
 
 def _evaluated(program, reads: list) -> dict:
