@@ -129,3 +129,16 @@ def test_a_branch_on_a_tensor_the_code_holds_is_taken_as_eager_takes_it(program)
     x = torch.randn(3, 4)
     compiled = emmy.optimize(program, x)
     torch.testing.assert_close(compiled(x, sim_mode="asan"), program(x))
+
+
+def test_a_factory_sized_by_a_value_read_in_the_trace_is_made_as_before():
+    """A factory whose size is a tensor's value (`torch.full((n, positions[-1] + 1))` over positions the
+    inputs reach) has a symbolic size: asking it for its element count made export guard on the
+    symbol (Jamba's causal mask, refused as data-dependent where it had captured before)."""
+
+    def causal(x, positions):
+        mask = torch.full((x.shape[1], positions[-1] + 1), fill_value=-1.0)
+        return mask.sum()
+
+    with pytest.raises(emmy.EmmyError, match=r"_local_scalar_dense|sized by|size of its result"):
+        emmy.optimize(causal, torch.randn(2, 7), torch.arange(7))
