@@ -16,7 +16,9 @@ anything without one (its alias bookkeeping, which each value here is entered in
 come from inputs, weights or random draws; the graph torch records is unchanged. Propagation stays
 at torch's one element: raised, it ran `new_empty` for real and gave its uninitialized memory as a
 value (ViLT's patch selection then indexed with it), so an axis order read by `.tolist()` from a
-cat of aranges stays refused.
+cat of aranges stays refused; and torch forgets a value once a view of more than one element is
+taken of it (it could not follow a write through the view), so Jamba, which reshapes its cache
+positions before branching on the first, stays refused.
 """
 
 from __future__ import annotations
