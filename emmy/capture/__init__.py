@@ -298,9 +298,8 @@ def _decomposed(program, source: Source):
     """torch's decompositions run on the exported graph, their failures told as export's are (a
     decomposition may branch on values: torch.take wraps its indices)."""
     from emmy.capture import exporting
-    from emmy.capture.errors import explain_export_failure
-
     from emmy.capture.constant_reads import fold_constant_reads
+    from emmy.capture.errors import explain_export_failure
 
     try:
         return fold_constant_reads(exporting.decompose(program))

@@ -93,7 +93,8 @@ def _give_value(result, factory, args: tuple, kwargs: dict) -> None:
 
     if not is_fake(result) or result.constant is not None or result.device.type != "cpu":
         return
-    if any(isinstance(leaf, (torch.Tensor, torch.SymInt, torch.SymFloat)) for leaf in _pytree.tree_leaves((args, kwargs))):
+    symbolic = (torch.Tensor, torch.SymInt, torch.SymFloat)
+    if any(isinstance(leaf, symbolic) for leaf in _pytree.tree_leaves((args, kwargs))):
         return  # its size may be a symbol (a size read from a tensor): no comparison of it may guard
     if result.numel() > VALUE_LIMIT:
         return
