@@ -59,16 +59,13 @@ def _evaluated(program, reads: list) -> dict:
     reads stand on are run)."""
     import torch
 
+    from emmy.decompose.from_aten import weight_values
+
     needed = set(reads)
     for node in reversed(program.graph.nodes):
         if node in needed:
             needed.update(node.all_input_nodes)
-    stored = {}
-    for spec in program.graph_signature.input_specs:
-        if spec.target in program.state_dict:
-            stored[spec.arg.name] = program.state_dict[spec.target]
-        elif spec.target in program.constants:
-            stored[spec.arg.name] = program.constants[spec.target]
+    stored = {name: tensor for name, (_, tensor) in weight_values(program).items()}
     values = {}
     with torch.no_grad():
         for node in program.graph.nodes:
@@ -97,7 +94,7 @@ def _copied(module):
 
 def _specialized(module, numbers: dict) -> None:
     """Write `numbers` (node -> Python number) into their readers, fold what becomes a number
-    (symbolic arithmetic, sizes, assertions), and work out again each value whose shape changed."""
+    (symbolic arithmetic, sizes, assertions), and work out again each value whose shape held a symbol."""
     import torch
 
     known = dict(numbers)
@@ -114,7 +111,7 @@ def _specialized(module, numbers: dict) -> None:
             value = node.target(*args, **kwargs)  # an assertion found false raises here
         if value is None or isinstance(value, (bool, int, float)):
             known[node] = value
-        elif _is_symbolic(node.meta.get("val")) or _shape_of(value) != _shape_of(node.meta.get("val")):
+        elif _is_symbolic(node.meta.get("val")):  # a shape held no symbol: worked out again, it is the same
             node.meta["val"] = value
             changed.add(node)
     for node in reversed(module.graph.nodes):
@@ -144,13 +141,3 @@ def _is_symbolic(value) -> bool:
         return any(_is_symbolic(item) for item in value)
     return False
 
-
-def _shape_of(value):
-    """What a value's shape is, in a form compared across fake tensors (symbols as their text)."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return (str(tuple(value.shape)), str(value.stride()), value.dtype)
-    if isinstance(value, (list, tuple)):
-        return tuple(_shape_of(item) for item in value)
-    return str(value)

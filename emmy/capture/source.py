@@ -47,16 +47,10 @@ class Source:
     def line_text(self, filename: str, line: int) -> str:
         """The line's text, or the whole statement where the line is part of one written over several
         (`if (mask is not None` alone would name the wrong test), as one line."""
-        if filename == CODE_FILENAME:
-            text = self.code
-        else:
-            import linecache
-
-            text = "".join(linecache.getlines(filename))
-        lines = text.splitlines()
+        lines, statements = _read(self.code) if filename == CODE_FILENAME else _file(filename)
         if not 0 < line <= len(lines):
             return ""
-        return _multi_line_statements(text).get(line, lines[line - 1].strip())
+        return statements.get(line, lines[line - 1].strip())
 
     def locate(self, stack_trace: str | None) -> Location | None:
         """The innermost user frame named in an FX node's stack trace."""
@@ -72,6 +66,18 @@ class Source:
 
 
 _STATEMENT_TEXT_LIMIT = 200
+
+
+@functools.lru_cache(maxsize=32)  # asked for every op an IR listing prints: the file is read once
+def _file(filename: str) -> tuple[list[str], dict[int, str]]:
+    import linecache
+
+    return _read("".join(linecache.getlines(filename)))
+
+
+def _read(text: str) -> tuple[list[str], dict[int, str]]:
+    """A text's lines, and the one-line form of each line of a multi-line statement."""
+    return text.splitlines(), _multi_line_statements(text)
 
 
 @functools.lru_cache(maxsize=32)

@@ -50,7 +50,7 @@ def _identifier(text: str) -> str:
     return name if name and not name[0].isdigit() else f"w_{name}"
 
 
-def _weight_values(program) -> dict[str, object]:
+def weight_values(program) -> dict[str, object]:
     """Placeholder name -> tensor, for parameters, buffers and lifted constants."""
     found = {}
     for spec in program.graph_signature.input_specs:
@@ -74,7 +74,7 @@ def to_tensor_ir(captured) -> TensorProgram:
     program = captured.exported
     builder = GraphBuilder()
     env: dict[str, object] = {}
-    weights = _weight_values(program)
+    weights = weight_values(program)
     weight_arrays: dict[str, np.ndarray] = {}
     outputs: list[str] = []
     pairs: set[str] = set()
