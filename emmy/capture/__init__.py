@@ -300,9 +300,12 @@ def _decomposed(program, source: Source):
     from emmy.capture import exporting
     from emmy.capture.constant_reads import fold_constant_reads
     from emmy.capture.errors import explain_export_failure
+    from emmy.capture.value_sized import keep_value_sized_selections
+    from emmy.decompose.masked_regions import masked_regions
 
     try:
-        return fold_constant_reads(exporting.decompose(program))
+        program = fold_constant_reads(exporting.decompose(program))
+        return keep_value_sized_selections(program, leave=frozenset(masked_regions(program.graph).selections))
     except EmmyError:
         raise
     except Exception as err:

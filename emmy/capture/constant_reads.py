@@ -92,9 +92,10 @@ def _copied(module):
     return torch.fx.GraphModule(module, graph)
 
 
-def _specialized(module, numbers: dict) -> None:
+def _specialized(module, numbers: dict, recompute=frozenset()) -> None:
     """Write `numbers` (node -> Python number) into their readers, fold what becomes a number
-    (symbolic arithmetic, sizes, assertions), and work out again each value whose shape held a symbol."""
+    (symbolic arithmetic, sizes, assertions), and work out again each value whose shape held a symbol
+    and each node in `recompute` (new nodes, or ones whose shapes a rewrite changed)."""
     import torch
 
     known = dict(numbers)
@@ -103,7 +104,7 @@ def _specialized(module, numbers: dict) -> None:
     for node in module.graph.nodes:
         if node in known or node.op != "call_function":
             continue
-        if not any(source in known or source in changed for source in node.all_input_nodes):
+        if node not in recompute and not any(source in known or source in changed for source in node.all_input_nodes):
             continue
         node.args, node.kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: known.get(n, n))
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
@@ -111,7 +112,7 @@ def _specialized(module, numbers: dict) -> None:
             value = node.target(*args, **kwargs)  # an assertion found false raises here
         if value is None or isinstance(value, (bool, int, float)):
             known[node] = value
-        elif _is_symbolic(node.meta.get("val")):  # a shape held no symbol: worked out again, it is the same
+        elif node in recompute or _is_symbolic(node.meta.get("val")):  # else worked out again, it is the same
             node.meta["val"] = value
             changed.add(node)
     for node in reversed(module.graph.nodes):

@@ -1,0 +1,604 @@
+"""Selections whose size depends on tensor values, kept at full size beside a vector saying which
+elements they hold.
+
+Graph code drops and adds edges before it aggregates: torch_geometric's GCN and GAT layers remove an
+edge list's self loops (`edge_index[:, edge_index[0] != edge_index[1]]`), append one loop per node
+(`torch.cat([edge_index, loops], 1)`), weigh each edge (`torch.ones(edge_index.size(1))`, a degree
+gathered at each end) and sum the weighted messages into the nodes (`scatter_add`). The edge count
+after the selection is known only when the program runs, and torch.export names it by a symbol
+(`u0`) that a compiled program cannot have. Yet no value of the program depends on where the kept
+edges sit: every op on them is per edge until a scatter or a reduction sums them away. Here such a
+program is rewritten, on torch's graph, to keep every edge:
+
+- a selection `x[..., mask]` is `x` itself (the mask's axes flattened into one), and the count
+  `u0` is the mask's length; each such axis has a validity vector, the mask (a cat's axis: the cat
+  of its parts' vectors, True along a part of fixed size);
+- per-element ops (elementwise, views that keep the axis whole, reductions and softmaxes along
+  other axes, gathers along other axes, a matrix product of its rows, a cat along another axis)
+  run on the full axis; their values at the dropped positions are computed and never read;
+- an op reading *at* values of such an axis (`x[index]`, index_select, embedding, gather) reads at
+  index 0 where an element was dropped, so a dropped index out of range (padding, -1) reads nothing
+  outside the tensor;
+- a scatter, index_add or index_put into a tensor of fixed size writes dropped elements into one
+  spare slot past the end, sliced off after; a sum, amax or amin over the axis reduces the validity
+  vector's elements alone; a write-back under the selection's mask (`x[m] = f(x[m])`) is a where;
+- the sizes made from the count (`u0 + 10` for a cat, `torch.ones(u0)`) are the full axis's, and
+  export's bound checks on the count (`0 <= u0 <= 30`) are dropped.
+
+A program is rewritten only when every op the counts reach is one of these; anything else (a
+selection returned, the count used as a number, an arange of it, a reorder or slice along the
+axis, a check that relates two counts) leaves it unchanged, refused as before with its line.
+`emmy.decompose.masked_regions` computes the simpler selections (a region feeding elementwise ops and
+one sink) during decomposition, and those are left to it.
+
+One pass in graph order plans; one rewrites; one works out again the shapes the counts held.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+_ASSERTS = {"aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default",
+            "aten.sym_constrain_range.default", "aten._assert_tensor_metadata.default"}
+_SIZE_READS = {"aten.sym_size.int", "aten.sym_numel.default", "aten.sym_stride.int"}
+# ops whose argument at the given position is a list of sizes (a count may stand in it)
+_SIZED = {"aten.full.default": 0, "aten.zeros.default": 0, "aten.ones.default": 0, "aten.empty.memory_format": 0,
+          "aten.new_zeros.default": 1, "aten.new_ones.default": 1, "aten.new_full.default": 1,
+          "aten.new_empty.default": 1, "aten.view.default": 1, "aten.reshape.default": 1,
+          "aten._unsafe_view.default": 1, "aten.expand.default": 1}
+_FACTORIES = {"aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.empty.memory_format",
+              "aten.new_zeros.default", "aten.new_ones.default", "aten.new_full.default", "aten.new_empty.default"}
+_VIEWS = {"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default"}
+_ANY_AXES = {"aten.permute.default", "aten.transpose.int", "aten.t.default", "aten.unsqueeze.default",
+             "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.expand.default",
+             "aten.clone.default", "aten.alias.default", "aten.contiguous.default", "aten._to_copy.default",
+             "aten.lift_fresh_copy.default", "aten.repeat.default"}
+_AT_AXIS = {"aten.select.int": 1, "aten.slice.Tensor": 1, "aten._softmax.default": 1,
+            "aten._log_softmax.default": 1, "aten.cumsum.default": 1}
+_REDUCTIONS = {"aten.sum.dim_IntList": "sum", "aten.sum.default": "sum", "aten.amax.default": "max",
+               "aten.amin.default": "min", "aten.max.default": "max", "aten.min.default": "min"}
+_GATHERS = {"aten.index_select.default": 2, "aten.embedding.default": 1, "aten.gather.default": 2}
+_SCATTERS = {"aten.scatter_add.default", "aten.scatter.src", "aten.scatter.value", "aten.scatter_reduce.two",
+             "aten.index_add.default"}
+_PRODUCTS = {"aten.mm.default": (0, 1), "aten.addmm.default": (1, 2), "aten.bmm.default": (0, 1)}
+_WHOLE = 2 ** 62  # a slice's end at or past this is "to the end"
+
+
+class _Refused(Exception):
+    """The counts reach an op this module does not rewrite: the program stays as it was."""
+
+
+@dataclass
+class _Plan:
+    """What the planning pass found: the counts and how each touched node is rewritten."""
+
+    dense: dict = field(default_factory=dict)  # count symbol -> the full axis's length
+    masks: dict = field(default_factory=dict)  # count symbol -> (mask node name, validity of the mask's axis)
+    layouts: dict = field(default_factory=dict)  # axis size expression -> its parts (a symbol or a fixed length)
+    actions: dict = field(default_factory=dict)  # node name -> what the rewrite does to it
+
+
+def keep_value_sized_selections(program, leave=frozenset()):
+    """`program` (an ExportedProgram) with its value-sized selections kept at full size where every
+    op they reach allows it; the selections named in `leave` are another pass's. The program given
+    is left as it was."""
+    import torch
+
+    if not any(node.target is torch.ops.aten.index.Tensor and _symbols(_val(node)) for node in program.graph.nodes):
+        return program
+    try:
+        plan = _plan(program.graph, leave)
+    except _Refused as why:
+        logger.debug("value-sized selections kept as they are: %s", why)
+        return program
+    if plan is None:
+        return program
+    from emmy.capture.constant_reads import _copied, _specialized
+
+    module = _copied(program.graph_module)
+    fresh = _Rewrite(module.graph, plan).run()
+    counts = set(plan.dense)
+    stale = {node for node in module.graph.nodes if _symbols(_val(node)) & counts}
+    _specialized(module, {}, fresh | stale)
+    logger.info("%d value-sized selection(s) kept at full size with a validity vector", len(plan.dense))
+    return program._update(module, program.graph_signature)
+
+
+def _val(node):
+    return node.meta.get("val") if hasattr(node, "meta") else None
+
+
+def _expr(size):
+    """A size as a number or a sympy expression."""
+    return size.node.expr if hasattr(size, "node") else int(size)
+
+
+def _symbols(value) -> set:
+    """The free symbols of a fake tensor's shape, or of a symbolic number."""
+    if hasattr(value, "shape"):
+        return set().union(*(getattr(_expr(s), "free_symbols", set()) for s in value.shape))
+    if hasattr(value, "node"):
+        return set(value.node.expr.free_symbols)
+    return set()
+
+
+def _dims(node) -> list:
+    return [_expr(s) for s in _val(node).shape]
+
+
+def _is_tensor(node) -> bool:
+    return hasattr(_val(node), "shape")
+
+
+def _inputs(node) -> list:
+    return list(node.all_input_nodes)
+
+
+class _Planner:
+    def __init__(self, graph, leave):
+        self.plan = _Plan()
+        self.leave = leave
+        # the counts of the selections left to another pass (a second selection by the same mask
+        # shares its symbol)
+        self.left = set().union(*(_symbols(_val(node)) for node in graph.nodes if node.name in leave))
+        self.numbers: set = set()  # nodes holding a number made from a count
+
+    def ours(self, node) -> bool:
+        symbols = _symbols(_val(node))
+        mine = symbols & set(self.plan.dense)
+        if mine and mine != symbols:
+            raise _Refused(f"{node.name} mixes a count with another symbol")
+        return bool(mine)
+
+    def axes(self, node) -> list[int]:
+        """The axes of a tensor node sized by a count."""
+        if not _is_tensor(node):
+            return []
+        return [d for d, size in enumerate(_dims(node)) if getattr(size, "free_symbols", None)
+                and size.free_symbols & set(self.plan.dense)]
+
+    def visit(self, node) -> None:
+        key = str(node.target)
+        if node.op == "output":
+            if any(self.ours(n) or n in self.numbers for n in _inputs(node)):
+                raise _Refused("a value-sized tensor or a count is returned")
+            return
+        if node.op != "call_function":
+            return
+        if key == "aten.index.Tensor" and self.selection(node):
+            return
+        touched = [n for n in _inputs(node) if n in self.numbers or self.ours(n)]
+        if not touched and not self.ours(node):
+            return
+        self.check_numbers(node, key)
+        if key in _ASSERTS:
+            self.check_assertion(node)
+        elif not _is_tensor(node) and self.ours(node):
+            self.numbers.add(node)  # sym_size, a sum of counts, a comparison for a check
+        elif key in _SIZE_READS:
+            self.numbers.add(node)
+        else:
+            self.tensor_op(node, key)
+
+    def selection(self, node) -> bool:
+        """`src[None, ..., mask]`: a new count; True if `node` is one."""
+        source, indices = node.args
+        if node.name in self.leave or not isinstance(indices, (list, tuple)) or not indices:
+            return False
+        *before, mask = indices
+        if any(i is not None for i in before) or mask is None or not hasattr(mask, "meta"):
+            return False
+        import torch
+
+        if getattr(_val(mask), "dtype", None) != torch.bool:
+            return False
+        import sympy
+
+        k, rank = len(before), len(_val(mask).shape)
+        out = _dims(node)
+        if rank == 0 or not isinstance(out[k], sympy.Symbol) or _dims(source)[k:k + rank] != _dims(mask):
+            return False
+        if out[k] in self.left:
+            raise _Refused(f"{node.name} shares its count with a selection computed elsewhere")
+        if out[k] in self.plan.dense:  # torch knows a second selection by the same mask has the same count
+            if self.plan.masks[out[k]][0] != mask.name:
+                raise _Refused(f"{node.name}: two masks select the same count")
+            self.plan.actions[node.name] = ("select", k, rank, [self.dense(d) for d in _dims(source)])
+            return True
+        mask_axes = self.axes(mask)
+        if mask_axes and rank != 1:
+            raise _Refused(f"{node.name} selects by a mask of several axes, one sized by a count")
+        inner = _dims(mask)[0] if mask_axes else None
+        if inner is not None:
+            self.layout(inner, node)
+        if mask.name in self.plan.actions:
+            raise _Refused(f"{node.name} selects by a mask this module rewrites")
+        self.plan.dense[out[k]] = math.prod(self.dense(size) for size in _dims(mask))
+        self.plan.masks[out[k]] = (mask.name, inner)
+        self.plan.layouts[out[k]] = (out[k],)
+        self.plan.actions[node.name] = ("select", k, rank, [self.dense(d) for d in _dims(source)])
+        return True
+
+    def dense(self, size) -> int:
+        if isinstance(size, int):
+            return size
+        return int(size.xreplace(self.plan.dense))
+
+    def layout(self, size, node) -> tuple:
+        if isinstance(size, int) or not size.free_symbols:
+            return (int(size),)
+        if size not in self.plan.layouts:
+            raise _Refused(f"{node.name}: no validity is known for an axis of size {size}")
+        return self.plan.layouts[size]
+
+    def check_numbers(self, node, key) -> None:
+        """A count may stand in a tensor op only inside its list of sizes (`torch.ones(u0)`)."""
+        if key in _ASSERTS or not _is_tensor(node) or not any(n in self.numbers for n in _inputs(node)):
+            return
+        position = _SIZED.get(key)
+        for at, arg in [*enumerate(node.args), *node.kwargs.items()]:
+            held = arg if isinstance(arg, (list, tuple)) else [arg]
+            if at != position and any(item in self.numbers for item in held if hasattr(item, "meta")):
+                raise _Refused(f"{node.name} ({key}) uses a count as a value")
+
+    def check_assertion(self, node) -> None:
+        for arg in _inputs(node):
+            symbols = _symbols(_val(arg)) & set(self.plan.dense)
+            if len(symbols) > 1:
+                raise _Refused(f"{node.name} relates two counts")
+        self.plan.actions[node.name] = ("drop",)
+
+    def tensor_op(self, node, key) -> None:
+        import torch
+
+        args = node.args
+        if key in _FACTORIES:
+            return  # its values do not depend on where the kept elements sit
+        if key in ("aten.index_put.default", "aten.index_put_.default"):
+            return self.index_put(node)
+        if key in _SCATTERS:
+            return self.scatter(node, key)
+        if key in _GATHERS or key == "aten.index.Tensor":
+            return self.gather(node, key)
+        if key in _REDUCTIONS or key == "aten.mean.dim":
+            return self.reduction(node, key)
+        if key in _PRODUCTS:
+            left, right = (args[i] for i in _PRODUCTS[key])
+            if self.axes(right) or self.axes(left) != [len(_dims(left)) - 2] or (
+                    key == "aten.addmm.default" and self.axes(args[0])):
+                raise _Refused(f"{node.name}: a matrix product over a value-sized axis")
+            return
+        if key == "aten.cat.default":
+            return self.cat(node)
+        if key in _VIEWS:
+            return self.view(node)
+        if key in _AT_AXIS:
+            return self.at_axis(node, args[0], args[_AT_AXIS[key]] if len(args) > 1 else 0, key)
+        if key in _ANY_AXES or torch.Tag.pointwise in getattr(node.target, "tags", ()):
+            return self.per_element(node)
+        raise _Refused(f"{node.name} ({key}) on a value-sized axis")
+
+    def per_element(self, node) -> None:
+        """Each input's counted axes line up with the output's (right-aligned, as broadcasting does)."""
+        if str(node.target) in ("aten.permute.default", "aten.transpose.int", "aten.t.default",
+                                "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
+                                "aten.squeeze.default"):
+            return self.same_sizes(node)
+        out = _dims(node)
+        for arg in _inputs(node):
+            if not _is_tensor(arg) or not self.ours(arg):
+                continue
+            dims = _dims(arg)
+            for d in self.axes(arg):
+                at = len(out) - len(dims) + d
+                if at < 0 or out[at] != dims[d]:
+                    raise _Refused(f"{node.name} moves a value-sized axis of {arg.name}")
+
+    def same_sizes(self, node) -> None:
+        """A reorder of axes keeps each counted axis whole."""
+        source = node.args[0]
+        counted_in = sorted(str(_dims(source)[d]) for d in self.axes(source))
+        counted_out = sorted(str(_dims(node)[d]) for d in self.axes(node))
+        if counted_in != counted_out:
+            raise _Refused(f"{node.name} changes a value-sized axis")
+
+    def at_axis(self, node, source, dim, key) -> None:
+        dims = _dims(source)
+        dim = dim % max(len(dims), 1)
+        if dim in self.axes(source):
+            whole = key == "aten.slice.Tensor" and _whole_slice(node.args, dims[dim])
+            if not whole:
+                raise _Refused(f"{node.name} ({key}) works along a value-sized axis")
+
+    def view(self, node) -> None:
+        """A view keeps each counted axis whole: as many elements before it on both sides."""
+        source = node.args[0]
+        before, after = _dims(source), _dims(node)
+        if len(self.axes(source)) != 1 or len(self.axes(node)) != 1:
+            raise _Refused(f"{node.name} reshapes across value-sized axes")
+        (d_in,), (d_out,) = self.axes(source), self.axes(node)
+        import sympy
+
+        if before[d_in] != after[d_out] or sympy.expand(math.prod(before[:d_in]) - math.prod(after[:d_out])) != 0:
+            raise _Refused(f"{node.name} merges or splits a value-sized axis")
+
+    def cat(self, node) -> None:
+        parts = [p for p in node.args[0] if hasattr(p, "meta")]
+        dim = node.args[1] if len(node.args) > 1 else 0
+        out = _dims(node)
+        dim %= len(out)
+        if dim not in self.axes(node):
+            return self.per_element(node)
+        joined = sum((self.layout(_dims(p)[dim], node) for p in parts if self.ours(p) or _val(p).numel() != 0), ())
+        known = self.plan.layouts.get(out[dim])
+        if known is not None and known != joined:
+            raise _Refused(f"{node.name} joins parts in another order than an axis of the same size")
+        self.plan.layouts[out[dim]] = joined
+
+    def gather(self, node, key) -> None:
+        """Reads at counted positions: the dropped positions read at 0."""
+        source = node.args[0]
+        if key == "aten.index.Tensor":
+            positions = [i for i, index in enumerate(node.args[1]) if index is not None and self.ours(index)]
+            indices = [node.args[1][i] for i in positions]
+        else:
+            positions = [_GATHERS[key]] if self.ours(node.args[_GATHERS[key]]) else []
+            indices = [node.args[i] for i in positions]
+        along = node.args[1] % len(_dims(source)) if key in ("aten.index_select.default", "aten.gather.default") else None
+        if not positions:
+            if key == "aten.index_select.default" and along not in self.axes(source):
+                return  # static positions along another axis
+            raise _Refused(f"{node.name} ({key}) reads along a value-sized axis")
+        if self.ours(source) and not (key == "aten.gather.default" and along not in self.axes(source)
+                                      and self.counted(source) == self.counted(indices[0])):
+            raise _Refused(f"{node.name} ({key}) reads a value-sized tensor at counted positions")
+        self.plan.actions[node.name] = ("gather", [(p, *self.axis_of(i, node)) for p, i in zip(positions, indices)])
+
+    def counted(self, node) -> list:
+        return [(d, _dims(node)[d]) for d in self.axes(node)]
+
+    def axis_of(self, node, user) -> tuple:
+        """(size, axis, rank) of a tensor's one counted axis, its validity known."""
+        if len(self.axes(node)) != 1:
+            raise _Refused(f"{user.name}: {node.name} has {len(self.axes(node))} value-sized axes, not one")
+        axis = self.axes(node)[0]
+        self.layout(_dims(node)[axis], user)
+        return _dims(node)[axis], axis, len(_dims(node))
+
+    def reduction(self, node, key) -> None:
+        source = node.args[0]
+        dims = _dims(source)
+        reduced = (range(len(dims)) if len(node.args) < 2 or node.args[1] in (None, [], ())
+                   else [d % len(dims) for d in node.args[1]])
+        counted = [d for d in self.axes(source) if d in reduced]
+        if not counted:
+            return  # along other axes: each counted position reduced apart
+        if key == "aten.mean.dim" or self.ours(node):
+            raise _Refused(f"{node.name} ({key}) reduces a value-sized axis to a value-sized result or a mean")
+        self.plan.actions[node.name] = ("reduce", self.axis_of(source, node), _REDUCTIONS[key], _val(source).dtype)
+
+    def scatter(self, node, key) -> None:
+        """Dropped elements go to a spare slot past the end of a fixed-size destination."""
+        target, dim, index = node.args[0], node.args[1], node.args[2]
+        source = node.args[3] if len(node.args) > 3 and hasattr(node.args[3], "meta") else None
+        dim %= len(_dims(target))
+        if self.ours(target) or self.ours(node):
+            raise _Refused(f"{node.name} ({key}) into a value-sized tensor")
+        axes = self.axes(index)
+        expected = [0] if key == "aten.index_add.default" else [dim]
+        if axes != expected:
+            raise _Refused(f"{node.name} ({key}) scatters along another axis than the counted one")
+        if source is not None and self.axes(source) != ([dim] if key == "aten.index_add.default" else axes):
+            raise _Refused(f"{node.name} ({key}) scatters a source counted along another axis")
+        self.plan.actions[node.name] = ("scatter", dim, 2, self.axis_of(index, node))
+
+    def index_put(self, node) -> None:
+        target, indices, values = node.args[:3]
+        import torch
+
+        tensors = [i for i in indices if i is not None]
+        if len(tensors) == 1 and _val(tensors[0]).dtype == torch.bool:
+            mask = tensors[0]
+            symbols = [s for s in _symbols(_val(values)) if s in self.plan.masks]
+            if indices[0] is not mask or any(self.plan.masks[s][0] != mask.name for s in symbols):
+                raise _Refused(f"{node.name} writes under a mask values selected by another one")
+            if symbols and self.axes(values) != [0]:
+                raise _Refused(f"{node.name} writes values counted along another axis")
+            self.plan.actions[node.name] = ("write_back", [self.dense(d) for d in _dims(mask)],
+                                            len(_dims(target)) - len(_dims(mask)),
+                                            [self.dense(d) for d in _dims(values)] if symbols else None)
+            return
+        if self.ours(target) or len(tensors) != 1 or not self.ours(tensors[0]):
+            raise _Refused(f"{node.name} (index_put) at positions it cannot keep apart")
+        dim = next(i for i, index in enumerate(indices) if index is tensors[0])
+        if len(_dims(tensors[0])) != 1:
+            raise _Refused(f"{node.name} (index_put) by an index of several axes")
+        self.plan.actions[node.name] = ("put", dim, self.axis_of(tensors[0], node))
+
+
+def _whole_slice(args, size) -> bool:
+    start = args[2] if len(args) > 2 else None
+    end = args[3] if len(args) > 3 else None
+    step = args[4] if len(args) > 4 else 1
+    return start in (None, 0) and step == 1 and (end is None or (isinstance(end, int) and end >= _WHOLE)
+                                                 or (hasattr(end, "meta") and _expr(_val(end)) == size))
+
+
+def _plan(graph, leave) -> _Plan | None:
+    """The rewrite of every value-sized selection, or None if there is none (raises _Refused)."""
+    planner = _Planner(graph, leave)
+    for node in graph.nodes:
+        planner.visit(node)
+    return planner.plan if planner.plan.dense else None
+
+
+class _Rewrite:
+    """Applies a plan to a copy of the graph; returns the nodes it made."""
+
+    def __init__(self, graph, plan: _Plan):
+        self.graph, self.plan = graph, plan
+        self.fresh: set = set()
+        self.validity: dict = {}  # axis size expression -> its bool vector node
+        self.by_name = {node.name: node for node in graph.nodes}
+
+    def run(self) -> set:
+        for node in list(self.graph.nodes):
+            action = self.plan.actions.get(node.name)
+            if action is not None:
+                self.fresh.add(node)  # its arguments change: its value is worked out again
+                getattr(self, "_" + action[0])(node, *action[1:])
+        return self.fresh
+
+    def op(self, target, *args, like=None, **kwargs):
+        node = self.graph.call_function(target, args, kwargs)
+        if like is not None and "stack_trace" in like.meta:
+            node.meta["stack_trace"] = like.meta["stack_trace"]
+        self.fresh.add(node)
+        return node
+
+    def dense(self, size) -> int:
+        return size if isinstance(size, int) else int(size.xreplace(self.plan.dense))
+
+    def valid(self, size, like):
+        """The bool vector of an axis (inserted before `like` the first time it is needed)."""
+        import torch
+
+        aten = torch.ops.aten
+        if size in self.validity:
+            return self.validity[size]
+        parts = []
+        for part in self.plan.layouts.get(size, (size,)) if not isinstance(size, int) else (size,):
+            if isinstance(part, int):
+                parts.append(self.op(aten.full.default, [part], True, like=like, dtype=torch.bool))
+                continue
+            mask_name, inner = self.plan.masks[part]
+            mask = self.by_name[mask_name]
+            vector = mask if len(_val(mask).shape) == 1 else self.op(aten.view.default, mask, [-1], like=like)
+            if inner is not None:
+                vector = self.op(aten.logical_and.default, vector, self.valid(inner, like), like=like)
+            parts.append(vector)
+        vector = parts[0] if len(parts) == 1 else self.op(aten.cat.default, parts, like=like)
+        self.validity[size] = vector
+        return vector
+
+    def spread(self, size, axis: int, rank: int, like):
+        """The validity vector of `size` viewed to broadcast at `axis` of a tensor of `rank` axes."""
+        import torch
+
+        vector = self.valid(size, like)
+        if rank == 1:
+            return vector
+        shape = [1] * rank
+        shape[axis] = self.dense(size)
+        return self.op(torch.ops.aten.view.default, vector, shape, like=like)
+
+    def _select(self, node, k: int, rank: int, dims: list) -> None:
+        import torch
+
+        source = node.args[0]
+        with self.graph.inserting_before(node):
+            full = source
+            if rank != 1:
+                full = self.op(torch.ops.aten.view.default, source,
+                               dims[:k] + [math.prod(dims[k:k + rank])] + dims[k + rank:], like=node)
+        node.replace_all_uses_with(full)
+        self.graph.erase_node(node)
+        self.fresh.discard(node)
+
+    def _drop(self, node) -> None:
+        self.graph.erase_node(node)
+        self.fresh.discard(node)
+
+    def _gather(self, node, positions) -> None:
+        import torch
+
+        aten = torch.ops.aten
+        with self.graph.inserting_before(node):
+            args = list(node.args)
+            key = str(node.target)
+            for position, *counted in positions:
+                index = args[1][position] if key == "aten.index.Tensor" else args[position]
+                safe = self.op(aten.where.ScalarOther, self.spread(*counted, node), index, 0, like=node)
+                if key == "aten.index.Tensor":
+                    args[1] = [safe if i == position else x for i, x in enumerate(args[1])]
+                else:
+                    args[position] = safe
+            node.args = tuple(args)
+
+    def _reduce(self, node, counted: tuple, kind: str, dtype) -> None:
+        import torch
+
+        identity = 0 if kind == "sum" else _extreme(dtype, lowest=kind == "max")
+        with self.graph.inserting_before(node):
+            kept = self.op(torch.ops.aten.where.ScalarOther, self.spread(*counted, node), node.args[0], identity,
+                           like=node)
+        node.args = (kept, *node.args[1:])
+
+    def _scatter(self, node, dim: int, index_at: int, counted: tuple) -> None:
+        """Into a destination one slot longer along `dim`; dropped elements to that slot."""
+        self._spare_slot(node, dim, index_at, counted)
+
+    def _put(self, node, dim: int, counted: tuple) -> None:
+        self._spare_slot(node, dim, None, counted)
+
+    def _spare_slot(self, node, dim: int, index_at, counted: tuple) -> None:
+        import torch
+
+        aten = torch.ops.aten
+        target = node.args[0]
+        shape = list(_val(target).shape)
+        length = shape[dim]
+        with self.graph.inserting_before(node):
+            spare = self.op(aten.full.default, shape[:dim] + [1] + shape[dim + 1:], 0, like=node,
+                            dtype=_val(target).dtype)
+            padded = self.op(aten.cat.default, [target, spare], dim, like=node)
+            index = node.args[index_at] if index_at is not None else node.args[1][dim]
+            wrapped = self.op(aten.remainder.Scalar, index, length, like=node)  # -1 is the last, as torch reads it
+            safe = self.op(aten.where.ScalarOther, self.spread(*counted, node), wrapped, length, like=node)
+        args = list(node.args)
+        args[0] = padded
+        if index_at is not None:
+            args[index_at] = safe
+        else:
+            args[1] = [safe if i == dim else x for i, x in enumerate(args[1])]
+        node.args = tuple(args)
+        with self.graph.inserting_after(node):
+            trimmed = self.op(aten.slice.Tensor, node, dim, 0, length, like=node)
+        node.replace_all_uses_with(trimmed, delete_user_cb=lambda user: user is not trimmed)
+
+    def _write_back(self, node, mask_dims: list, trailing: int, selected: list | None) -> None:
+        """`x[m] = v` with `v` selected by `m` (or broadcast): where(m, v, x); accumulating, x + where(m, v, 0)."""
+        import torch
+
+        aten = torch.ops.aten
+        target, indices, values = node.args[:3]
+        accumulate = node.args[3] if len(node.args) > 3 else False
+        mask = indices[0]
+        with self.graph.inserting_before(node):
+            if trailing:
+                mask = self.op(aten.view.default, mask, mask_dims + [1] * trailing, like=node)
+            if selected is not None and len(mask_dims) != 1:  # the mask's axes were flattened into one
+                values = self.op(aten.view.default, values, mask_dims + selected[1:], like=node)
+            if accumulate:
+                added = self.op(aten.where.ScalarOther, mask, values, 0, like=node)
+                result = self.op(aten.add.Tensor, target, added, like=node)
+            else:
+                result = self.op(aten.where.self, mask, values, target, like=node)
+        node.replace_all_uses_with(result)
+        self.graph.erase_node(node)
+        self.fresh.discard(node)
+
+
+def _extreme(dtype, lowest: bool):
+    import torch
+
+    if dtype.is_floating_point:
+        return -math.inf if lowest else math.inf
+    if dtype == torch.bool:
+        return not lowest
+    info = torch.iinfo(dtype)
+    return info.min if lowest else info.max
