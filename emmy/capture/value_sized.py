@@ -100,12 +100,25 @@ def keep_value_sized_selections(program, leave=frozenset()):
     from emmy.capture.constant_reads import _copied, _specialized
 
     module = _copied(program.graph_module)
-    fresh = _Rewrite(module.graph, plan).run()
+    rewrite = _Rewrite(module.graph, plan)
+    fresh = rewrite.run()
     counts = set(plan.dense)
     stale = {node for node in module.graph.nodes if _symbols(_val(node)) & counts}
     _specialized(module, {}, fresh | stale)
     logger.info("%d value-sized selection(s) kept at full size with a validity vector", len(plan.dense))
-    return program._update(module, program.graph_signature)
+    return program._update(module, _outputs_renamed(program.graph_signature, rewrite.renamed))
+
+
+def _outputs_renamed(signature, renamed: dict):
+    """The signature with the outputs a rewrite replaced named by their new nodes."""
+    import dataclasses
+
+    def spec(output):
+        name = getattr(output.arg, "name", None)
+        return dataclasses.replace(output, arg=dataclasses.replace(output.arg, name=renamed[name])) \
+            if name in renamed else output
+
+    return dataclasses.replace(signature, output_specs=[spec(output) for output in signature.output_specs])
 
 
 def _val(node):
@@ -146,6 +159,16 @@ class _Planner:
         # shares its symbol)
         self.left = set().union(*(_symbols(_val(node)) for node in graph.nodes if node.name in leave))
         self.numbers: set = set()  # nodes holding a number made from a count
+        # a count of a mask computing the same value as an earlier one's (`~loop` written twice):
+        # torch checks the two are equal where they meet; here they are one
+        self.alias: dict = {}
+        from emmy.decompose.masked_regions import value_numbers
+
+        self.same = value_numbers(graph)
+
+    def dims(self, node) -> list:
+        return [size.xreplace(self.alias) if self.alias and not isinstance(size, int) else size
+                for size in _dims(node)]
 
     def ours(self, node) -> bool:
         symbols = _symbols(_val(node))
@@ -158,7 +181,7 @@ class _Planner:
         """The axes of a tensor node sized by a count."""
         if not _is_tensor(node):
             return []
-        return [d for d, size in enumerate(_dims(node)) if getattr(size, "free_symbols", None)
+        return [d for d, size in enumerate(self.dims(node)) if getattr(size, "free_symbols", None)
                 and size.free_symbols & set(self.plan.dense)]
 
     def visit(self, node) -> None:
@@ -199,28 +222,32 @@ class _Planner:
         import sympy
 
         k, rank = len(before), len(_val(mask).shape)
-        out = _dims(node)
-        if rank == 0 or not isinstance(out[k], sympy.Symbol) or _dims(source)[k:k + rank] != _dims(mask):
+        out = self.dims(node)
+        if rank == 0 or not isinstance(out[k], sympy.Symbol) or self.dims(source)[k:k + rank] != self.dims(mask):
             return False
         if out[k] in self.left:
             raise _Refused(f"{node.name} shares its count with a selection computed elsewhere")
-        if out[k] in self.plan.dense:  # torch knows a second selection by the same mask has the same count
-            if self.plan.masks[out[k]][0] != mask.name:
+        twin = next((u for u, (name, _) in self.plan.masks.items() if self.same[name] == self.same[mask.name]), None)
+        if out[k] in self.plan.dense or twin is not None:  # a second selection by the same mask
+            if twin is None or self.alias.get(out[k], out[k]) not in (out[k], twin):
                 raise _Refused(f"{node.name}: two masks select the same count")
-            self.plan.actions[node.name] = ("select", k, rank, [self.dense(d) for d in _dims(source)])
+            if out[k] != twin:
+                self.alias[out[k]] = twin
+                self.plan.dense[out[k]] = self.plan.dense[twin]
+            self.plan.actions[node.name] = ("select", k, rank, [self.dense(d) for d in self.dims(source)])
             return True
         mask_axes = self.axes(mask)
         if mask_axes and rank != 1:
             raise _Refused(f"{node.name} selects by a mask of several axes, one sized by a count")
-        inner = _dims(mask)[0] if mask_axes else None
+        inner = self.dims(mask)[0] if mask_axes else None
         if inner is not None:
             self.layout(inner, node)
         if mask.name in self.plan.actions:
             raise _Refused(f"{node.name} selects by a mask this module rewrites")
-        self.plan.dense[out[k]] = math.prod(self.dense(size) for size in _dims(mask))
+        self.plan.dense[out[k]] = math.prod(self.dense(size) for size in self.dims(mask))
         self.plan.masks[out[k]] = (mask.name, inner)
         self.plan.layouts[out[k]] = (out[k],)
-        self.plan.actions[node.name] = ("select", k, rank, [self.dense(d) for d in _dims(source)])
+        self.plan.actions[node.name] = ("select", k, rank, [self.dense(d) for d in self.dims(source)])
         return True
 
     def dense(self, size) -> int:
@@ -247,7 +274,7 @@ class _Planner:
 
     def check_assertion(self, node) -> None:
         for arg in _inputs(node):
-            symbols = _symbols(_val(arg)) & set(self.plan.dense)
+            symbols = {self.alias.get(s, s) for s in _symbols(_val(arg)) & set(self.plan.dense)}
             if len(symbols) > 1:
                 raise _Refused(f"{node.name} relates two counts")
         self.plan.actions[node.name] = ("drop",)
@@ -268,7 +295,7 @@ class _Planner:
             return self.reduction(node, key)
         if key in _PRODUCTS:
             left, right = (args[i] for i in _PRODUCTS[key])
-            if self.axes(right) or self.axes(left) != [len(_dims(left)) - 2] or (
+            if self.axes(right) or self.axes(left) != [len(self.dims(left)) - 2] or (
                     key == "aten.addmm.default" and self.axes(args[0])):
                 raise _Refused(f"{node.name}: a matrix product over a value-sized axis")
             return
@@ -288,11 +315,11 @@ class _Planner:
                                 "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
                                 "aten.squeeze.default"):
             return self.same_sizes(node)
-        out = _dims(node)
+        out = self.dims(node)
         for arg in _inputs(node):
             if not _is_tensor(arg) or not self.ours(arg):
                 continue
-            dims = _dims(arg)
+            dims = self.dims(arg)
             for d in self.axes(arg):
                 at = len(out) - len(dims) + d
                 if at < 0 or out[at] != dims[d]:
@@ -301,13 +328,13 @@ class _Planner:
     def same_sizes(self, node) -> None:
         """A reorder of axes keeps each counted axis whole."""
         source = node.args[0]
-        counted_in = sorted(str(_dims(source)[d]) for d in self.axes(source))
-        counted_out = sorted(str(_dims(node)[d]) for d in self.axes(node))
+        counted_in = sorted(str(self.dims(source)[d]) for d in self.axes(source))
+        counted_out = sorted(str(self.dims(node)[d]) for d in self.axes(node))
         if counted_in != counted_out:
             raise _Refused(f"{node.name} changes a value-sized axis")
 
     def at_axis(self, node, source, dim, key) -> None:
-        dims = _dims(source)
+        dims = self.dims(source)
         dim = dim % max(len(dims), 1)
         if dim in self.axes(source):
             whole = key == "aten.slice.Tensor" and _whole_slice(node.args, dims[dim])
@@ -317,7 +344,7 @@ class _Planner:
     def view(self, node) -> None:
         """A view keeps each counted axis whole: as many elements before it on both sides."""
         source = node.args[0]
-        before, after = _dims(source), _dims(node)
+        before, after = self.dims(source), self.dims(node)
         if len(self.axes(source)) != 1 or len(self.axes(node)) != 1:
             raise _Refused(f"{node.name} reshapes across value-sized axes")
         (d_in,), (d_out,) = self.axes(source), self.axes(node)
@@ -329,11 +356,11 @@ class _Planner:
     def cat(self, node) -> None:
         parts = [p for p in node.args[0] if hasattr(p, "meta")]
         dim = node.args[1] if len(node.args) > 1 else 0
-        out = _dims(node)
+        out = self.dims(node)
         dim %= len(out)
         if dim not in self.axes(node):
             return self.per_element(node)
-        joined = sum((self.layout(_dims(p)[dim], node) for p in parts if self.ours(p) or _val(p).numel() != 0), ())
+        joined = sum((self.layout(self.dims(p)[dim], node) for p in parts if self.ours(p) or _val(p).numel() != 0), ())
         known = self.plan.layouts.get(out[dim])
         if known is not None and known != joined:
             raise _Refused(f"{node.name} joins parts in another order than an axis of the same size")
@@ -348,7 +375,7 @@ class _Planner:
         else:
             positions = [_GATHERS[key]] if self.ours(node.args[_GATHERS[key]]) else []
             indices = [node.args[i] for i in positions]
-        along = node.args[1] % len(_dims(source)) if key in ("aten.index_select.default", "aten.gather.default") else None
+        along = node.args[1] % len(self.dims(source)) if key in ("aten.index_select.default", "aten.gather.default") else None
         if not positions:
             if key == "aten.index_select.default" and along not in self.axes(source):
                 return  # static positions along another axis
@@ -359,19 +386,19 @@ class _Planner:
         self.plan.actions[node.name] = ("gather", [(p, *self.axis_of(i, node)) for p, i in zip(positions, indices)])
 
     def counted(self, node) -> list:
-        return [(d, _dims(node)[d]) for d in self.axes(node)]
+        return [(d, self.dims(node)[d]) for d in self.axes(node)]
 
     def axis_of(self, node, user) -> tuple:
         """(size, axis, rank) of a tensor's one counted axis, its validity known."""
         if len(self.axes(node)) != 1:
             raise _Refused(f"{user.name}: {node.name} has {len(self.axes(node))} value-sized axes, not one")
         axis = self.axes(node)[0]
-        self.layout(_dims(node)[axis], user)
-        return _dims(node)[axis], axis, len(_dims(node))
+        self.layout(self.dims(node)[axis], user)
+        return self.dims(node)[axis], axis, len(self.dims(node))
 
     def reduction(self, node, key) -> None:
         source = node.args[0]
-        dims = _dims(source)
+        dims = self.dims(source)
         reduced = (range(len(dims)) if len(node.args) < 2 or node.args[1] in (None, [], ())
                    else [d % len(dims) for d in node.args[1]])
         counted = [d for d in self.axes(source) if d in reduced]
@@ -385,7 +412,7 @@ class _Planner:
         """Dropped elements go to a spare slot past the end of a fixed-size destination."""
         target, dim, index = node.args[0], node.args[1], node.args[2]
         source = node.args[3] if len(node.args) > 3 and hasattr(node.args[3], "meta") else None
-        dim %= len(_dims(target))
+        dim %= len(self.dims(target))
         if self.ours(target) or self.ours(node):
             raise _Refused(f"{node.name} ({key}) into a value-sized tensor")
         axes = self.axes(index)
@@ -408,14 +435,14 @@ class _Planner:
                 raise _Refused(f"{node.name} writes under a mask values selected by another one")
             if symbols and self.axes(values) != [0]:
                 raise _Refused(f"{node.name} writes values counted along another axis")
-            self.plan.actions[node.name] = ("write_back", [self.dense(d) for d in _dims(mask)],
-                                            len(_dims(target)) - len(_dims(mask)),
-                                            [self.dense(d) for d in _dims(values)] if symbols else None)
+            self.plan.actions[node.name] = ("write_back", [self.dense(d) for d in self.dims(mask)],
+                                            len(self.dims(target)) - len(self.dims(mask)),
+                                            [self.dense(d) for d in self.dims(values)] if symbols else None)
             return
         if self.ours(target) or len(tensors) != 1 or not self.ours(tensors[0]):
             raise _Refused(f"{node.name} (index_put) at positions it cannot keep apart")
         dim = next(i for i, index in enumerate(indices) if index is tensors[0])
-        if len(_dims(tensors[0])) != 1:
+        if len(self.dims(tensors[0])) != 1:
             raise _Refused(f"{node.name} (index_put) by an index of several axes")
         self.plan.actions[node.name] = ("put", dim, self.axis_of(tensors[0], node))
 
@@ -443,6 +470,7 @@ class _Rewrite:
         self.graph, self.plan = graph, plan
         self.fresh: set = set()
         self.validity: dict = {}  # axis size expression -> its bool vector node
+        self.renamed: dict = {}  # a replaced node's name -> its replacement's
         self.by_name = {node.name: node for node in graph.nodes}
 
     def run(self) -> set:
@@ -569,6 +597,7 @@ class _Rewrite:
         with self.graph.inserting_after(node):
             trimmed = self.op(aten.slice.Tensor, node, dim, 0, length, like=node)
         node.replace_all_uses_with(trimmed, delete_user_cb=lambda user: user is not trimmed)
+        self.renamed[node.name] = trimmed.name
 
     def _write_back(self, node, mask_dims: list, trailing: int, selected: list | None) -> None:
         """`x[m] = v` with `v` selected by `m` (or broadcast): where(m, v, x); accumulating, x + where(m, v, 0)."""
@@ -589,6 +618,7 @@ class _Rewrite:
             else:
                 result = self.op(aten.where.self, mask, values, target, like=node)
         node.replace_all_uses_with(result)
+        self.renamed[node.name] = result.name
         self.graph.erase_node(node)
         self.fresh.discard(node)
 

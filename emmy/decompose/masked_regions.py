@@ -141,7 +141,7 @@ def masked_regions(graph) -> MaskedRegions:
         return MaskedRegions()  # no value-sized selection: nothing to plan
     region: dict = {}  # node name -> mask node
     selections, rows, coordinates, reshaped, positions = {}, set(), {}, set(), set()
-    same = _value_numbers(graph)  # `x[y > 0] = y[y > 0]` computes its mask twice: one mask
+    same = value_numbers(graph)  # `x[y > 0] = y[y > 0]` computes its mask twice: one mask
     for node in graph.nodes:
         if node.op != "call_function":
             continue
@@ -337,7 +337,7 @@ def _broadcasts_over(arg, region: dict, trailing: int) -> bool:
     return len(shape) <= trailing or (len(shape) == trailing + 1 and shape[0] == 1)
 
 
-def _value_numbers(graph) -> dict:
+def value_numbers(graph) -> dict:
     """Node name -> a number equal for nodes computing the same value: the same op of the same
     operands (one pass in graph order; an op drawing random numbers is its own)."""
     numbers, seen = {}, {}
