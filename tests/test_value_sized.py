@@ -68,12 +68,14 @@ class GraphAttention(torch.nn.Module):
 
 
 def padded_edges(x, edge_index, weight):
-    """Edges padded with -1 to a fixed count, dropped before use: the padding's indices are out of
-    range, and a read at them would leave the tensor."""
-    real = edge_index[0] >= 0
-    source, target, weight = edge_index[0][real], edge_index[1][real], weight[real]
+    """Edges padded to a fixed count with a node past the last, dropped before self loops are
+    added: the padding's indices are out of range, and a read at them would leave the tensor."""
+    real = edge_index[0] < x.shape[0]
+    edge_index = torch.cat([edge_index[:, real], torch.arange(x.shape[0]).repeat(2, 1)], dim=1)
+    weight = torch.cat([weight[real], torch.full((x.shape[0],), 0.5)])
+    source, target = edge_index[0], edge_index[1]
     out = torch.zeros(x.shape[0], x.shape[1]).index_put((target,), x[source] * weight[:, None], accumulate=True)
-    return out, weight.sum(), weight.amax()
+    return out, weight.sum(), (weight * x[source, 0]).amax(), (weight * x[source, 1]).amin()
 
 
 def laplacian_weights(x, edge_index):
@@ -106,9 +108,9 @@ def _edges(loops: int, seed: int = 0):
 
 
 def _padded(count: int):
-    """`count` edges padded (one real edge at least: eager torch's amax of nothing is an error)."""
+    """The last `count` edges padded (with NODES, one past the last node)."""
     edge_index = _edges(0, seed=count)
-    edge_index[:, EDGES - min(count, EDGES - 1):] = -1
+    edge_index[:, EDGES - count:] = NODES
     return edge_index
 
 
@@ -172,8 +174,22 @@ def _pairs_two_selections(x, edge_index):
     return torch.zeros(3).index_add(0, torch.zeros_like(a, dtype=torch.long), a * b)
 
 
+def _checks_two_counts(x, edge_index):
+    a, b = x[:, 0][x[:, 0] > 0], x[:, 1][x[:, 1] > 0]
+    torch._check(a.shape[0] <= b.shape[0])  # eager raises where it fails: never dropped
+    return torch.zeros(2).index_add(0, (a > 1).long(), a) + torch.zeros(2).index_add(0, (b > 1).long(), b)
+
+
+def _checks_two_counts_then_adds(x, edge_index):
+    a, b = x[:, 0][x[:, 0] > 0], x[:, 1][x[:, 1] > 0]
+    torch._check(a.shape[0] <= b.shape[0])
+    a, b = torch.cat([a, torch.ones(2)]), torch.cat([b, torch.ones(2)])  # a cat: emmy.capture.value_sized's
+    return torch.zeros(2).index_add(0, (a > 1).long(), a) + torch.zeros(2).index_add(0, (b > 1).long(), b)
+
+
 @pytest.mark.parametrize("function", [_returns_the_selection, _counts_as_a_value, _numbers_the_kept_edges,
-                                      _reverses_the_kept_edges, _pairs_two_selections])
+                                      _reverses_the_kept_edges, _pairs_two_selections, _checks_two_counts,
+                                      _checks_two_counts_then_adds])
 def test_a_program_that_needs_where_the_kept_elements_sit_is_still_refused(function):
     with pytest.raises(emmy.EmmyError, match="depends on tensor values|branches or loops on tensor values") as err:
         emmy.optimize(function, _X, _edges(3))

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from emmy.decompose.registry import draws_random
 from emmy.dtypes import DType
@@ -386,6 +387,9 @@ def _scatters_at_coordinates(user, region: dict) -> bool:
         _selected_axis(_val(values)) == 0
 
 
+_NO_SYMBOLS = SimpleNamespace(free_symbols=())  # a value without symbols
+
+
 def _only_checks(size_read, dropped: set) -> bool:
     """Whether a region tensor's size is read only for torch.export's runtime assertions (through
     Python comparisons): then those reads are dropped with it."""
@@ -396,6 +400,8 @@ def _only_checks(size_read, dropped: set) -> bool:
             if str(user.target) in _CHECKS:
                 seen.append(user)
             elif user.op == "call_function" and getattr(user.target, "__module__", None) in ("operator", "_operator"):
+                if len(getattr(getattr(_val(user), "node", None), "expr", _NO_SYMBOLS).free_symbols) > 1:
+                    return False  # a check relating two counts (`torch._check(a.size(0) <= b.size(0))`) is kept
                 seen.append(user)
                 stack.append(user)
             else:
