@@ -67,6 +67,23 @@ class GraphAttention(torch.nn.Module):
         return torch.zeros_like(h).index_add(0, target, h[source] * alpha[:, None])
 
 
+class EdgeHeads(torch.nn.Module):
+    """Per-edge features of two heads through a linear layer (the edge axis merged with the heads'
+    for the matrix product, then split back), a batched product per edge, each head's largest
+    channel."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(5, 4)
+
+    def forward(self, x, edge_index):
+        edge_index = _with_self_loops(edge_index, x.shape[0])
+        h = self.linear(torch.stack([x[edge_index[0]], x[edge_index[1]]], 1))
+        scores = torch.bmm(h, h.transpose(1, 2)).softmax(-1)
+        messages = torch.bmm(scores, h).sum(1) * h.max(dim=-1).values[:, :1]
+        return torch.zeros(x.shape[0], 4).index_add(0, edge_index[1], messages)
+
+
 def padded_edges(x, edge_index, weight):
     """Edges padded to a fixed count with a node past the last, dropped before self loops are
     added: the padding's indices are out of range, and a read at them would leave the tensor."""
@@ -120,6 +137,7 @@ torch.manual_seed(0)
 _CASES = {
     "convolution": (GraphConvolution().eval(), lambda e: (_X, e), _edges),
     "attention": (GraphAttention().eval(), lambda e: (_X, e), _edges),
+    "edge_heads": (EdgeHeads().eval(), lambda e: (_X, e), _edges),
     "padded": (padded_edges, lambda e: (_X, e, _WEIGHT), _padded),
     "laplacian": (laplacian_weights, lambda e: (_X, e), _edges),
     "loop_weights": (loop_weights, lambda e: (_X, e, _WEIGHT), _edges),

@@ -58,7 +58,7 @@ _ANY_AXES = {"aten.permute.default", "aten.transpose.int", "aten.t.default", "at
              "aten.clone.default", "aten.alias.default", "aten.contiguous.default", "aten._to_copy.default",
              "aten.lift_fresh_copy.default", "aten.repeat.default"}
 _AT_AXIS = {"aten.select.int": 1, "aten.slice.Tensor": 1, "aten._softmax.default": 1,
-            "aten._log_softmax.default": 1, "aten.cumsum.default": 1}
+            "aten._log_softmax.default": 1, "aten.cumsum.default": 1, "aten.max.dim": 1, "aten.min.dim": 1}
 _REDUCTIONS = {"aten.sum.dim_IntList": "sum", "aten.sum.default": "sum", "aten.amax.default": "max",
                "aten.amin.default": "min", "aten.max.default": "max", "aten.min.default": "min"}
 _GATHERS = {"aten.index_select.default": 2, "aten.embedding.default": 1, "aten.gather.default": 2}
@@ -294,11 +294,7 @@ class _Planner:
         if key in _REDUCTIONS or key == "aten.mean.dim":
             return self.reduction(node, key)
         if key in _PRODUCTS:
-            left, right = (args[i] for i in _PRODUCTS[key])
-            if self.axes(right) or self.axes(left) != [len(self.dims(left)) - 2] or (
-                    key == "aten.addmm.default" and self.axes(args[0])):
-                raise _Refused(f"{node.name}: a matrix product over a value-sized axis")
-            return
+            return self.product(node, *(args[i] for i in _PRODUCTS[key]))
         if key == "aten.cat.default":
             return self.cat(node)
         if key in _VIEWS:
@@ -307,7 +303,19 @@ class _Planner:
             return self.at_axis(node, args[0], args[_AT_AXIS[key]] if len(args) > 1 else 0, key)
         if key in _ANY_AXES or torch.Tag.pointwise in getattr(node.target, "tags", ()):
             return self.per_element(node)
+        if key == "<built-in function getitem>" and isinstance(_val(node.args[0]), (list, tuple)):
+            return  # a result of max.dim along another axis, already planned
         raise _Refused(f"{node.name} ({key}) on a value-sized axis")
+
+    def product(self, node, left, right) -> None:
+        """A matrix product of counted rows, or a batched one over a counted batch axis."""
+        rows = [len(self.dims(left)) - 2]
+        by_rows = self.axes(left) == rows and not self.axes(right)
+        batched = (self.axes(left) == self.axes(right) == [0] and len(self.dims(left)) == 3
+                   and self.dims(left)[0] == self.dims(right)[0])
+        bias = node.args[0] if str(node.target) == "aten.addmm.default" else None
+        if not (by_rows or batched) or (bias is not None and self.axes(bias)):
+            raise _Refused(f"{node.name}: a matrix product over a value-sized axis")
 
     def per_element(self, node) -> None:
         """Each input's counted axes line up with the output's (right-aligned, as broadcasting does)."""
@@ -342,16 +350,33 @@ class _Planner:
                 raise _Refused(f"{node.name} ({key}) works along a value-sized axis")
 
     def view(self, node) -> None:
-        """A view keeps each counted axis whole: as many elements before it on both sides."""
+        """A view keeps each counted axis whole (as many elements before it on both sides), merges it
+        with the axes of fixed size after it (`x.view(-1, c)` before a matrix product: each element
+        of the merged axis is valid where its row is), or splits such a merged axis back."""
+        import sympy
+
         source = node.args[0]
         before, after = self.dims(source), self.dims(node)
         if len(self.axes(source)) != 1 or len(self.axes(node)) != 1:
             raise _Refused(f"{node.name} reshapes across value-sized axes")
         (d_in,), (d_out,) = self.axes(source), self.axes(node)
-        import sympy
+        if sympy.expand(math.prod(before[:d_in]) - math.prod(after[:d_out])) != 0:
+            raise _Refused(f"{node.name} merges a value-sized axis with one before it")
+        size_in, size_out = before[d_in], after[d_out]
+        merged, split = sympy.cancel(size_out / size_in), sympy.cancel(size_in / size_out)
+        if size_in == size_out:
+            return
+        if merged.is_Integer:
+            self.layout(size_in, node)
+            self.settle(size_out, (("repeat", size_in, int(merged)),), node)
+        elif not (split.is_Integer and self.plan.layouts.get(size_in) == (("repeat", size_out, int(split)),)):
+            raise _Refused(f"{node.name} splits a value-sized axis")
 
-        if before[d_in] != after[d_out] or sympy.expand(math.prod(before[:d_in]) - math.prod(after[:d_out])) != 0:
-            raise _Refused(f"{node.name} merges or splits a value-sized axis")
+    def settle(self, size, layout: tuple, node) -> None:
+        """`size`'s axis is laid out as `layout`: the first op to make one decides, the rest agree."""
+        known = self.plan.layouts.setdefault(size, layout)
+        if known != layout:
+            raise _Refused(f"{node.name} lays out an axis of size {size} otherwise than an earlier op")
 
     def cat(self, node) -> None:
         parts = [p for p in node.args[0] if hasattr(p, "meta")]
@@ -361,10 +386,7 @@ class _Planner:
         if dim not in self.axes(node):
             return self.per_element(node)
         joined = sum((self.layout(self.dims(p)[dim], node) for p in parts if self.ours(p) or _val(p).numel() != 0), ())
-        known = self.plan.layouts.get(out[dim])
-        if known is not None and known != joined:
-            raise _Refused(f"{node.name} joins parts in another order than an axis of the same size")
-        self.plan.layouts[out[dim]] = joined
+        self.settle(out[dim], joined, node)
 
     def gather(self, node, key) -> None:
         """Reads at counted positions: the dropped positions read at 0."""
@@ -502,6 +524,14 @@ class _Rewrite:
         for part in self.plan.layouts.get(size, (size,)) if not isinstance(size, int) else (size,):
             if isinstance(part, int):
                 parts.append(self.op(aten.full.default, [part], True, like=like, dtype=torch.bool))
+                continue
+            if isinstance(part, tuple):  # ("repeat", rows, n): each row's validity n times over
+                _, rows, times = part
+                count = self.dense(rows)
+                column = self.op(aten.view.default, self.valid(rows, like), [count, 1], like=like)
+                spread = self.op(aten.expand.default, column, [count, times], like=like)
+                copied = self.op(aten.clone.default, spread, like=like)
+                parts.append(self.op(aten.view.default, copied, [count * times], like=like))
                 continue
             mask_name, inner = self.plan.masks[part]
             mask = self.by_name[mask_name]
