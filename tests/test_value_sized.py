@@ -70,7 +70,7 @@ class GraphAttention(torch.nn.Module):
 class EdgeHeads(torch.nn.Module):
     """Per-edge features of two heads through a linear layer (the edge axis merged with the heads'
     for the matrix product, then split back), a batched product per edge, each head's largest
-    channel."""
+    channel, and a sum over the edge and head axes merged."""
 
     def __init__(self):
         super().__init__()
@@ -81,7 +81,8 @@ class EdgeHeads(torch.nn.Module):
         h = self.linear(torch.stack([x[edge_index[0]], x[edge_index[1]]], 1))
         scores = torch.bmm(h, h.transpose(1, 2)).softmax(-1)
         messages = torch.bmm(scores, h).sum(1) * h.max(dim=-1).values[:, :1]
-        return torch.zeros(x.shape[0], 4).index_add(0, edge_index[1], messages)
+        # summed over the merged axis: each head's row is valid where its edge is
+        return torch.zeros(x.shape[0], 4).index_add(0, edge_index[1], messages), h.reshape(-1, 4).sum(0)
 
 
 def padded_edges(x, edge_index, weight):
