@@ -305,7 +305,8 @@ def _decomposed(program, source: Source):
 
     try:
         program = fold_constant_reads(exporting.decompose(program))
-        return keep_value_sized_selections(program, leave=frozenset(masked_regions(program.graph).selections))
+        regions = masked_regions(program.graph)  # the selections it computes are its own
+        return keep_value_sized_selections(program, leave=frozenset(regions.selections) | frozenset(regions.coordinates))
     except EmmyError:
         raise
     except Exception as err:

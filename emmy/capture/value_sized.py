@@ -58,7 +58,8 @@ _ANY_AXES = {"aten.permute.default", "aten.transpose.int", "aten.t.default", "at
              "aten.clone.default", "aten.alias.default", "aten.contiguous.default", "aten._to_copy.default",
              "aten.lift_fresh_copy.default", "aten.repeat.default"}
 _AT_AXIS = {"aten.select.int": 1, "aten.slice.Tensor": 1, "aten._softmax.default": 1,
-            "aten._log_softmax.default": 1, "aten.cumsum.default": 1, "aten.max.dim": 1, "aten.min.dim": 1}
+            "aten._log_softmax.default": 1, "aten.cumsum.default": 1, "aten.max.dim": 1, "aten.min.dim": 1,
+            "aten.unbind.int": 1}
 _REDUCTIONS = {"aten.sum.dim_IntList": "sum", "aten.sum.default": "sum", "aten.amax.default": "max",
                "aten.amin.default": "min", "aten.max.default": "max", "aten.min.default": "min"}
 _GATHERS = {"aten.index_select.default": 2, "aten.embedding.default": 1, "aten.gather.default": 2}
@@ -88,7 +89,8 @@ def keep_value_sized_selections(program, leave=frozenset()):
     is left as it was."""
     import torch
 
-    if not any(node.target is torch.ops.aten.index.Tensor and _symbols(_val(node)) for node in program.graph.nodes):
+    selecting = (torch.ops.aten.index.Tensor, torch.ops.aten.nonzero.default)
+    if not any(node.target in selecting and _symbols(_val(node)) for node in program.graph.nodes):
         return program
     try:
         plan = _plan(program.graph, leave)
@@ -194,6 +196,8 @@ class _Planner:
             return
         if key == "aten.index.Tensor" and self.selection(node):
             return
+        if key == "aten.nonzero.default" and self.positions(node):
+            return
         touched = [n for n in _inputs(node) if n in self.numbers or self.ours(n)]
         if not touched and not self.ours(node):
             return
@@ -225,30 +229,50 @@ class _Planner:
         out = self.dims(node)
         if rank == 0 or not isinstance(out[k], sympy.Symbol) or self.dims(source)[k:k + rank] != self.dims(mask):
             return False
-        if out[k] in self.left:
+        self.count(node, out[k], mask, ("select", k, rank, [self.dense(d) for d in self.dims(source)]))
+        return True
+
+    def positions(self, node) -> bool:
+        """`mask.nonzero()` (torch.where(mask)) of a bool mask: a new count, the coordinates of every
+        position kept, the mask their validity; True if `node` is one."""
+        import sympy
+        import torch
+
+        mask = node.args[0]
+        out = self.dims(node)
+        if node.name in self.leave or getattr(_val(mask), "dtype", None) != torch.bool or not isinstance(
+                out[0], sympy.Symbol) or not _val(mask).shape:
+            return False
+        if self.axes(mask):
+            raise _Refused(f"{node.name}: the positions of a value-sized mask")
+        self.count(node, out[0], mask, ("coordinates", [self.dense(d) for d in self.dims(mask)]))
+        return True
+
+    def count(self, node, symbol, mask, action: tuple) -> None:
+        """Enter a selection's count (`symbol`, of `mask`'s True values) and the rewrite of `node`."""
+        if symbol in self.left:
             raise _Refused(f"{node.name} shares its count with a selection computed elsewhere")
+        if mask.name in self.plan.actions:
+            raise _Refused(f"{node.name} selects by a mask this module rewrites")
         twin = next((u for u, (name, _) in self.plan.masks.items() if self.same[name] == self.same[mask.name]), None)
-        if out[k] in self.plan.dense or twin is not None:  # a second selection by the same mask
-            if twin is None or self.alias.get(out[k], out[k]) not in (out[k], twin):
+        if symbol in self.plan.dense or twin is not None:  # a second selection by the same mask
+            if twin is None or self.alias.get(symbol, symbol) not in (symbol, twin):
                 raise _Refused(f"{node.name}: two masks select the same count")
-            if out[k] != twin:
-                self.alias[out[k]] = twin
-                self.plan.dense[out[k]] = self.plan.dense[twin]
-            self.plan.actions[node.name] = ("select", k, rank, [self.dense(d) for d in self.dims(source)])
-            return True
+            if symbol != twin:
+                self.alias[symbol] = twin
+                self.plan.dense[symbol] = self.plan.dense[twin]
+            self.plan.actions[node.name] = action
+            return
         mask_axes = self.axes(mask)
-        if mask_axes and rank != 1:
+        if mask_axes and len(self.dims(mask)) != 1:
             raise _Refused(f"{node.name} selects by a mask of several axes, one sized by a count")
         inner = self.dims(mask)[0] if mask_axes else None
         if inner is not None:
             self.layout(inner, node)
-        if mask.name in self.plan.actions:
-            raise _Refused(f"{node.name} selects by a mask this module rewrites")
-        self.plan.dense[out[k]] = math.prod(self.dense(size) for size in self.dims(mask))
-        self.plan.masks[out[k]] = (mask.name, inner)
-        self.plan.layouts[out[k]] = (out[k],)
-        self.plan.actions[node.name] = ("select", k, rank, [self.dense(d) for d in self.dims(source)])
-        return True
+        self.plan.dense[symbol] = math.prod(self.dense(size) for size in self.dims(mask))
+        self.plan.masks[symbol] = (mask.name, inner)
+        self.plan.layouts[symbol] = (symbol,)
+        self.plan.actions[node.name] = action
 
     def dense(self, size) -> int:
         if isinstance(size, int):
@@ -304,7 +328,7 @@ class _Planner:
         if key in _ANY_AXES or torch.Tag.pointwise in getattr(node.target, "tags", ()):
             return self.per_element(node)
         if key == "<built-in function getitem>" and isinstance(_val(node.args[0]), (list, tuple)):
-            return  # a result of max.dim along another axis, already planned
+            return  # a result of max.dim or unbind along another axis, already planned
         raise _Refused(f"{node.name} ({key}) on a value-sized axis")
 
     def product(self, node, left, right) -> None:
@@ -461,12 +485,12 @@ class _Planner:
                                             len(self.dims(target)) - len(self.dims(mask)),
                                             [self.dense(d) for d in self.dims(values)] if symbols else None)
             return
-        if self.ours(target) or len(tensors) != 1 or not self.ours(tensors[0]):
+        # `out[i, j] = v` with i, j the coordinates of torch.where(mask): one counted axis each
+        if self.ours(target) or not all(self.ours(t) and len(self.dims(t)) == 1 for t in tensors) or len(
+                {str(self.dims(t)[0]) for t in tensors}) != 1:
             raise _Refused(f"{node.name} (index_put) at positions it cannot keep apart")
-        dim = next(i for i, index in enumerate(indices) if index is tensors[0])
-        if len(self.dims(tensors[0])) != 1:
-            raise _Refused(f"{node.name} (index_put) by an index of several axes")
-        self.plan.actions[node.name] = ("put", dim, self.axis_of(tensors[0], node))
+        dims = [i for i, index in enumerate(indices) if index is not None]
+        self.plan.actions[node.name] = ("put", dims, self.axis_of(tensors[0], node))
 
 
 def _whole_slice(args, size) -> bool:
@@ -567,6 +591,26 @@ class _Rewrite:
         self.graph.erase_node(node)
         self.fresh.discard(node)
 
+    def _coordinates(self, node, shape: list) -> None:
+        """nonzero(mask) as every position's coordinates, in row-major order: (n, rank)."""
+        import torch
+
+        aten = torch.ops.aten
+        count = math.prod(shape)
+        with self.graph.inserting_before(node):
+            flat = self.op(aten.arange.start_step, 0, count, 1, like=node, dtype=torch.int64)
+            columns, stride = [], count
+            for size in shape:
+                stride //= size
+                column = flat if stride == 1 else self.op(aten.div.Scalar_mode, flat, stride, like=node,
+                                                          rounding_mode="floor")
+                column = column if size * stride == count else self.op(aten.remainder.Scalar, column, size, like=node)
+                columns.append(self.op(aten.view.default, column, [count, 1], like=node))
+            grid = columns[0] if len(columns) == 1 else self.op(aten.cat.default, columns, 1, like=node)
+        node.replace_all_uses_with(grid)
+        self.graph.erase_node(node)
+        self.fresh.discard(node)
+
     def _drop(self, node) -> None:
         self.graph.erase_node(node)
         self.fresh.discard(node)
@@ -598,31 +642,38 @@ class _Rewrite:
 
     def _scatter(self, node, dim: int, index_at: int, counted: tuple) -> None:
         """Into a destination one slot longer along `dim`; dropped elements to that slot."""
-        self._spare_slot(node, dim, index_at, counted)
+        self._spare_slot(node, [dim], index_at, counted)
 
-    def _put(self, node, dim: int, counted: tuple) -> None:
-        self._spare_slot(node, dim, None, counted)
+    def _put(self, node, dims: list, counted: tuple) -> None:
+        self._spare_slot(node, dims, None, counted)
 
-    def _spare_slot(self, node, dim: int, index_at, counted: tuple) -> None:
+    def _spare_slot(self, node, dims: list, index_at, counted: tuple) -> None:
+        """The destination one slot longer along the first indexed axis; a dropped element's index
+        there is that slot, along the other indexed axes 0."""
         import torch
 
         aten = torch.ops.aten
         target = node.args[0]
         shape = list(_val(target).shape)
-        length = shape[dim]
+        dim, length = dims[0], shape[dims[0]]
+        args = list(node.args)
+        indices = list(args[1]) if index_at is None else None
         with self.graph.inserting_before(node):
             spare = self.op(aten.full.default, shape[:dim] + [1] + shape[dim + 1:], 0, like=node,
                             dtype=_val(target).dtype)
-            padded = self.op(aten.cat.default, [target, spare], dim, like=node)
-            index = node.args[index_at] if index_at is not None else node.args[1][dim]
-            wrapped = self.op(aten.remainder.Scalar, index, length, like=node)  # -1 is the last, as torch reads it
-            safe = self.op(aten.where.ScalarOther, self.spread(*counted, node), wrapped, length, like=node)
-        args = list(node.args)
-        args[0] = padded
-        if index_at is not None:
-            args[index_at] = safe
-        else:
-            args[1] = [safe if i == dim else x for i, x in enumerate(args[1])]
+            args[0] = self.op(aten.cat.default, [target, spare], dim, like=node)
+            valid = self.spread(*counted, node)
+            for axis in dims:
+                index = args[index_at] if index_at is not None else indices[axis]
+                # -1 is the last, as torch reads it
+                wrapped = self.op(aten.remainder.Scalar, index, shape[axis], like=node)
+                safe = self.op(aten.where.ScalarOther, valid, wrapped, length if axis == dim else 0, like=node)
+                if index_at is not None:
+                    args[index_at] = safe
+                else:
+                    indices[axis] = safe
+        if indices is not None:
+            args[1] = indices
         node.args = tuple(args)
         with self.graph.inserting_after(node):
             trimmed = self.op(aten.slice.Tensor, node, dim, 0, length, like=node)
