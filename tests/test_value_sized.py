@@ -200,6 +200,16 @@ def test_rows_picked_by_their_positions_run_right_for_any_count_picked(degree):
         _run(program, layer, (x, torch.tensor(degree)))
 
 
+def test_values_selected_by_a_mask_written_at_its_coordinates_run_right():
+    """The k-th True position gets the k-th selected value: at full size, each position its own."""
+    def written(x):
+        return torch.zeros(6).index_put((torch.where(x > 0)[0],), x[x > 0] * 2)
+
+    program = emmy.optimize(written, torch.randn(6))
+    for x in (torch.randn(6), -torch.ones(6), torch.ones(6)):
+        _run(program, written, (x,))
+
+
 def _returns_the_selection(x, edge_index):
     return _without_self_loops(edge_index).float().sum(0)
 
