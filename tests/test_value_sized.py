@@ -172,15 +172,18 @@ def test_no_value_sized_shape_is_left_for_decomposition():
 
 class SubsetUpdate(torch.nn.Module):
     """A layer applied to the rows a mask picks by their positions (`nonzero`, `torch.where`), written
-    back by index_copy and by an index_put; and a 2-D mask's coordinates written at in two axes."""
+    back by index_copy (twice, into one tensor) and by an index_put; and a 2-D mask's coordinates
+    written at in two axes."""
 
     def __init__(self):
         super().__init__()
         self.linear = torch.nn.Linear(5, 5)
 
     def forward(self, x, degree):
-        rows = (degree == 2).nonzero().view(-1)
-        copied = torch.zeros_like(x).index_copy(0, rows, self.linear(x.index_select(0, rows)))
+        copied = torch.zeros_like(x)
+        for value in (2, 3):  # one write after another (MFConv's layer per degree)
+            rows = (degree == value).nonzero().view(-1)
+            copied = copied.index_copy(0, rows, self.linear(x.index_select(0, rows)) * value)
         out = x.clone()
         picked = torch.where(degree > 1)[0]
         out[picked] = self.linear(x[picked]).relu()

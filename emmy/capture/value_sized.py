@@ -467,7 +467,8 @@ class _Planner:
             raise _Refused(f"{node.name} ({key}) scatters along another axis than the counted one")
         if source is not None and self.axes(source) != ([dim] if key == "aten.index_add.default" else axes):
             raise _Refused(f"{node.name} ({key}) scatters a source counted along another axis")
-        self.plan.actions[node.name] = ("scatter", dim, 2, self.axis_of(index, node))
+        self.plan.actions[node.name] = ("scatter", [dim], 2, self.axis_of(index, node), self.dims(target),
+                                        _val(target).dtype)
 
     def index_put(self, node) -> None:
         target, indices, values = node.args[:3]
@@ -490,7 +491,8 @@ class _Planner:
                 {str(self.dims(t)[0]) for t in tensors}) != 1:
             raise _Refused(f"{node.name} (index_put) at positions it cannot keep apart")
         dims = [i for i, index in enumerate(indices) if index is not None]
-        self.plan.actions[node.name] = ("put", dims, self.axis_of(tensors[0], node))
+        self.plan.actions[node.name] = ("put", dims, None, self.axis_of(tensors[0], node), self.dims(target),
+                                        _val(target).dtype)
 
 
 def _whole_slice(args, size) -> bool:
@@ -640,27 +642,23 @@ class _Rewrite:
                            like=node)
         node.args = (kept, *node.args[1:])
 
-    def _scatter(self, node, dim: int, index_at: int, counted: tuple) -> None:
-        """Into a destination one slot longer along `dim`; dropped elements to that slot."""
-        self._spare_slot(node, [dim], index_at, counted)
+    def _scatter(self, node, dims: list, index_at, counted: tuple, shape: list, dtype) -> None:
+        self._spare_slot(node, dims, index_at, counted, shape, dtype)
 
-    def _put(self, node, dims: list, counted: tuple) -> None:
-        self._spare_slot(node, dims, None, counted)
+    _put = _scatter  # index_put: its indices a list (index_at None)
 
-    def _spare_slot(self, node, dims: list, index_at, counted: tuple) -> None:
-        """The destination one slot longer along the first indexed axis; a dropped element's index
-        there is that slot, along the other indexed axes 0."""
+    def _spare_slot(self, node, dims: list, index_at, counted: tuple, shape: list, dtype) -> None:
+        """The destination (of `shape`) one slot longer along the first indexed axis; a dropped
+        element's index there is that slot, along the other indexed axes 0."""
         import torch
 
         aten = torch.ops.aten
         target = node.args[0]
-        shape = list(_val(target).shape)
         dim, length = dims[0], shape[dims[0]]
         args = list(node.args)
         indices = list(args[1]) if index_at is None else None
         with self.graph.inserting_before(node):
-            spare = self.op(aten.full.default, shape[:dim] + [1] + shape[dim + 1:], 0, like=node,
-                            dtype=_val(target).dtype)
+            spare = self.op(aten.full.default, shape[:dim] + [1] + shape[dim + 1:], 0, like=node, dtype=dtype)
             args[0] = self.op(aten.cat.default, [target, spare], dim, like=node)
             valid = self.spread(*counted, node)
             for axis in dims:
