@@ -213,6 +213,27 @@ def test_values_selected_by_a_mask_written_at_its_coordinates_run_right():
         _run(program, written, (x,))
 
 
+def _written_under_twin_masks(x):
+    """`x[:, 0] > 0` written three times: three selections, one count."""
+    out = torch.zeros(6)
+    kept = torch.cat([x[:, 1][x[:, 0] > 0], torch.ones(1)])
+    out[x[:, 0] > 0] = x[:, 1][x[:, 0] > 0] * 2
+    return torch.zeros(3).index_add(0, (kept > 1).long(), kept), out
+
+
+def test_selections_by_masks_computed_alike_share_one_count():
+    program = emmy.optimize(_written_under_twin_masks, torch.randn(6, 2))
+    for seed in range(3):
+        _run(program, _written_under_twin_masks, (torch.randn(6, 2, generator=torch.Generator().manual_seed(seed)),))
+
+
+def _writes_under_another_mask(x, edge_index):
+    out = torch.zeros(x.shape[0])
+    out[x[:, 0] > 0] = x[:, 1][x[:, 1] > 0]
+    kept = torch.cat([x[:, 1][x[:, 1] > 0], torch.ones(1)])
+    return torch.zeros(3).index_add(0, (kept > 1).long(), kept), out
+
+
 def _returns_the_selection(x, edge_index):
     return _without_self_loops(edge_index).float().sum(0)
 
@@ -253,7 +274,7 @@ def _checks_two_counts_then_adds(x, edge_index):
 
 @pytest.mark.parametrize("function", [_returns_the_selection, _counts_as_a_value, _numbers_the_kept_edges,
                                       _reverses_the_kept_edges, _pairs_two_selections, _checks_two_counts,
-                                      _checks_two_counts_then_adds])
+                                      _checks_two_counts_then_adds, _writes_under_another_mask])
 def test_a_program_that_needs_where_the_kept_elements_sit_is_still_refused(function):
     with pytest.raises(emmy.EmmyError, match="depends on tensor values|branches or loops on tensor values") as err:
         emmy.optimize(function, _X, _edges(3))

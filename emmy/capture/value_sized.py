@@ -78,7 +78,8 @@ class _Plan:
     """What the planning pass found: the counts and how each touched node is rewritten."""
 
     dense: dict = field(default_factory=dict)  # count symbol -> the full axis's length
-    masks: dict = field(default_factory=dict)  # count symbol -> (mask node name, validity of the mask's axis)
+    # count symbol -> (its mask's node name, the size of the mask's own counted axis or None)
+    masks: dict = field(default_factory=dict)
     layouts: dict = field(default_factory=dict)  # axis size expression -> its parts (a symbol or a fixed length)
     actions: dict = field(default_factory=dict)  # node name -> what the rewrite does to it
 
@@ -107,7 +108,7 @@ def keep_value_sized_selections(program, leave=frozenset()):
     counts = set(plan.dense)
     stale = {node for node in module.graph.nodes if _symbols(_val(node)) & counts}
     _specialized(module, {}, fresh | stale)
-    logger.info("%d value-sized selection(s) kept at full size with a validity vector", len(plan.dense))
+    logger.info("%d value-sized selection(s) kept at full size with a validity vector", len(plan.masks))
     return program._update(module, _outputs_renamed(program.graph_signature, rewrite.renamed))
 
 
@@ -477,8 +478,8 @@ class _Planner:
         tensors = [i for i in indices if i is not None]
         if len(tensors) == 1 and _val(tensors[0]).dtype == torch.bool:
             mask = tensors[0]
-            symbols = [s for s in _symbols(_val(values)) if s in self.plan.masks]
-            if indices[0] is not mask or any(self.plan.masks[s][0] != mask.name for s in symbols):
+            symbols = {self.alias.get(s, s) for s in _symbols(_val(values)) if s in self.plan.dense}
+            if indices[0] is not mask or any(self.same[self.plan.masks[s][0]] != self.same[mask.name] for s in symbols):
                 raise _Refused(f"{node.name} writes under a mask values selected by another one")
             if symbols and self.axes(values) != [0]:
                 raise _Refused(f"{node.name} writes values counted along another axis")
