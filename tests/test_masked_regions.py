@@ -191,8 +191,9 @@ def test_ops_along_the_selected_rows_are_planned_row_wise():
 
 
 @pytest.mark.parametrize("function", [lambda x: x[x > 0], lambda x: x[x > 0].cumsum(0).sum(),
-                                      lambda x: x[x > 0].sum() / x[x > 0].numel()],
-                         ids=["returned", "scanned_along_the_selection", "size_as_a_number"])
+                                      lambda x: x[x > 0].sum() / x[x > 0].numel(),
+                                      lambda x: x[x > 0].sort()[0].sum()],
+                         ids=["returned", "scanned_along_the_selection", "size_as_a_number", "sorted: a tuple"])
 def test_a_selection_whose_size_the_program_needs_is_still_refused(function):
     with pytest.raises(emmy.EmmyError, match="depends on tensor values|branches or loops on tensor values"):
         emmy.optimize(function, torch.randn(6), stop_after="tensor")

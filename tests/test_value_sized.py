@@ -69,8 +69,8 @@ class GraphAttention(torch.nn.Module):
 
 class EdgeHeads(torch.nn.Module):
     """Per-edge features of two heads through a linear layer (the edge axis merged with the heads'
-    for the matrix product, then split back), a batched product per edge, each head's largest
-    channel, and a sum over the edge and head axes merged."""
+    for the matrix product, then split back) and a layer norm, a batched product per edge, each
+    head's largest channel and variance, and a sum over the edge and head axes merged."""
 
     def __init__(self):
         super().__init__()
@@ -78,9 +78,9 @@ class EdgeHeads(torch.nn.Module):
 
     def forward(self, x, edge_index):
         edge_index = _with_self_loops(edge_index, x.shape[0])
-        h = self.linear(torch.stack([x[edge_index[0]], x[edge_index[1]]], 1))
+        h = torch.nn.functional.layer_norm(self.linear(torch.stack([x[edge_index[0]], x[edge_index[1]]], 1)), (4,))
         scores = torch.bmm(h, h.transpose(1, 2)).softmax(-1)
-        messages = torch.bmm(scores, h).sum(1) * h.max(dim=-1).values[:, :1]
+        messages = torch.bmm(scores, h).sum(1) * h.max(dim=-1).values[:, :1] + h.var(-1).mean(-1, keepdim=True)
         # summed over the merged axis: each head's row is valid where its edge is
         return torch.zeros(x.shape[0], 4).index_add(0, edge_index[1], messages), h.reshape(-1, 4).sum(0)
 

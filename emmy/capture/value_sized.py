@@ -62,6 +62,10 @@ _AT_AXIS = {"aten.select.int": 1, "aten.slice.Tensor": 1, "aten._softmax.default
             "aten.unbind.int": 1}
 _REDUCTIONS = {"aten.sum.dim_IntList": "sum", "aten.sum.default": "sum", "aten.amax.default": "max",
                "aten.amin.default": "min", "aten.max.default": "max", "aten.min.default": "min"}
+# reductions and normalizations computed along other axes than a counted one only
+_ALONG_OTHER_AXES = {"aten.mean.dim", "aten.var.correction", "aten.var_mean.correction", "aten.prod.dim_int",
+                     "aten.any.dim", "aten.any.dims", "aten.all.dim", "aten.logsumexp.default",
+                     "aten.argmax.default", "aten.argmin.default"}
 _GATHERS = {"aten.index_select.default": 2, "aten.embedding.default": 1, "aten.gather.default": 2}
 _SCATTERS = {"aten.scatter_add.default", "aten.scatter.src", "aten.scatter.value", "aten.scatter_reduce.two",
              "aten.index_add.default"}
@@ -316,7 +320,12 @@ class _Planner:
             return self.scatter(node, key)
         if key in _GATHERS or key == "aten.index.Tensor":
             return self.gather(node, key)
-        if key in _REDUCTIONS or key == "aten.mean.dim":
+        if key == "aten.native_layer_norm.default":
+            rank, normalized = len(self.dims(args[0])), len(args[1])
+            if any(axis >= rank - normalized for axis in self.axes(args[0])):
+                raise _Refused(f"{node.name} normalizes over a value-sized axis")
+            return
+        if key in _REDUCTIONS or key in _ALONG_OTHER_AXES:
             return self.reduction(node, key)
         if key in _PRODUCTS:
             return self.product(node, *(args[i] for i in _PRODUCTS[key]))
@@ -329,7 +338,7 @@ class _Planner:
         if key in _ANY_AXES or torch.Tag.pointwise in getattr(node.target, "tags", ()):
             return self.per_element(node)
         if key == "<built-in function getitem>" and isinstance(_val(node.args[0]), (list, tuple)):
-            return  # a result of max.dim or unbind along another axis, already planned
+            return  # a result of max.dim, unbind or layer norm along another axis, already planned
         raise _Refused(f"{node.name} ({key}) on a value-sized axis")
 
     def product(self, node, left, right) -> None:
@@ -446,13 +455,15 @@ class _Planner:
     def reduction(self, node, key) -> None:
         source = node.args[0]
         dims = self.dims(source)
-        reduced = (range(len(dims)) if len(node.args) < 2 or node.args[1] in (None, [], ())
-                   else [d % len(dims) for d in node.args[1]])
+        given = node.args[1] if len(node.args) > 1 else None
+        given = [given] if isinstance(given, int) else given
+        reduced = range(len(dims)) if given in (None, [], ()) else [d % len(dims) for d in given]
         counted = [d for d in self.axes(source) if d in reduced]
         if not counted:
             return  # along other axes: each counted position reduced apart
-        if key == "aten.mean.dim" or self.ours(node):
-            raise _Refused(f"{node.name} ({key}) reduces a value-sized axis to a value-sized result or a mean")
+        if key not in _REDUCTIONS or self.ours(node):
+            raise _Refused(f"{node.name} ({key}) reduces over a value-sized axis to a value-sized result, or"
+                           " not by a sum, max or min")
         self.plan.actions[node.name] = ("reduce", self.axis_of(source, node), _REDUCTIONS[key], _val(source).dtype)
 
     def scatter(self, node, key) -> None:

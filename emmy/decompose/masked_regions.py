@@ -160,7 +160,7 @@ def masked_regions(graph) -> MaskedRegions:
         if not read:
             continue
         masks = {same[region[a.name].name] for a in read}
-        if not sized_by_values(val) or len(masks) != 1:
+        if not hasattr(val, "shape") or not sized_by_values(val) or len(masks) != 1:  # a tuple (split): not a region
             continue
         trailing = len(val.shape) - 1 - _selected_axis(val)
         if _pointwise(node) and all(_broadcasts_over(a, region, trailing) for a in _node_args(node)):
