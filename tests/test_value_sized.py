@@ -227,6 +227,17 @@ def test_selections_by_masks_computed_alike_share_one_count():
         _run(program, _written_under_twin_masks, (torch.randn(6, 2, generator=torch.Generator().manual_seed(seed)),))
 
 
+def _means_of_kept_rows(x):
+    kept = torch.cat([x[x[:, 0] > 0], x[:2]])
+    return kept.mean(0), (kept ** 2).mean(), kept.mean(0, keepdim=True)
+
+
+def test_a_mean_over_the_kept_elements_divides_by_their_count():
+    program = emmy.optimize(_means_of_kept_rows, torch.randn(6, 3))
+    for x in (torch.randn(6, 3), -torch.ones(6, 3), torch.ones(6, 3)):  # some, none, all kept
+        _run(program, _means_of_kept_rows, (x,))
+
+
 def _writes_under_another_mask(x, edge_index):
     out = torch.zeros(x.shape[0])
     out[x[:, 0] > 0] = x[:, 1][x[:, 1] > 0]

@@ -20,8 +20,8 @@ program is rewritten, on torch's graph, to keep every edge:
   index 0 where an element was dropped, so a dropped index out of range (padding, -1) reads nothing
   outside the tensor;
 - a scatter, index_add or index_put into a tensor of fixed size writes dropped elements into one
-  spare slot past the end, sliced off after; a sum, amax or amin over the axis reduces the validity
-  vector's elements alone; a write-back under the selection's mask (`x[m] = f(x[m])`) is a where;
+  spare slot past the end, sliced off after; a sum, mean, amax or amin over the axis reduces the
+  validity vector's elements alone; a write-back under the selection's mask (`x[m] = f(x[m])`) is a where;
 - the sizes made from the count (`u0 + 10` for a cat, `torch.ones(u0)`) are the full axis's, and
   export's bound checks on the count (`0 <= u0 <= 30`) are dropped.
 
@@ -66,6 +66,7 @@ _REDUCTIONS = {"aten.sum.dim_IntList": "sum", "aten.sum.default": "sum", "aten.a
 _ALONG_OTHER_AXES = {"aten.mean.dim", "aten.var.correction", "aten.var_mean.correction", "aten.prod.dim_int",
                      "aten.any.dim", "aten.any.dims", "aten.all.dim", "aten.logsumexp.default",
                      "aten.argmax.default", "aten.argmin.default"}
+_MEANS = {"aten.mean.dim", "aten.mean.default"}
 _GATHERS = {"aten.index_select.default": 2, "aten.embedding.default": 1, "aten.gather.default": 2}
 _SCATTERS = {"aten.scatter_add.default", "aten.scatter.src", "aten.scatter.value", "aten.scatter_reduce.two",
              "aten.index_add.default"}
@@ -325,7 +326,7 @@ class _Planner:
             if any(axis >= rank - normalized for axis in self.axes(args[0])):
                 raise _Refused(f"{node.name} normalizes over a value-sized axis")
             return
-        if key in _REDUCTIONS or key in _ALONG_OTHER_AXES:
+        if key in _REDUCTIONS or key in _ALONG_OTHER_AXES or key in _MEANS:
             return self.reduction(node, key)
         if key in _PRODUCTS:
             return self.product(node, *(args[i] for i in _PRODUCTS[key]))
@@ -461,9 +462,13 @@ class _Planner:
         counted = [d for d in self.axes(source) if d in reduced]
         if not counted:
             return  # along other axes: each counted position reduced apart
-        if key not in _REDUCTIONS or self.ours(node):
+        if (key not in _REDUCTIONS and key not in _MEANS) or self.ours(node):
             raise _Refused(f"{node.name} ({key}) reduces over a value-sized axis to a value-sized result, or"
-                           " not by a sum, max or min")
+                           " not by a sum, mean, max or min")
+        if key in _MEANS:  # the sum over the kept elements, by their count times the other axes'
+            others = math.prod(dims[d] for d in reduced if d not in counted)
+            self.plan.actions[node.name] = ("mean", self.axis_of(source, node), others)
+            return
         self.plan.actions[node.name] = ("reduce", self.axis_of(source, node), _REDUCTIONS[key], _val(source).dtype)
 
     def scatter(self, node, key) -> None:
@@ -653,6 +658,21 @@ class _Rewrite:
             kept = self.op(torch.ops.aten.where.ScalarOther, self.spread(*counted, node), node.args[0], identity,
                            like=node)
         node.args = (kept, *node.args[1:])
+
+    def _mean(self, node, counted: tuple, others: int) -> None:
+        """mean(x, dims) over a counted axis: sum(where(valid, x, 0), dims) / (kept count * the other
+        reduced axes' elements); no element kept: 0 / 0, NaN, as torch's mean of nothing."""
+        import torch
+
+        aten = torch.ops.aten
+        self._reduce(node, counted, "sum", None)
+        node.target = aten.sum.dim_IntList if node.target is aten.mean.dim else aten.sum.default
+        with self.graph.inserting_before(node.next):  # in order (inserting_after would reverse them)
+            count = self.op(aten.sum.default, self.valid(counted[0], node), like=node)
+            scaled = self.op(aten.mul.Scalar, count, others, like=node)
+            mean = self.op(aten.div.Tensor, node, scaled, like=node)
+        node.replace_all_uses_with(mean, delete_user_cb=lambda user: user is not mean)
+        self.renamed[node.name] = mean.name
 
     def _scatter(self, node, dims: list, index_at, counted: tuple, shape: list, dtype) -> None:
         self._spare_slot(node, dims, index_at, counted, shape, dtype)
