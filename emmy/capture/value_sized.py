@@ -11,17 +11,21 @@ edges sit: every op on them is per edge until a scatter or a reduction sums them
 program is rewritten, on torch's graph, to keep every edge:
 
 - a selection `x[..., mask]` is `x` itself (the mask's axes flattened into one), and the count
-  `u0` is the mask's length; each such axis has a validity vector, the mask (a cat's axis: the cat
-  of its parts' vectors, True along a part of fixed size);
-- per-element ops (elementwise, views that keep the axis whole, reductions and softmaxes along
-  other axes, gathers along other axes, a matrix product of its rows, a cat along another axis)
-  run on the full axis; their values at the dropped positions are computed and never read;
+  `u0` is the mask's length; `mask.nonzero()` (`torch.where(mask)`) is every position's
+  coordinates; each such axis has a validity vector, the mask (a cat's axis: the cat of its parts'
+  vectors, True along a part of fixed size; an axis merged with the fixed axes after it: each
+  row's validity repeated); selections by masks computed alike share one count;
+- per-element ops (elementwise, views that keep the axis whole or merge it with the axes after
+  it, reductions, softmaxes and layer norms along other axes, gathers along other axes, a matrix
+  product of its rows or batched over it, a cat along another axis) run on the full axis; their
+  values at the dropped positions are computed and never read;
 - an op reading *at* values of such an axis (`x[index]`, index_select, embedding, gather) reads at
   index 0 where an element was dropped, so a dropped index out of range (padding, -1) reads nothing
   outside the tensor;
 - a scatter, index_add or index_put into a tensor of fixed size writes dropped elements into one
   spare slot past the end, sliced off after; a sum, mean, amax or amin over the axis reduces the
-  validity vector's elements alone; a write-back under the selection's mask (`x[m] = f(x[m])`) is a where;
+  validity vector's elements alone; a write-back under the selection's mask (`x[m] = f(x[m])`) is
+  a where;
 - the sizes made from the count (`u0 + 10` for a cat, `torch.ones(u0)`) are the full axis's, and
   export's bound checks on the count (`0 <= u0 <= 30`) are dropped.
 
