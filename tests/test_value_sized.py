@@ -290,3 +290,16 @@ def test_a_program_that_needs_where_the_kept_elements_sit_is_still_refused(funct
     with pytest.raises(emmy.EmmyError, match="depends on tensor values|branches or loops on tensor values") as err:
         emmy.optimize(function, _X, _edges(3))
     assert "test_value_sized.py" in str(err.value)  # the line that made the selection
+
+
+def test_a_size_holding_another_pass_count_is_refused_not_a_crash():
+    import sympy
+
+    from emmy.capture.value_sized import _Planner, _Refused
+
+    ours, theirs = sympy.Symbol("u0"), sympy.Symbol("u1")
+    planner = _Planner(torch.fx.Graph(), frozenset())
+    planner.plan.dense[ours] = 30
+    assert planner.dense(ours + 10) == 40
+    with pytest.raises(_Refused, match="u1"):
+        planner.dense(ours + theirs)

@@ -285,9 +285,13 @@ class _Planner:
         self.plan.actions[node.name] = action
 
     def dense(self, size) -> int:
+        """A size's length at full size; a symbol no selection here made (another pass's) refuses."""
         if isinstance(size, int):
             return size
-        return int(size.xreplace(self.plan.dense))
+        value = size.xreplace(self.plan.dense)
+        if not value.is_Integer:
+            raise _Refused(f"a size {size} holds a count this module does not rewrite")
+        return int(value)
 
     def layout(self, size, node) -> tuple:
         if isinstance(size, int) or not size.free_symbols:
