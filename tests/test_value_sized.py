@@ -295,11 +295,11 @@ def test_a_program_that_needs_where_the_kept_elements_sit_is_still_refused(funct
 def test_a_size_holding_another_pass_count_is_refused_not_a_crash():
     import sympy
 
-    from emmy.capture.value_sized import _Planner, _Refused
+    from emmy.capture.value_sized_plan import Refused, _Planner
 
     ours, theirs = sympy.Symbol("u0"), sympy.Symbol("u1")
     planner = _Planner(torch.fx.Graph(), frozenset())
     planner.plan.dense[ours] = 30
-    assert planner.dense(ours + 10) == 40
-    with pytest.raises(_Refused, match="u1"):
+    assert planner.dense(ours + 10) == 40 and planner.dense(ours) == 30
+    with pytest.raises(Refused, match="u1"):
         planner.dense(ours + theirs)

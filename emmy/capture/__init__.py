@@ -306,7 +306,7 @@ def _decomposed(program, source: Source):
     try:
         program = fold_constant_reads(exporting.decompose(program))
         regions = masked_regions(program.graph)  # the selections it computes are its own
-        return keep_value_sized_selections(program, leave=frozenset(regions.selections) | frozenset(regions.coordinates))
+        return keep_value_sized_selections(program, leave=frozenset((*regions.selections, *regions.coordinates)))
     except EmmyError:
         raise
     except Exception as err:
