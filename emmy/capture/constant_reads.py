@@ -37,10 +37,10 @@ def fold_constant_reads(program):
     constant = [read for read in reads if read not in varying]
     if not constant:
         return program
-    module = _copied(program.graph_module)
+    module = copied(program.graph_module)
     copies = {node.name: node for node in module.graph.nodes}
     numbers = {copies[read.name]: value for read, value in _evaluated(program, constant).items()}
-    _specialized(module, numbers)
+    specialized(module, numbers)
     logger.info("%d read(s) of a tensor's value that no input reaches folded in as constants", len(numbers))
     return program._update(module, program.graph_signature)
 
@@ -81,7 +81,7 @@ def _evaluated(program, reads: list) -> dict:
     return {read: values[read] for read in reads}
 
 
-def _copied(module):
+def copied(module):
     """A graph module over a copy of `module`'s graph (nodes and their meta copied, weights shared),
     so the caller's exported program is not changed."""
     import torch
@@ -92,7 +92,7 @@ def _copied(module):
     return torch.fx.GraphModule(module, graph)
 
 
-def _specialized(module, numbers: dict, recompute=frozenset()) -> None:
+def specialized(module, numbers: dict, recompute=frozenset()) -> None:
     """Write `numbers` (node -> Python number) into their readers, fold what becomes a number
     (symbolic arithmetic, sizes, assertions), and work out again each value whose shape held a symbol
     and each node in `recompute` (new nodes, or ones whose shapes a rewrite changed)."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import math
 
-from emmy.capture.value_sized_plan import Plan, Refused, plan, symbols_of, val_of
+from emmy.capture.value_sized_plan import Plan, Refused, full_length, plan, symbols_of, val_of
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +65,14 @@ def keep_value_sized_selections(program, leave=frozenset()):
         return program
     if found is None:
         return program
-    from emmy.capture.constant_reads import _copied, _specialized
+    from emmy.capture.constant_reads import copied, specialized
 
-    module = _copied(program.graph_module)
+    module = copied(program.graph_module)
     rewrite = _Rewrite(module.graph, found)
     fresh = rewrite.run()
     counts = set(found.dense)
     stale = {node for node in module.graph.nodes if symbols_of(val_of(node)) & counts}
-    _specialized(module, {}, fresh | stale)
+    specialized(module, {}, fresh | stale)
     logger.info("%d value-sized selection(s) kept at full size with a validity vector", len(found.masks))
     return program._update(module, _outputs_renamed(program.graph_signature, rewrite.renamed))
 
@@ -115,7 +115,7 @@ class _Rewrite:
         return node
 
     def dense(self, size) -> int:
-        return size if isinstance(size, int) else int(size.xreplace(self.plan.dense))
+        return full_length(size, self.plan.dense)
 
     def valid(self, size, like):
         """The bool vector of an axis (inserted before `like` the first time it is needed)."""
@@ -134,8 +134,8 @@ class _Rewrite:
                 count = self.dense(rows)
                 column = self.op(aten.view.default, self.valid(rows, like), [count, 1], like=like)
                 spread = self.op(aten.expand.default, column, [count, times], like=like)
-                copied = self.op(aten.clone.default, spread, like=like)
-                parts.append(self.op(aten.view.default, copied, [count * times], like=like))
+                laid_out = self.op(aten.clone.default, spread, like=like)
+                parts.append(self.op(aten.view.default, laid_out, [count * times], like=like))
                 continue
             mask_name, inner = self.plan.masks[part]
             mask = self.by_name[mask_name]
@@ -211,10 +211,11 @@ class _Rewrite:
                     args[position] = safe
             node.args = tuple(args)
 
-    def _reduce(self, node, counted: tuple, kind: str, dtype) -> None:
+    def _reduce(self, node, counted: tuple, identity) -> None:
+        """The reduction over the kept elements: the dropped ones its identity (0, or the lowest or
+        highest value of the dtype)."""
         import torch
 
-        identity = 0 if kind == "sum" else _extreme(dtype, lowest=kind == "max")
         with self.graph.inserting_before(node):
             kept = self.op(torch.ops.aten.where.ScalarOther, self.spread(*counted, node), node.args[0], identity,
                            like=node)
@@ -226,7 +227,7 @@ class _Rewrite:
         import torch
 
         aten = torch.ops.aten
-        self._reduce(node, counted, "sum", None)
+        self._reduce(node, counted, 0)
         node.target = aten.sum.dim_IntList if node.target is aten.mean.dim else aten.sum.default
         with self.graph.inserting_before(node.next):  # in order (inserting_after would reverse them)
             count = self.op(aten.sum.default, self.valid(counted[0], node), like=node)
@@ -234,11 +235,6 @@ class _Rewrite:
             mean = self.op(aten.div.Tensor, node, scaled, like=node)
         node.replace_all_uses_with(mean, delete_user_cb=lambda user: user is not mean)
         self.renamed[node.name] = mean.name
-
-    def _scatter(self, node, dims: list, index_at, counted: tuple, shape: list, dtype) -> None:
-        self._spare_slot(node, dims, index_at, counted, shape, dtype)
-
-    _put = _scatter  # index_put: its indices a list (index_at None)
 
     def _spare_slot(self, node, dims: list, index_at, counted: tuple, shape: list, dtype) -> None:
         """The destination (of `shape`) one slot longer along the first indexed axis; a dropped
@@ -294,13 +290,3 @@ class _Rewrite:
         self.graph.erase_node(node)
         self.fresh.discard(node)
 
-
-def _extreme(dtype, lowest: bool):
-    import torch
-
-    if dtype.is_floating_point:
-        return -math.inf if lowest else math.inf
-    if dtype == torch.bool:
-        return not lowest
-    info = torch.iinfo(dtype)
-    return info.min if lowest else info.max

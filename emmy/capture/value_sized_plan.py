@@ -10,6 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from emmy.decompose.masked_regions import extreme, value_numbers
+from emmy.dtypes import from_torch
+
 _ASSERTS = {"aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default",
             "aten.sym_constrain_range.default", "aten._assert_tensor_metadata.default"}
 _SIZE_READS = {"aten.sym_size.int", "aten.sym_numel.default", "aten.sym_stride.int"}
@@ -21,10 +24,11 @@ _SIZED = {"aten.full.default": 0, "aten.zeros.default": 0, "aten.ones.default": 
 _FACTORIES = {"aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.empty.memory_format",
               "aten.new_zeros.default", "aten.new_ones.default", "aten.new_full.default", "aten.new_empty.default"}
 _VIEWS = {"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default"}
-_ANY_AXES = {"aten.permute.default", "aten.transpose.int", "aten.t.default", "aten.unsqueeze.default",
-             "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.expand.default",
-             "aten.clone.default", "aten.alias.default", "aten.contiguous.default", "aten._to_copy.default",
-             "aten.lift_fresh_copy.default", "aten.repeat.default"}
+# ops that move or add unit axes: a counted axis keeps its size wherever it goes
+_REORDERS = {"aten.permute.default", "aten.transpose.int", "aten.t.default", "aten.unsqueeze.default",
+             "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default"}
+_ANY_AXES = _REORDERS | {"aten.expand.default", "aten.clone.default", "aten.alias.default", "aten.contiguous.default",
+                         "aten._to_copy.default", "aten.lift_fresh_copy.default", "aten.repeat.default"}
 _AT_AXIS = {"aten.select.int": 1, "aten.slice.Tensor": 1, "aten._softmax.default": 1,
             "aten._log_softmax.default": 1, "aten.cumsum.default": 1, "aten.max.dim": 1, "aten.min.dim": 1,
             "aten.unbind.int": 1}
@@ -41,6 +45,7 @@ _SCATTERS = {"aten.scatter_add.default", "aten.scatter.src", "aten.scatter.value
 _PRODUCTS = {"aten.mm.default": (0, 1), "aten.addmm.default": (1, 2), "aten.bmm.default": (0, 1)}
 _WHOLE = 2 ** 62  # a slice's end at or past this is "to the end"
 
+
 class Refused(Exception):
     """The counts reach an op this module does not rewrite: the program stays as it was."""
 
@@ -54,6 +59,7 @@ class Plan:
     masks: dict = field(default_factory=dict)
     layouts: dict = field(default_factory=dict)  # axis size expression -> its parts (a symbol or a fixed length)
     actions: dict = field(default_factory=dict)  # node name -> what the rewrite does to it
+
 
 def val_of(node):
     return node.meta.get("val") if hasattr(node, "meta") else None
@@ -77,6 +83,17 @@ def dims_of(node) -> list:
     return [_expr(s) for s in val_of(node).shape]
 
 
+def full_length(size, dense: dict) -> int:
+    """A size's length at full size (`dense`: count -> its mask's length); a symbol no selection here
+    made (another pass's) refuses."""
+    if isinstance(size, int):
+        return size
+    value = size.xreplace(dense)  # a bare count comes back as the int it maps to
+    if not isinstance(value, int) and not value.is_Integer:
+        raise Refused(f"a size {size} holds a count this module does not rewrite")
+    return int(value)
+
+
 def _is_tensor(node) -> bool:
     return hasattr(val_of(node), "shape")
 
@@ -98,8 +115,6 @@ class _Planner:
         # a count of a mask computing the same value as an earlier one's (`~loop` written twice):
         # torch checks the two are equal where they meet; here they are one
         self.alias: dict = {}
-        from emmy.decompose.masked_regions import value_numbers
-
         self.same = value_numbers(graph)
 
     def dims(self, node) -> list:
@@ -209,13 +224,7 @@ class _Planner:
         self.plan.actions[node.name] = action
 
     def dense(self, size) -> int:
-        """A size's length at full size; a symbol no selection here made (another pass's) refuses."""
-        if isinstance(size, int):
-            return size
-        value = size.xreplace(self.plan.dense)  # a bare count comes back as the int it maps to
-        if not isinstance(value, int) and not value.is_Integer:
-            raise Refused(f"a size {size} holds a count this module does not rewrite")
-        return int(value)
+        return full_length(size, self.plan.dense)
 
     def layout(self, size, node) -> tuple:
         if isinstance(size, int) or not size.free_symbols:
@@ -286,9 +295,7 @@ class _Planner:
 
     def per_element(self, node) -> None:
         """Each input's counted axes line up with the output's (right-aligned, as broadcasting does)."""
-        if str(node.target) in ("aten.permute.default", "aten.transpose.int", "aten.t.default",
-                                "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
-                                "aten.squeeze.default"):
+        if str(node.target) in _REORDERS:
             return self.same_sizes(node)
         out = self.dims(node)
         for arg in _inputs(node):
@@ -352,7 +359,8 @@ class _Planner:
         dim %= len(out)
         if dim not in self.axes(node):
             return self.per_element(node)
-        joined = sum((self.layout(self.dims(p)[dim], node) for p in parts if self.ours(p) or val_of(p).numel() != 0), ())
+        kept = [p for p in parts if self.ours(p) or val_of(p).numel() != 0]  # torch skips an empty part
+        joined = sum((self.layout(self.dims(p)[dim], node) for p in kept), ())
         self.settle(out[dim], joined, node)
 
     def gather(self, node, key) -> None:
@@ -402,7 +410,9 @@ class _Planner:
             others = math.prod(dims[d] for d in reduced if d not in counted)
             self.plan.actions[node.name] = ("mean", self.axis_of(source, node), others)
             return
-        self.plan.actions[node.name] = ("reduce", self.axis_of(source, node), _REDUCTIONS[key], val_of(source).dtype)
+        kind = _REDUCTIONS[key]
+        identity = 0 if kind == "sum" else extreme(from_torch(val_of(source).dtype), lowest=kind == "max")
+        self.plan.actions[node.name] = ("reduce", self.axis_of(source, node), identity)
 
     def scatter(self, node, key) -> None:
         """Dropped elements go to a spare slot past the end of a fixed-size destination."""
@@ -417,7 +427,7 @@ class _Planner:
             raise Refused(f"{node.name} ({key}) scatters along another axis than the counted one")
         if source is not None and self.axes(source) != ([dim] if key == "aten.index_add.default" else axes):
             raise Refused(f"{node.name} ({key}) scatters a source counted along another axis")
-        self.plan.actions[node.name] = ("scatter", [dim], 2, self.axis_of(index, node), self.dims(target),
+        self.plan.actions[node.name] = ("spare_slot", [dim], 2, self.axis_of(index, node), self.dims(target),
                                         val_of(target).dtype)
 
     def index_put(self, node) -> None:
@@ -441,7 +451,7 @@ class _Planner:
                 {str(self.dims(t)[0]) for t in tensors}) != 1:
             raise Refused(f"{node.name} (index_put) at positions it cannot keep apart")
         dims = [i for i, index in enumerate(indices) if index is not None]
-        self.plan.actions[node.name] = ("put", dims, None, self.axis_of(tensors[0], node), self.dims(target),
+        self.plan.actions[node.name] = ("spare_slot", dims, None, self.axis_of(tensors[0], node), self.dims(target),
                                         val_of(target).dtype)
 
 

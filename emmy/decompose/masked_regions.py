@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 from emmy.decompose.registry import draws_random
 from emmy.dtypes import DType
@@ -387,9 +386,6 @@ def _scatters_at_coordinates(user, region: dict) -> bool:
         _selected_axis(_val(values)) == 0
 
 
-_NO_SYMBOLS = SimpleNamespace(free_symbols=())  # a value without symbols
-
-
 def _only_checks(size_read, dropped: set) -> bool:
     """Whether a region tensor's size is read only for torch.export's runtime assertions (through
     Python comparisons): then those reads are dropped with it."""
@@ -400,7 +396,7 @@ def _only_checks(size_read, dropped: set) -> bool:
             if str(user.target) in _CHECKS:
                 seen.append(user)
             elif user.op == "call_function" and getattr(user.target, "__module__", None) in ("operator", "_operator"):
-                if len(getattr(getattr(_val(user), "node", None), "expr", _NO_SYMBOLS).free_symbols) > 1:
+                if hasattr(_val(user), "node") and len(_val(user).node.expr.free_symbols) > 1:
                     return False  # a check relating two counts (`torch._check(a.size(0) <= b.size(0))`) is kept
                 seen.append(user)
                 stack.append(user)
@@ -464,7 +460,7 @@ def lower_sink(ctx, node, regions: MaskedRegions, env: dict):
         masked = b.elementwise("where", spread, ctx.tensor(value, accumulator), ctx.tensor(fill, shape=full),
                                dtype=accumulator, suffix="masked")
     else:
-        fill = b.const(_extreme(out.dtype, lowest=op == "max"), out.dtype)
+        fill = b.const(extreme(out.dtype, lowest=op == "max"), out.dtype)
         masked = b.elementwise("where", spread, ctx.tensor(value, out.dtype), ctx.tensor(fill, shape=full),
                                dtype=out.dtype, suffix="masked")
     result = b.reduce_axes(op if op != "mean" else "sum", masked, axes, False, suffix="reduced")
@@ -477,7 +473,7 @@ def lower_sink(ctx, node, regions: MaskedRegions, env: dict):
     return result
 
 
-def _extreme(dtype: DType, lowest: bool):
+def extreme(dtype: DType, lowest: bool):
     """The value no other of `dtype` is below (lowest) or above: a max's (min's) fill."""
     import numpy as np
 
