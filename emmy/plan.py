@@ -24,6 +24,7 @@ class Signature:
     mutations: tuple = ()
     keywords: tuple[str, ...] = ()  # the keyword arguments a call passes, in the order the inputs take them
     flags: tuple = ()  # (where, value) of each bool argument, compiled in as a constant (emmy.capture.flags_of)
+    guards: object = None  # emmy.tensor_ir.guards.Guards: numbers read from the inputs, checked on each call
 
     @property
     def fixed_ints(self) -> bool:
@@ -36,7 +37,9 @@ class Signature:
 
     def describe(self) -> str:
         ins = ", ".join(f"{name}: {t.dtype}{list(t.shape)}" for name, t in self.inputs)
-        return f"({ins}) -> {', '.join(self.output_names)}"
+        read = "" if self.guards is None else \
+            f"; compiled for {', '.join(str(r.expected) for r in self.guards.reads)} read from the inputs"
+        return f"({ins}) -> {', '.join(self.output_names)}{read}"
 
 
 @dataclass(frozen=True)

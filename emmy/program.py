@@ -126,7 +126,8 @@ class Program:
         keywords = getattr(self.captured, "keywords", ())
         flags = flags_of(getattr(self.captured, "example_inputs", None), bool(keywords),
                          getattr(self.captured, "fixed_ints", False))
-        return Signature(tuple((n.name, n.type) for n in graph.inputs), structure, mutations, keywords, flags)
+        return Signature(tuple((n.name, n.type) for n in graph.inputs), structure, mutations, keywords, flags,
+                         self.tensor_program.guards)
 
     @cached_property
     def plan(self):

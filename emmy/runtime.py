@@ -74,7 +74,23 @@ def check_inputs(program, inputs, device: str = "cpu") -> list:
                                      f"got one on {given.device}")
         if given.layout is not torch.strided:
             raise InputMismatchError(f"{where}: expected a dense (strided) tensor, got layout {given.layout}")
+    check_guards(program.signature, inputs)
     return inputs
+
+
+def check_guards(signature, inputs: list) -> None:
+    """Every number the program read from its inputs, and was compiled for, must be the same on these
+    (torch tensors in the signature's order): computed here, before any kernel runs."""
+    guards = signature.guards
+    if guards is None:
+        return
+    from emmy.dtypes import to_numpy
+
+    given = dict(zip((name for name, _ in signature.inputs), inputs))
+    arrays = {name: to_numpy(given[name].detach().cpu())[0] for name in guards.input_names}
+    said = guards.violation(arrays)
+    if said:
+        raise InputMismatchError(said)
 
 
 def densified(inputs: list) -> list:

@@ -33,7 +33,10 @@ def test_reads_no_input_reaches_are_folded_and_the_program_equals_eager():
     assert not [n for n in graph.nodes if n.target is torch.ops.aten._local_scalar_dense.default]
 
 
-def test_a_read_an_input_reaches_is_still_refused_with_its_line():
+def test_a_float_read_an_input_reaches_is_still_refused_with_its_line():
+    """A float varies from call to call, so no guard holds it (integers are compiled in with one:
+    tests/test_guarded_reads.py)."""
+
     def scaled(x):
         return x * x.abs().max().item()
 
@@ -134,11 +137,16 @@ def test_a_branch_on_a_tensor_the_code_holds_is_taken_as_eager_takes_it(program)
 def test_a_factory_sized_by_a_value_read_in_the_trace_is_made_as_before():
     """A factory whose size is a tensor's value (`torch.full((n, positions[-1] + 1))` over positions the
     inputs reach) has a symbolic size: asking it for its element count made export guard on the
-    symbol (Jamba's causal mask, refused as data-dependent where it had captured before)."""
+    symbol (Jamba's causal mask, refused as data-dependent where it had captured before). The size
+    read from the input is compiled in with a guard (emmy.capture.guarded_reads)."""
 
     def causal(x, positions):
         mask = torch.full((x.shape[1], positions[-1] + 1), fill_value=-1.0)
         return mask.sum()
 
-    with pytest.raises(emmy.EmmyError, match=r"_local_scalar_dense|sized by|size of its result"):
-        emmy.optimize(causal, torch.randn(2, 7), torch.arange(7))
+    x = torch.randn(2, 7)
+    program = emmy.optimize(causal, x, torch.arange(7))
+    assert program(x, torch.arange(7), sim_mode="asan").item() == causal(x, torch.arange(7)).item() == -49
+    with pytest.raises(emmy.EmmyError, match=r"positions\[-1\].*compiled in as the example inputs' value, 7; "
+                                             r"these inputs give 10"):
+        program(x, torch.arange(3, 10))

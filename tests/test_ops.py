@@ -1074,13 +1074,6 @@ def test_a_histogram_runs_right_in_the_simulator():
                                  "torch.histogram(x, torch.tensor([-1., 0., 2.]), density=True))")
 
 
-def test_a_tensor_read_as_a_python_number_is_named_for_what_it_is():
-    """tensor_split by a tensor of positions reads them into Python (aten._local_scalar_dense): the
-    error says a value was read as a number, not that an internal op has no decomposition."""
-    with pytest.raises(emmy.EmmyError, match=r"_local_scalar_dense.*line 1.*read into Python.*\.item\(\)"):
-        emmy.optimize("x=torch.randn(4,6); torch.tensor_split(x, torch.tensor([1, 3]), dim=1)", stop_after="tensor")
-
-
 def test_triangle_indices_are_constants_of_the_program():
     _runs_right_in_the_simulator("x=torch.randn(2,4,5); (x[:, torch.tril_indices(4, 5, -1)[0], torch.tril_indices(4, 5, -1)[1]], "
                                  "torch.triu_indices(3, 6, 2) * 2)")

@@ -91,7 +91,11 @@ def test_packing_is_torch_s_own_outside_a_capture():
         [3, 3, 2, 2, 1]
 
 
-def test_unpacking_to_a_length_read_from_a_lengths_tensor_is_a_clear_error():
+def test_unpacking_to_the_longest_length_is_compiled_for_it_with_a_guard():
+    """Without total_length, pad_packed_sequence pads to the longest length, read from the lengths
+    tensor: compiled in as the example's (emmy.capture.guarded_reads), a call whose longest length
+    differs (another output shape in eager torch) refused."""
+
     class Unbounded(nn.Module):
         def __init__(self):
             super().__init__()
@@ -102,5 +106,13 @@ def test_unpacking_to_a_length_read_from_a_lengths_tensor_is_a_clear_error():
                                                                       enforce_sorted=False))
             return nn.utils.rnn.pad_packed_sequence(out, batch_first=True)[0]
 
-    with pytest.raises(emmy.EmmyError, match="pass total_length"):
-        emmy.optimize(Unbounded().eval(), torch.randn(3, 5, 4), LENGTHS, stop_after="tensor")
+    torch.manual_seed(0)
+    module, x = Unbounded().eval(), torch.randn(3, 6, 4)
+    program = emmy.optimize(module, x, LENGTHS)
+    with torch.no_grad():
+        want = module(x, LENGTHS)
+    assert want.shape[1] == int(LENGTHS.max()) < x.shape[1]  # shorter than the input: the read decides it
+    torch.testing.assert_close(program(x, LENGTHS, sim_mode="asan"), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(emmy.EmmyError, match=rf"compiled in as the example inputs' value, {int(LENGTHS.max())}; "
+                                             r"these inputs give 3"):
+        program(x, torch.tensor([3, 2, 3]))

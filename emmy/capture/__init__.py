@@ -70,8 +70,9 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
         if example_inputs:
             raise EmmyError("-c code makes its own inputs; pass no example inputs with a code string or file")
         code = capture_code(*program_text(graph))
-        program = _export(code.module, code.example_inputs.shaped(), code.source)
-        return Captured(_decomposed(program, code.source), code.source, code.example_inputs)
+        program = _exported_decomposed(code.module, code.example_inputs.shaped(), code.source,
+                                       example_values=code.example_inputs, eager_args=code.example_inputs)
+        return Captured(program, code.source, code.example_inputs)
 
     if isinstance(graph, AtenGraph):  # torch.compile's ATen graph: nothing to export or decompose
         if not example_inputs:
@@ -80,7 +81,8 @@ def capture(graph, *example_inputs, example_kwargs: dict | None = None) -> Captu
 
     if isinstance(graph, torch.export.ExportedProgram):
         inputs = example_inputs or _stored_inputs(graph)
-        return Captured(_decomposed(graph, Source()), Source(), tuple(inputs) if inputs else None)
+        values = flat_inputs(inputs) if inputs else None  # to guard what the graph reads from them
+        return Captured(_decomposed(graph, Source(), values), Source(), tuple(inputs) if inputs else None)
 
     if not example_inputs and not keywords:
         raise EmmyError(f"emmy.optimize needs example inputs to capture a {type(graph).__name__}")
@@ -150,12 +152,16 @@ def _captured_module(module, example_inputs: tuple, keywords: dict) -> tuple:
 def _exported_with(module, example_inputs: tuple, keywords: dict, fixed_ints: bool) -> tuple:
     # inputs may nest (an LSTM cell's (h, c)): torch.export takes the structure, the program its leaves
     number = functools.partial(scalar_tensor, fixed_ints=fixed_ints)
+    given = flat_inputs((*example_inputs, keywords) if keywords else example_inputs, fixed_ints)
     example_inputs = tuple(_map_leaves(number, v) for v in example_inputs)
     keywords = {k: _map_leaves(number, v) for k, v in keywords.items()}
     taken = (*example_inputs, keywords) if keywords else example_inputs
-    _check_inputs(flat_inputs(taken, fixed_ints))
+    flat = flat_inputs(taken, fixed_ints)
+    _check_inputs(flat)
+    # an int argument read as a number makes a fixed-ints capture (_captured_module), not a guard
+    numbers = frozenset(k for k, leaf in enumerate(given) if type(leaf) is int)
     try:
-        program = _decomposed(_export(module, example_inputs, Source(), keywords or None), Source())
+        program = _exported_decomposed(module, example_inputs, Source(), keywords or None, flat, numbers)
     except EmmyError:  # a program that takes gradients: export or its decompositions refuse it
         from emmy.capture.gradients import trace_gradient_program
 
@@ -294,17 +300,57 @@ def _export(module, args: tuple, source: Source, keywords: dict | None = None):
         raise explain_export_failure(err, source) from err
 
 
-def _decomposed(program, source: Source):
+def _exported_decomposed(module, args: tuple, source: Source, keywords: dict | None = None,
+                         example_values=None, numbers: frozenset = frozenset(), eager_args=None):
+    """The module exported and decomposed, each integer it reads from its inputs compiled in as the
+    example's value with a guard (emmy.capture.guarded_reads): where torch.export refuses a branch or
+    size on such a read, the module runs once eagerly to learn the values, and is exported again
+    with them. `example_values`: the user's tensor inputs, flat, with their values (default: `args`;
+    -c code's may be made only when asked for); `numbers`: the positions among them of Python ints,
+    whose reads are left to a fixed-ints capture; `eager_args`: what the eager run passes (default:
+    `args`, which for -c code hold fake tensors for inputs not made yet)."""
+    from emmy.capture.errors import is_data_dependent
+    from emmy.capture.guarded_reads import integer_reads, pinned_reads
+
+    values = args if example_values is None else example_values
+    try:
+        return _decomposed(_export(module, args, source, keywords), source, values, numbers)
+    except EmmyError as refused:
+        if refused.__cause__ is None or not is_data_dependent(refused.__cause__):
+            raise
+        first = refused
+    logger.info("torch.export refused a branch or size on a value the program reads: running it once eagerly "
+                "to learn the integers it reads from its inputs")
+    try:
+        reads = integer_reads(module, args if eager_args is None else tuple(eager_args), keywords)
+    except Exception:  # the program does not run eagerly on its examples: export's refusal says why
+        raise first from None
+    if not reads:
+        raise first
+    try:
+        with pinned_reads(reads):
+            exported = _export(module, args, source, keywords)
+        return _decomposed(exported, source, values, numbers)
+    except EmmyError:
+        raise first from None
+
+
+def _decomposed(program, source: Source, example_values=None, numbers: frozenset = frozenset()):
     """torch's decompositions run on the exported graph, their failures told as export's are (a
-    decomposition may branch on values: torch.take wraps its indices)."""
+    decomposition may branch on values: torch.take wraps its indices). With `example_values` (the
+    user inputs, flat), integers read from inputs become guarded constants (emmy.capture.guarded_reads),
+    but for those read from the inputs at `numbers`."""
     from emmy.capture import exporting
     from emmy.capture.constant_reads import fold_constant_reads
     from emmy.capture.errors import explain_export_failure
+    from emmy.capture.guarded_reads import guard_input_reads
     from emmy.capture.value_sized import keep_value_sized_selections
     from emmy.decompose.masked_regions import masked_regions
 
     try:
         program = fold_constant_reads(exporting.decompose(program))
+        if example_values is not None:
+            program = guard_input_reads(program, example_values, source, numbers)
         regions = masked_regions(program.graph)  # the selections it computes are its own
         return keep_value_sized_selections(program, leave=frozenset((*regions.selections, *regions.coordinates)))
     except EmmyError:

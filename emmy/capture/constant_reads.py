@@ -32,20 +32,20 @@ def fold_constant_reads(program):
     user_inputs = {spec.arg.name for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"}
     # a read an input reaches varies by call; one standing on a random draw (`torch.rand(1).item()`)
     # too, as eager torch draws again on each call
-    varying = _reached_from(program.graph, lambda node: (node.op == "placeholder" and node.name in user_inputs)
+    varying = reached_from(program.graph, lambda node: (node.op == "placeholder" and node.name in user_inputs)
                             or (node.op == "call_function" and draws_random(str(node.target))))
     constant = [read for read in reads if read not in varying]
     if not constant:
         return program
     module = copied(program.graph_module)
     copies = {node.name: node for node in module.graph.nodes}
-    numbers = {copies[read.name]: value for read, value in _evaluated(program, constant).items()}
+    numbers = {copies[read.name]: value for read, value in evaluated(program, constant).items()}
     specialized(module, numbers)
     logger.info("%d read(s) of a tensor's value that no input reaches folded in as constants", len(numbers))
     return program._update(module, program.graph_signature)
 
 
-def _reached_from(graph, is_source) -> set:
+def reached_from(graph, is_source) -> set:
     """The nodes a source node reaches, sources included (one pass in graph order)."""
     reached = set()
     for node in graph.nodes:
@@ -54,9 +54,10 @@ def _reached_from(graph, is_source) -> set:
     return reached
 
 
-def _evaluated(program, reads: list) -> dict:
-    """Each read's Python number, computed on the real weights and constants (only the nodes the
-    reads stand on are run)."""
+def evaluated(program, reads: list, user_inputs: list = ()) -> dict:
+    """Each read's Python number, computed on the real weights and constants, and on `user_inputs`
+    (the tensors the program takes, in order) where an input reaches it: only the nodes the reads
+    stand on are run."""
     import torch
 
     from emmy.decompose.from_aten import weight_values
@@ -66,6 +67,7 @@ def _evaluated(program, reads: list) -> dict:
         if node in needed:
             needed.update(node.all_input_nodes)
     stored = {name: tensor for name, (_, tensor) in weight_values(program).items()}
+    stored |= dict(zip(user_tensors(program), user_inputs))
     values = {}
     with torch.no_grad():
         for node in program.graph.nodes:
@@ -81,14 +83,30 @@ def _evaluated(program, reads: list) -> dict:
     return {read: values[read] for read in reads}
 
 
+def user_tensors(program) -> list[str]:
+    """The placeholders of the tensors a user passes, in order (flags and None are no tensors)."""
+    import torch
+
+    taken = {spec.arg.name for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"}
+    return [node.name for node in program.graph.nodes
+            if node.name in taken and isinstance(node.meta.get("val"), torch.Tensor)]
+
+
 def copied(module):
     """A graph module over a copy of `module`'s graph (nodes and their meta copied, weights shared),
     so the caller's exported program is not changed."""
     import torch
 
     graph = torch.fx.Graph()
-    result = graph.graph_copy(module.graph, {})
+    copies: dict = {}
+    result = graph.graph_copy(module.graph, copies)
     graph.output(result)
+    for old, new in copies.items():
+        # fx renames a node that shadows a builtin (an input named `input` becomes input_1), but the
+        # export signature names the original: kept (the namespace holds the other, so no new node
+        # takes it)
+        if new.name != old.name:
+            new.name = old.name
     return torch.fx.GraphModule(module, graph)
 
 

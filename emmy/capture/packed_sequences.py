@@ -7,8 +7,9 @@ program, packing keeps the padded tensor and its lengths instead (`MaskedSequenc
 one runs its recurrence step by step over every padded position, each step kept only where the
 step is inside that sequence (`t < length`), so every sequence's states stop at its own end (and a
 reversed direction starts there); unpacking writes the padding value past each end. The values are
-eager torch's; the unpacked length must be known without reading the lengths (`total_length`, or
-lengths given as a Python list).
+eager torch's; without `total_length` (or lengths given as a Python list) the unpacked length is
+the longest one, read from the lengths tensor, which emmy compiles in with a guard
+(emmy.capture.guarded_reads).
 """
 
 from __future__ import annotations
@@ -53,11 +54,12 @@ def pack_padded_sequence(input, lengths, batch_first=False, enforce_sorted=True)
 def pad_packed_sequence(sequence, batch_first=False, padding_value=0.0, total_length=None):
     if not isinstance(sequence, MaskedSequence):
         return _TORCH_PAD(sequence, batch_first=batch_first, padding_value=padding_value, total_length=total_length)
-    if total_length is None and sequence.known_lengths is None:
-        raise TypeError("pad_packed_sequence without total_length pads to the longest length, a value of the "
-                        "lengths tensor a compiled program cannot know; pass total_length (the padded input's "
-                        "length) or the lengths as a Python list")
-    length = total_length if total_length is not None else max(sequence.known_lengths)
+    if total_length is not None:
+        length = total_length
+    elif sequence.known_lengths is not None:
+        length = max(sequence.known_lengths)
+    else:  # the longest length, read from the lengths: compiled in with a guard (emmy.capture.guarded_reads)
+        length = int(sequence.lengths.max())
     inside = sequence.steps_inside()[:length]
     inside = inside.reshape(*inside.shape, *[1] * (sequence.data.dim() - 2))
     padded = torch.where(inside, sequence.data[:length], torch.full_like(sequence.data[:length], padding_value))

@@ -27,6 +27,7 @@ from emmy.decompose.registry import LOWERINGS, Context, draws_random
 from emmy.dtypes import DType, from_torch, real_pairs, to_numpy
 from emmy.errors import EmmyError, UnsupportedDtypeError, UnsupportedOpError
 from emmy.tensor_ir.builder import GraphBuilder
+from emmy.tensor_ir.guards import Guards
 from emmy.tensor_ir.index_values import fold_index_values
 from emmy.tensor_ir.nodes import TensorGraph, TensorType
 
@@ -43,6 +44,8 @@ class TensorProgram:
     # returned tensors with no elements, which no kernel computes: (position among the returned
     # tensors, an empty torch tensor of its shape and dtype); the graph's outputs leave them out
     empty_outputs: tuple = ()
+    # numbers read from the inputs that the program was compiled for (emmy.tensor_ir.guards)
+    guards: Guards | None = None
 
 
 def _identifier(text: str) -> str:
@@ -133,6 +136,7 @@ def to_tensor_ir(captured) -> TensorProgram:
                 if not isinstance(value, (str, EmptyTensor)):
                     raise UnsupportedOpError(f"unsupported output of {_located(captured, r)}: not a single tensor")
                 outputs.append(value)
+    guards = _guards(captured, program.graph, env, builder.nodes, weight_arrays)
     returned, updates, mutations = _returned_then_updates(program, outputs)
     empties = tuple((k, v.materialized()) for k, v in enumerate(returned) if isinstance(v, EmptyTensor))
     kept = [(u, m) for u, m in zip(updates, mutations) if not isinstance(u, EmptyTensor)]
@@ -140,7 +144,18 @@ def to_tensor_ir(captured) -> TensorProgram:
     mutated = {m[1] for _, m in kept if m[0] == "weight"}
     graph, weight_arrays = fold_index_values(builder.finish(returned + [u for u, _ in kept]), weight_arrays,
                                              set(weight_arrays) - mutated)
-    return TensorProgram(graph, weight_arrays, tuple(m for _, m in kept), empties)
+    return TensorProgram(graph, weight_arrays, tuple(m for _, m in kept), empties, guards)
+
+
+def _guards(captured, graph, env: dict, nodes, weight_arrays: dict) -> Guards | None:
+    """The values emmy.capture.guarded_reads marked (node.meta["emmy_guard"]): each call checks them."""
+    marked = [node for node in graph.nodes if "emmy_guard" in node.meta]
+    for node in marked:
+        if not isinstance(env.get(node.name), str):
+            raise UnsupportedOpError(f"unsupported op {_located(captured, node)}: a number read from the inputs "
+                                     "that emmy cannot compute to check on each call")
+    return Guards.of(nodes, [env[node.name] for node in marked], [node.meta["emmy_guard"] for node in marked],
+                     weight_arrays)
 
 
 def _pairs_type(val, where: str) -> TensorType:
