@@ -323,16 +323,13 @@ def _exported_decomposed(module, args: tuple, source: Source, keywords: dict | N
                 "to learn the integers it reads from its inputs")
     try:
         reads = integer_reads(module, args if eager_args is None else tuple(eager_args), keywords)
-    except Exception:  # the program does not run eagerly on its examples: export's refusal says why
-        raise first from None
-    if not reads:
-        raise first
-    try:
-        with pinned_reads(reads):
-            exported = _export(module, args, source, keywords)
-        return _decomposed(exported, source, values, numbers)
-    except EmmyError:
-        raise first from None
+        if reads:
+            with pinned_reads(reads):
+                exported = _export(module, args, source, keywords)
+            return _decomposed(exported, source, values, numbers)
+    except Exception:  # it does not run eagerly on its examples, or a read is no integer: refused as export was
+        logger.debug("capturing with the integers read pinned failed too", exc_info=True)
+    raise first  # outside the handler, so its cause stays torch's refusal
 
 
 def _decomposed(program, source: Source, example_values=None, numbers: frozenset = frozenset()):
