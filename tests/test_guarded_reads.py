@@ -165,3 +165,32 @@ class _AsModule(nn.Module):
 
     def forward(self, *args):
         return self.function(*args)
+
+
+def test_a_branch_on_a_table_the_code_builds_is_taken_as_eager_takes_it():
+    """e3nn's so3_generators asserts on a product of constant matrices (`assert torch.all(...)`), a
+    bool no input reaches: told its value while exporting, then folded; no guard is needed."""
+
+    def rotated(x):
+        basis = torch.tensor([[0.6, -0.8], [0.8, 0.6]]) * torch.ones(2, 1)
+        assert torch.all((basis @ basis.T - torch.eye(2)).abs() < 1e-5)
+        return x @ basis
+
+    x = torch.randn(3, 2)
+    program = emmy.optimize(rotated, x)
+    assert program.signature.guards is None
+    torch.testing.assert_close(program(x, sim_mode="asan"), rotated(x))
+
+
+def test_a_branch_an_input_decides_is_refused_even_after_the_eager_run():
+    """The retry tells every bool read its example value; one an input reaches would make the program
+    that branch's alone, so the capture is refused with export's own message."""
+
+    def checked(x, lengths):
+        n = int(lengths.max())  # an integer read: the retry runs
+        if (x[:, :n] > 0).all():
+            return x * 2
+        return x[:, :n].sum()
+
+    with pytest.raises(emmy.EmmyError, match=r"data-dependent control flow at .*test_guarded_reads.py"):
+        emmy.optimize(checked, torch.randn(2, 5), torch.tensor([3, 5]))

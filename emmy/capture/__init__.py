@@ -310,7 +310,7 @@ def _exported_decomposed(module, args: tuple, source: Source, keywords: dict | N
     whose reads are left to a fixed-ints capture; `eager_args`: what the eager run passes (default:
     `args`, which for -c code hold fake tensors for inputs not made yet)."""
     from emmy.capture.errors import is_data_dependent
-    from emmy.capture.guarded_reads import integer_reads, pinned_reads
+    from emmy.capture.guarded_reads import input_branches, pinned_reads, recorded_reads
 
     values = args if example_values is None else example_values
     try:
@@ -320,13 +320,15 @@ def _exported_decomposed(module, args: tuple, source: Source, keywords: dict | N
             raise
         first = refused
     logger.info("torch.export refused a branch or size on a value the program reads: running it once eagerly "
-                "to learn the integers it reads from its inputs")
+                "to learn the integers and bools it reads")
     try:
-        reads = integer_reads(module, args if eager_args is None else tuple(eager_args), keywords)
+        reads = recorded_reads(module, args if eager_args is None else tuple(eager_args), keywords)
         if reads:
             with pinned_reads(reads):
                 exported = _export(module, args, source, keywords)
-            return _decomposed(exported, source, values, numbers)
+            program = _decomposed(exported, source, values, numbers)
+            if not input_branches(program):  # a branch an input decides stays refused
+                return program
     except Exception:  # it does not run eagerly on its examples, or a read is no integer: refused as export was
         logger.debug("capturing with the integers read pinned failed too", exc_info=True)
     raise first  # outside the handler, so its cause stays torch's refusal

@@ -11,9 +11,11 @@ is refused, naming the line that read it and both values, never run on the wrong
 Only integer reads are kept so: a float read into Python is a value that varies from call to call,
 and a bool read is a branch (`if x.sum() > 0:`), both still refused with their line.
 
-Capture tries torch.export first; only where it fails on a value read (or leaves one behind) does
-emmy run the program once eagerly to learn each integer read's value (by the user line that made
-it, in order), then export again with torch told each one (`torch._check(u0 == 20)`).
+Capture tries torch.export first; only where it fails on a value read does emmy run the program
+once eagerly to learn each integer and bool read's value (by the user line that made it, in
+order), then export again with torch told each one (`torch._check(u0 == 20)`). A bool told so
+decides a branch: kept only where no input reaches it (e3nn asserts on a product of constant
+matrices; emmy.capture.constant_reads then folds it), else the capture is refused as before.
 """
 
 from __future__ import annotations
@@ -44,9 +46,14 @@ def _is_integer(tensor) -> bool:
     return not tensor.dtype.is_floating_point and not tensor.dtype.is_complex and tensor.dtype is not torch.bool
 
 
-def integer_reads(module, args: tuple, keywords: dict | None) -> dict:
-    """Each integer read of a tensor's value while the module runs eagerly on the example inputs:
-    (user file, line) -> the values read there, in order."""
+def _pinnable(tensor) -> bool:
+    """An integer or bool tensor: the reads told their values while exporting (a float varies)."""
+    return not tensor.dtype.is_floating_point and not tensor.dtype.is_complex
+
+
+def recorded_reads(module, args: tuple, keywords: dict | None) -> dict:
+    """Each integer or bool read of a tensor's value while the module runs eagerly on the example
+    inputs: (user file, line) -> the values read there, in order."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -58,10 +65,10 @@ def integer_reads(module, args: tuple, keywords: dict | None) -> dict:
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             result = func(*args, **(kwargs or {}))
-            if func is scalar_read and _is_integer(args[0]):
+            if func is scalar_read and _pinnable(args[0]):
                 site = _site()
                 if site is not None:
-                    reads[site].append(int(result))
+                    reads[site].append(result)
             return result
 
     # the stand-ins emmy captures with (packed sequences) read what the traced program will
@@ -72,8 +79,10 @@ def integer_reads(module, args: tuple, keywords: dict | None) -> dict:
 
 @contextlib.contextmanager
 def pinned_reads(reads: dict):
-    """While torch.export traces, each integer read at a site `reads` holds is told its value there
-    (torch._check(u == value)): a branch or size on it is decided, and export records the check."""
+    """While torch.export traces, each integer or bool read at a site `reads` holds is told its value
+    there (torch._check(u == value)): a branch or size on it is decided, and export records the
+    check. A bool read is pinned only for a branch on a constant (an assert on a table the code
+    builds): one an input reaches is refused after the trace (unpinned_branches)."""
     import torch
     from torch._subclasses import fake_impls
     from torch.fx.experimental import proxy_tensor
@@ -85,10 +94,10 @@ def pinned_reads(reads: dict):
 
     def read_pinned(fake_mode, func, arg):
         value = read_fake(fake_mode, func, arg)
-        if isinstance(value, torch.SymInt) and _is_integer(arg):
+        if isinstance(value, (torch.SymInt, torch.SymBool)) and _pinnable(arg):
             site = _site()
             known = reads.get(site, ())
-            if seen[site] < len(known):
+            if seen[site] < len(known) and isinstance(known[seen[site]], bool) == isinstance(value, torch.SymBool):
                 pending.append((value, known[seen[site]]))
             seen[site] += 1
         return value
@@ -99,7 +108,7 @@ def pinned_reads(reads: dict):
         result = track(*args, **kwargs)
         while pending:
             symbol, value = pending.pop(0)
-            torch._check(symbol == value)
+            torch._check(symbol if value is True else torch.sym_not(symbol) if value is False else symbol == value)
         return result
 
     fake_impls.op_implementations_dict[scalar_read] = read_pinned
@@ -128,6 +137,19 @@ def input_reads(program, numbers: frozenset = frozenset()) -> list:
     skipped = {tensors[k] for k in numbers if k < len(tensors)}
     from_numbers = reached_from(program.graph, lambda node: node.op == "placeholder" and node.name in skipped)
     return [read for read in reads if read in varying and read not in from_numbers]
+
+
+def input_branches(program) -> list:
+    """The bool reads of a tensor's value (a branch) that a user input reaches: told their example's
+    value while exporting, each would make the program one branch's, so the capture is refused."""
+    import torch
+
+    from emmy.capture.constant_reads import reached_from, user_tensors
+
+    tensors = set(user_tensors(program))
+    varying = reached_from(program.graph, lambda node: node.op == "placeholder" and node.name in tensors)
+    return [node for node in program.graph.nodes if node.target is torch.ops.aten._local_scalar_dense.default
+            and node.args[0].meta["val"].dtype is torch.bool and node in varying]
 
 
 def guard_input_reads(program, example_inputs, source, numbers: frozenset = frozenset()) -> object:
