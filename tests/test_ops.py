@@ -807,6 +807,20 @@ def test_complex_ops_emmy_does_not_take_are_one_clear_error():
         emmy.optimize(root, torch.randn(4, 2))
 
 
+def test_complex_cats_and_stacks_run_right_in_the_simulator():
+    """e3nn's SU(2) generators: a stack of complex matrices, one real among them, and a cat along a
+    negative axis."""
+
+    def generators(x, y):
+        z, w = torch.view_as_complex(x), torch.view_as_complex(y)
+        stacked = torch.stack([0.5 * (z + w), torch.diag(1j * x[0, :, 0]), x[..., 1]], dim=0)
+        return torch.view_as_real(torch.cat([stacked, -0.5j * stacked], dim=-1))
+
+    x, y = torch.randn(4, 4, 2), torch.randn(4, 4, 2)
+    program = emmy.optimize(generators, x, y)
+    torch.testing.assert_close(program(x, y, sim_mode="asan"), generators(x, y))
+
+
 def s4d_kernel(log_dt, a_real, a_imag, c_real, c_imag, length: int = 16):
     """S4D's convolution kernel (a diagonal state space model), as its authors write it: complex
     numbers made from parts, exponentials, a quotient, a Vandermonde product and its real part."""

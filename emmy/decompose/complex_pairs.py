@@ -1,14 +1,15 @@
 """complex64 as pairs of f32 (complex128 of f64): a complex tensor of shape S is the real tensor of
 shape (*S, 2) that torch.view_as_real shows (real part, then imaginary), so view_as_complex and view_as_real are free
 and rotary embeddings written with complex numbers (Meta's Llama: xq as complex times freqs_cis)
-compile to the same arithmetic as their real spelling. Views, slices, writes, torch.complex, sums,
-products, quotients, exp and log, matrix products of complex tensors are taken, their magnitude and
+compile to the same arithmetic as their real spelling. Views, slices, cats, writes, torch.complex,
+sums, products, quotients, exp and log, matrix products of complex tensors are taken, their magnitude and
 angle, and Fourier transforms (emmy.decompose.fourier); any other op on one is refused with the op named.
 """
 
 from __future__ import annotations
 
 from emmy.affine import Affine, Guard
+from emmy.decompose.layout import joined
 from emmy.decompose.registry import registrar
 from emmy.dtypes import DType
 from emmy.errors import UnsupportedOpError
@@ -28,8 +29,9 @@ def lower_complex(ctx, key: str, args: list, kwargs: dict, pairs: set) -> object
     fn = COMPLEX_OPS.get(key)
     if fn is None:
         raise UnsupportedOpError(f"unsupported op {ctx.where}: {key} on complex numbers (emmy takes view_as_complex, "
-                                 "view_as_real, complex, polar, views, slices, writes, sums, products, quotients, "
-                                 "exp, log, matrix products, abs, angle and Fourier transforms of complex tensors)")
+                                 "view_as_real, complex, polar, views, slices, cats, writes, sums, products, "
+                                 "quotients, exp, log, matrix products, abs, angle and Fourier transforms of complex "
+                                 "tensors)")
     result = fn(ctx, *args, **kwargs)
     if is_complex(ctx.node.meta.get("val")):
         pairs.add(result)
@@ -226,6 +228,17 @@ def arithmetic(ctx, a, b, alpha=1):
     real = builder.elementwise("subtract", mul(ar, br), mul(ai, bi), suffix="re")
     imag = builder.elementwise("add", mul(ar, bi), mul(ai, br), suffix="im")
     return _pair(ctx, real, imag, shape)
+
+
+@complex_op("aten.cat.default")
+def concatenate(ctx, tensors, dim=0):
+    """A cat (torch.stack's too) of complex tensors, a real one among them with no imaginary part:
+    their pairs joined along the axis, which never is the pair axis."""
+    shape = _shape(ctx)
+    rank = len(shape) - 1
+    pieces = [as_pair(ctx, t, None) for t in tensors]
+    pieces = [p for p in pieces if len(ctx.b.shape(p)) == rank + 1 and ctx.b.shape(p)[dim % rank]]
+    return joined(ctx.b, pieces, shape, dim % rank, _part(ctx), ctx.name)
 
 
 @complex_op("aten.complex.default")

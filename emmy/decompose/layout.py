@@ -80,27 +80,31 @@ def split(ctx: Context, x, sizes, dim=0):
 @lowers("aten.cat.default")
 def cat(ctx: Context, tensors, dim=0):
     out = ctx.out_type()
-    b = ctx.b
     rank = len(out.shape)
-    dim %= rank
     # torch allows empty 1-d tensors in cat; they contribute nothing.
-    pieces = [t for t in tensors if len(b.shape(t)) == rank and b.shape(t)[dim]]
+    pieces = [ctx.tensor(t, out.dtype) for t in tensors if len(ctx.b.shape(t)) == rank and ctx.b.shape(t)[dim % rank]]
+    return joined(ctx.b, pieces, out.shape, dim % rank, out.dtype, ctx.name)
+
+
+def joined(b, pieces: list, shape: tuple, dim: int, dtype: DType, name: str):
+    """`pieces` (of `dtype`, none empty along `dim`) one after another along `dim`: one guarded read
+    of each, selected by where its part lies."""
+    rank = len(shape)
     result = None
     start = 0
     for k, piece in enumerate(pieces):
         size = b.shape(piece)[dim]
         within = Guard(Affine.dim(dim), lo=start, hi=start + size)
         index = [Affine.dim(a) if a != dim else Affine.dim(a) - start for a in range(rank)]
-        value = b.index_map(ctx.tensor(piece, out.dtype), out.shape, index, guards=(within,), fill=0,
-                            suffix=f"part{k}")
+        value = b.index_map(piece, shape, index, guards=(within,), fill=0, suffix=f"part{k}")
         if result is None:
             result = value
         else:
             # Select, not add: the fill of one part must never touch another's values.
-            mask = b.index_map(b.const(True, DType.BOOL), out.shape, (), guards=(within,), fill=False,
+            mask = b.index_map(b.const(True, DType.BOOL), shape, (), guards=(within,), fill=False,
                                suffix=f"in_part{k}")
             last = k == len(pieces) - 1
-            result = b.elementwise("where", mask, value, result, dtype=out.dtype, name=ctx.name if last else None)
+            result = b.elementwise("where", mask, value, result, dtype=dtype, name=name if last else None)
         start += size
     return result
 
