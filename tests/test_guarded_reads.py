@@ -194,3 +194,23 @@ def test_a_branch_an_input_decides_is_refused_even_after_the_eager_run():
 
     with pytest.raises(emmy.EmmyError, match=r"data-dependent control flow at .*test_guarded_reads.py"):
         emmy.optimize(checked, torch.randn(2, 5), torch.tensor([3, 5]))
+
+
+def test_the_eager_run_leaves_the_inputs_and_the_buffers_as_they_were():
+    """The run that learns the values works on copies of the inputs and puts the module's buffers
+    back: what a forward writes in place is neither the caller's loss nor captured."""
+
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+        def forward(self, x, lengths):
+            self.calls += 1
+            x.mul_(2)
+            return x[:, :int(lengths.max())] + self.calls
+
+    module, x, lengths = Counting(), torch.ones(2, 5), torch.tensor([3, 4])
+    program = emmy.optimize(module, x, lengths)
+    assert module.calls.item() == 0 and torch.equal(x, torch.ones(2, 5))
+    assert torch.equal(program(x.clone(), lengths, sim_mode="asan"), torch.full((2, 4), 3.0))

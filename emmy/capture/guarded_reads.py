@@ -55,6 +55,7 @@ def recorded_reads(module, args: tuple, keywords: dict | None) -> dict:
     """Each integer or bool read of a tensor's value while the module runs eagerly on the example
     inputs: (user file, line) -> the values read there, in order."""
     import torch
+    from torch.utils import _pytree
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from emmy.capture.substitutes import substituted
@@ -71,9 +72,19 @@ def recorded_reads(module, args: tuple, keywords: dict | None) -> dict:
                     reads[site].append(result)
             return result
 
-    # the stand-ins emmy captures with (packed sequences) read what the traced program will
-    with substituted(), torch.no_grad(), Recording():
-        module(*args, **(keywords or {}))
+    # on copies of the inputs, and the module's buffers put back after: a forward that writes in
+    # place (a cache, a counter) must leave neither the caller's tensors nor what is captured changed
+    args, keywords = _pytree.tree_map_only(torch.Tensor, torch.clone, (args, keywords or {}))
+    buffers = {name: buffer.clone() for name, buffer in module.named_buffers()}
+    try:
+        # the stand-ins emmy captures with (packed sequences) read what the traced program will
+        with substituted(), torch.no_grad(), Recording():
+            module(*args, **keywords)
+    finally:
+        with torch.no_grad():
+            for name, buffer in module.named_buffers():
+                if name in buffers:
+                    buffer.copy_(buffers[name])
     return dict(reads)
 
 
