@@ -214,3 +214,26 @@ def test_the_eager_run_leaves_the_inputs_and_the_buffers_as_they_were():
     program = emmy.optimize(module, x, lengths)
     assert module.calls.item() == 0 and torch.equal(x, torch.ones(2, 5))
     assert torch.equal(program(x.clone(), lengths, sim_mode="asan"), torch.full((2, 4), 3.0))
+
+
+def test_an_axis_order_read_with_tolist_is_pinned_from_constants_and_guarded_from_inputs():
+    """kornia's zca_whiten reads an axis order with .tolist() from a cat of aranges: eager torch reads
+    a list without an op, the trace one element at a time; both are matched by line and order."""
+
+    def constant_order(x):
+        order = torch.cat([torch.tensor([2]), torch.arange(0, 2)]).tolist()
+        return x.permute(order) * 2
+
+    def given_order(x, order):
+        return x.permute(order.tolist()) + 1
+
+    x = torch.randn(2, 3, 4)
+    program = emmy.optimize(constant_order, x)
+    assert program.signature.guards is None
+    torch.testing.assert_close(program(x, sim_mode="asan"), constant_order(x))
+    order = torch.tensor([1, 2, 0])
+    program = emmy.optimize(given_order, x, order)
+    assert [r.expected for r in program.signature.guards.reads] == [1, 2, 0]
+    torch.testing.assert_close(program(x, order, sim_mode="asan"), given_order(x, order))
+    with pytest.raises(InputMismatchError, match="value, 1; these inputs give 2"):
+        program(x, torch.tensor([2, 1, 0]))

@@ -56,6 +56,7 @@ def recorded_reads(module, args: tuple, keywords: dict | None) -> dict:
     inputs: (user file, line) -> the values read there, in order."""
     import torch
     from torch.utils import _pytree
+    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from emmy.capture.substitutes import substituted
@@ -72,13 +73,24 @@ def recorded_reads(module, args: tuple, keywords: dict | None) -> dict:
                     reads[site].append(result)
             return result
 
+    class RecordingLists(TorchFunctionMode):
+        """tolist() reads a CPU tensor's memory without an op, where a traced one reads each element."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            if func is torch.Tensor.tolist and _pinnable(args[0]):
+                site = _site()
+                if site is not None:
+                    reads[site].extend(_pytree.tree_leaves(result))
+            return result
+
     # on copies of the inputs, and the module's buffers put back after: a forward that writes in
     # place (a cache, a counter) must leave neither the caller's tensors nor what is captured changed
     args, keywords = _pytree.tree_map_only(torch.Tensor, torch.clone, (args, keywords or {}))
     buffers = {name: buffer.clone() for name, buffer in module.named_buffers()}
     try:
         # the stand-ins emmy captures with (packed sequences) read what the traced program will
-        with substituted(), torch.no_grad(), Recording():
+        with substituted(), torch.no_grad(), RecordingLists(), Recording():
             module(*args, **keywords)
     finally:
         with torch.no_grad():

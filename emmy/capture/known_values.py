@@ -15,10 +15,11 @@ which export made fake before tracing). torch forgets a value when a tensor is w
 anything without one (its alias bookkeeping, which each value here is entered in); values never
 come from inputs, weights or random draws; the graph torch records is unchanged. Propagation stays
 at torch's one element: raised, it ran `new_empty` for real and gave its uninitialized memory as a
-value (ViLT's patch selection then indexed with it), so an axis order read by `.tolist()` from a
-cat of aranges stays refused; and torch forgets a value once a view of more than one element is
-taken of it (it could not follow a write through the view), so Jamba, which reshapes its cache
-positions before branching on the first, stays refused.
+value (ViLT's patch selection then indexed with it); and torch forgets a value once a view of more
+than one element is taken of it (it could not follow a write through the view). Such reads (an
+axis order read by `.tolist()` from a cat of aranges, Jamba's branch on its reshaped cache
+positions) make export fail, and are told their values by a second export after an eager run
+(emmy.capture.guarded_reads).
 """
 
 from __future__ import annotations
