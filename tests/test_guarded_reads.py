@@ -237,3 +237,14 @@ def test_an_axis_order_read_with_tolist_is_pinned_from_constants_and_guarded_fro
     torch.testing.assert_close(program(x, order, sim_mode="asan"), given_order(x, order))
     with pytest.raises(InputMismatchError, match="value, 1; these inputs give 2"):
         program(x, torch.tensor([2, 1, 0]))
+
+
+def test_c_code_reading_a_length_from_an_input_compiles_with_a_guard():
+    """-c code first runs on fake tensors to make its inputs; a value read into Python has none
+    there, so that run is made again for real."""
+    program = emmy.optimize("x = torch.randn(3, 6)\nn = torch.tensor([2, 4])\nx[:, :int(n.max())] * 2")
+    x, n = program.example_inputs
+    assert torch.equal(program(x, n, sim_mode="asan"), x[:, :4] * 2)
+    with pytest.raises(InputMismatchError, match=r"line 3: `x\[:, :int\(n.max\(\)\)\] \* 2` is compiled in as the "
+                                                 r"example inputs' value, 4; these inputs give 5"):
+        program(x, torch.tensor([5, 1]))

@@ -20,6 +20,7 @@ carries the line of `-c` code it came from.
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
 import sys
 import traceback
@@ -296,15 +297,29 @@ def capture_code(code: str, label: str = "-c code") -> CodeCapture:
         type_ignores=[],
     )
     ast.fix_missing_locations(eager_tree)
-    namespace = _namespace()
-    namespace[_INPUT] = eager_input
-    namespace[_CONSTRUCT] = eager_construct
-    torch.manual_seed(0)
     from emmy.capture.substitutes import substituted
 
-    try:
-        with quiet_torch(), substituted(), FakeTensorMode(allow_non_fake_inputs=True):
+    def eager_pass(fake: bool) -> dict:
+        made_inputs.clear(), made_modules.clear(), module_counts.clear(), deferred.clear()
+        namespace = _namespace()
+        namespace[_INPUT] = eager_input
+        namespace[_CONSTRUCT] = eager_construct
+        torch.manual_seed(0)
+        computing = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+        with quiet_torch(), substituted(), computing:
             exec(compile(eager_tree, CODE_FILENAME, "exec"), namespace)
+        return namespace
+
+    try:
+        try:
+            namespace = eager_pass(fake=True)
+        except Exception as err:
+            if not is_data_dependent(err):
+                raise
+            try:  # a value read into Python (int(lengths.max())), which a fake tensor has not: run for real
+                namespace = eager_pass(fake=False)
+            except Exception:
+                raise err from None
     except EmmyError:
         raise
     except Exception as err:  # the user's code failed: report its line
