@@ -150,3 +150,24 @@ def test_a_factory_sized_by_a_value_read_in_the_trace_is_made_as_before():
     with pytest.raises(emmy.EmmyError, match=r"positions\[-1\].*compiled in as the example inputs' value, 7; "
                                              r"these inputs give 10"):
         program(x, torch.arange(3, 10))
+
+
+def test_a_view_the_module_cached_on_an_earlier_call_is_captured():
+    """neuralop's grid embedding keeps the grid it made (unsqueezed: a view) for later calls; met in
+    the trace, a view cannot carry its value (torch makes its fake tensor from the base's and then
+    refused it as a constant), so it is taken as a plain constant."""
+
+    class CachedGrid(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.grid = None
+
+        def forward(self, x):
+            if self.grid is None:
+                self.grid = torch.linspace(0, 1, x.shape[-1]).unsqueeze(0).unsqueeze(0)
+            return torch.cat([x, self.grid.repeat(x.shape[0], 1, 1)], dim=1) * 2
+
+    module, x = CachedGrid(), torch.randn(2, 3, 8)
+    want = module(x)  # the eager call caches the grid
+    program = emmy.optimize(module, x)
+    torch.testing.assert_close(program(x, sim_mode="asan"), want)

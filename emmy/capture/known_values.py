@@ -70,8 +70,11 @@ class _KeepingValues:
     def from_real_tensor(self, fake_mode, tensor, make_constant: bool = False, *args, **kwargs):
         import torch
 
+        # not a view: torch makes a view's fake tensor from its base's, without the value, and then
+        # refuses to enter it as a constant (neuralop's cached grids, unsqueezed)
         make_constant = make_constant or (type(tensor) is torch.Tensor and tensor.device.type == "cpu"
-                                          and tensor.numel() <= VALUE_LIMIT and not tensor.requires_grad)
+                                          and tensor.numel() <= VALUE_LIMIT and not tensor.requires_grad
+                                          and tensor._base is None)
         return self._converter.from_real_tensor(fake_mode, tensor, make_constant, *args, **kwargs)
 
 
