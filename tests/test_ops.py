@@ -821,6 +821,19 @@ def test_complex_cats_and_stacks_run_right_in_the_simulator():
     torch.testing.assert_close(program(x, y, sim_mode="asan"), generators(x, y))
 
 
+def test_complex_repeats_run_right_in_the_simulator():
+    """neuralop's grid embedding on complex data: the grid, complex, repeated over the batch (a new
+    leading axis too)."""
+
+    def tiled(x):
+        z = torch.view_as_complex(x)
+        return torch.view_as_real(z.repeat(2, 1, 3) + z.repeat(1, 3)[None])
+
+    x = torch.randn(2, 4, 2)
+    program = emmy.optimize(tiled, x)
+    torch.testing.assert_close(program(x, sim_mode="asan"), tiled(x))
+
+
 def s4d_kernel(log_dt, a_real, a_imag, c_real, c_imag, length: int = 16):
     """S4D's convolution kernel (a diagonal state space model), as its authors write it: complex
     numbers made from parts, exponentials, a quotient, a Vandermonde product and its real part."""

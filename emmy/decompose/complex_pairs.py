@@ -1,7 +1,7 @@
 """complex64 as pairs of f32 (complex128 of f64): a complex tensor of shape S is the real tensor of
 shape (*S, 2) that torch.view_as_real shows (real part, then imaginary), so view_as_complex and view_as_real are free
 and rotary embeddings written with complex numbers (Meta's Llama: xq as complex times freqs_cis)
-compile to the same arithmetic as their real spelling. Views, slices, cats, writes, torch.complex,
+compile to the same arithmetic as their real spelling. Views, slices, cats, repeats, writes, torch.complex,
 sums, products, quotients, exp and log, matrix products of complex tensors are taken, their magnitude and
 angle, and Fourier transforms (emmy.decompose.fourier); any other op on one is refused with the op named.
 """
@@ -29,7 +29,7 @@ def lower_complex(ctx, key: str, args: list, kwargs: dict, pairs: set) -> object
     fn = COMPLEX_OPS.get(key)
     if fn is None:
         raise UnsupportedOpError(f"unsupported op {ctx.where}: {key} on complex numbers (emmy takes view_as_complex, "
-                                 "view_as_real, complex, polar, views, slices, cats, writes, sums, products, "
+                                 "view_as_real, complex, polar, views, slices, cats, repeats, writes, sums, products, "
                                  "quotients, exp, log, matrix products, abs, angle and Fourier transforms of complex "
                                  "tensors)")
     result = fn(ctx, *args, **kwargs)
@@ -239,6 +239,16 @@ def concatenate(ctx, tensors, dim=0):
     pieces = [as_pair(ctx, t, None) for t in tensors]
     pieces = [p for p in pieces if len(ctx.b.shape(p)) == rank + 1 and ctx.b.shape(p)[dim % rank]]
     return joined(ctx.b, pieces, shape, dim % rank, _part(ctx), ctx.name)
+
+
+@complex_op("aten.repeat.default")
+def repeat(ctx, x, repeats):
+    """x tiled per dimension (layout.repeat) with its pair axis read as it is."""
+    pairs = as_pair(ctx, x, None)
+    shape, out = ctx.b.shape(pairs)[:-1], _shape(ctx)
+    lead = len(repeats) - len(shape)
+    index = [Affine.dim(lead + k).mod(n, out) if n > 1 else Affine.constant(0) for k, n in enumerate(shape)]
+    return ctx.b.index_map(pairs, out, [*index, Affine.dim(len(out) - 1)], name=ctx.name)
 
 
 @complex_op("aten.complex.default")
