@@ -8,8 +8,9 @@ keeps the tensor it was read from as a guard that each call computes from its in
 numpy, before any kernel runs) and compares (emmy.runtime.check_guards): a call whose value differs
 is refused, naming the line that read it and both values, never run on the wrong shape.
 
-Only integer reads are kept so: a float read into Python is a value that varies from call to call,
-and a bool read is a branch (`if x.sum() > 0:`), both still refused with their line.
+Only integer reads are guarded so: a float read into Python is a value that varies from call to
+call, and a bool read from the inputs is a branch (`if x.sum() > 0:`), both still refused with their
+line.
 
 Capture tries torch.export first; only where it fails on a value read does emmy run the program
 once eagerly to learn each integer and bool read's value (by the user line that made it, in
@@ -55,8 +56,8 @@ def recorded_reads(module, args: tuple, keywords: dict | None) -> dict:
     """Each integer or bool read of a tensor's value while the module runs eagerly on the example
     inputs: (user file, line) -> the values read there, in order."""
     import torch
-    from torch.utils import _pytree
     from torch.overrides import TorchFunctionMode
+    from torch.utils import _pytree
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from emmy.capture.substitutes import substituted
@@ -105,7 +106,7 @@ def pinned_reads(reads: dict):
     """While torch.export traces, each integer or bool read at a site `reads` holds is told its value
     there (torch._check(u == value)): a branch or size on it is decided, and export records the
     check. A bool read is pinned only for a branch on a constant (an assert on a table the code
-    builds): one an input reaches is refused after the trace (unpinned_branches)."""
+    builds): one an input reaches is refused after the trace (input_branches)."""
     import torch
     from torch._subclasses import fake_impls
     from torch.fx.experimental import proxy_tensor
