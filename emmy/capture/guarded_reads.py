@@ -41,15 +41,15 @@ def _site() -> tuple[str, int] | None:
     return None
 
 
-def _is_integer(tensor) -> bool:
-    import torch
-
-    return not tensor.dtype.is_floating_point and not tensor.dtype.is_complex and tensor.dtype is not torch.bool
-
-
 def _pinnable(tensor) -> bool:
     """An integer or bool tensor: the reads told their values while exporting (a float varies)."""
     return not tensor.dtype.is_floating_point and not tensor.dtype.is_complex
+
+
+def _is_integer(tensor) -> bool:
+    import torch
+
+    return _pinnable(tensor) and tensor.dtype is not torch.bool
 
 
 def recorded_reads(module, args: tuple, keywords: dict | None) -> dict:
@@ -144,36 +144,35 @@ def pinned_reads(reads: dict):
         proxy_tensor.track_tensor_tree = track
 
 
-def input_reads(program, numbers: frozenset = frozenset()) -> list:
-    """The integer reads of a tensor's value (aten._local_scalar_dense) that a user input reaches,
-    but none at the positions `numbers` among the tensor inputs (Python ints, left to a fixed-ints
-    capture)."""
+def _reads_from_inputs(program, kind, numbers: frozenset = frozenset()) -> list:
+    """The reads of a tensor's value (aten._local_scalar_dense) of a tensor `kind` accepts that a user
+    input reaches, but none the tensor inputs at the positions `numbers` reach."""
     import torch
 
     from emmy.capture.constant_reads import reached_from, user_tensors
 
     reads = [node for node in program.graph.nodes if node.target is torch.ops.aten._local_scalar_dense.default
-             and _is_integer(node.args[0].meta["val"])]
-    if not reads:
+             and kind(node.args[0].meta["val"])]
+    if not reads:  # every capture asks: most programs read nothing
         return []
     tensors = user_tensors(program)
     varying = reached_from(program.graph, lambda node: node.op == "placeholder" and node.name in tensors)
     skipped = {tensors[k] for k in numbers if k < len(tensors)}
-    from_numbers = reached_from(program.graph, lambda node: node.op == "placeholder" and node.name in skipped)
+    from_numbers = reached_from(program.graph, lambda node: node.op == "placeholder" and node.name in skipped) \
+        if skipped else set()
     return [read for read in reads if read in varying and read not in from_numbers]
 
 
+def input_reads(program, numbers: frozenset = frozenset()) -> list:
+    """The integer reads a user input reaches, but none the Python ints at the positions `numbers`
+    among the tensor inputs reach (left to a fixed-ints capture)."""
+    return _reads_from_inputs(program, _is_integer, numbers)
+
+
 def input_branches(program) -> list:
-    """The bool reads of a tensor's value (a branch) that a user input reaches: told their example's
-    value while exporting, each would make the program one branch's, so the capture is refused."""
-    import torch
-
-    from emmy.capture.constant_reads import reached_from, user_tensors
-
-    tensors = set(user_tensors(program))
-    varying = reached_from(program.graph, lambda node: node.op == "placeholder" and node.name in tensors)
-    return [node for node in program.graph.nodes if node.target is torch.ops.aten._local_scalar_dense.default
-            and node.args[0].meta["val"].dtype is torch.bool and node in varying]
+    """The bool reads (a branch) a user input reaches: told their example's value while exporting,
+    each would make the program one branch's, so the capture is refused."""
+    return _reads_from_inputs(program, lambda tensor: not _is_integer(tensor) and _pinnable(tensor))
 
 
 def guard_input_reads(program, example_inputs, source, numbers: frozenset = frozenset()) -> object:
