@@ -351,3 +351,18 @@ def test_a_statement_written_over_several_lines_is_named_whole():
     code = "x = torch.randn(4)\ny = torch.where(x > 0,\n                x, x.max().item())  # a read\ny"
     with pytest.raises(emmy.EmmyError, match=r"line 3: `y = torch\.where\(x > 0, x, x\.max\(\)\.item\(\)\)`"):
         emmy.optimize(code)
+
+
+def test_a_statement_too_long_to_quote_is_named_by_its_own_line():
+    """An op inside a long statement over many lines (a table of lambdas) was quoted as the
+    statement's first 200 characters, which show its start and not the op; its own line is quoted."""
+    code = "\n".join([
+        "x = torch.randn(4)",
+        "table = {",
+        *[f"    'op{i}': lambda v: v + {i},  # a filler entry long enough" for i in range(8)],
+        "    'bad': lambda v: torch.frexp(v)[0],",
+        "}",
+        "table['bad'](x)",
+    ])
+    with pytest.raises(emmy.EmmyError, match=r"line 11: `'bad': lambda v: torch\.frexp\(v\)\[0\],`"):
+        emmy.optimize(code)

@@ -84,7 +84,8 @@ def _read(text: str) -> tuple[list[str], dict[int, str]]:
 def _multi_line_statements(text: str) -> dict[int, str]:
     """Line -> its statement as one line, for each line of a statement written over several lines
     (a compound statement's header only: `if (...):`, `for ... in (...):`); code that does not
-    parse gives none. Comments and line breaks are gone (ast.unparse)."""
+    parse gives none. Comments and line breaks are gone (ast.unparse). A statement too long to quote
+    (a table of lambdas, a long call) gives none either: its line alone says more than its start."""
     import ast
 
     try:
@@ -100,7 +101,7 @@ def _multi_line_statements(text: str) -> dict[int, str]:
         if last <= node.lineno:
             continue
         if len(said) > _STATEMENT_TEXT_LIMIT:
-            said = said[:_STATEMENT_TEXT_LIMIT - 3] + "..."
+            continue
         found.update({line: said for line in range(node.lineno, last + 1)})
     return found
 
