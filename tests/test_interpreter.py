@@ -13,6 +13,12 @@ PROGRAMS = [
     "q=torch.randn(1,4,6,8); k=torch.randn(1,2,6,8); F.scaled_dot_product_attention(q,k,k,is_causal=True,enable_gqa=True)",
     "x=torch.randn(4,6,5); x.permute(2,0,1)[1:, ::2, -3:].reshape(2, 12) * 2",
     "x=torch.randn(4,6); torch.cat([x[:, :2], x.t()[:2].t() * 3, x], 1).sum(0)",
+    # windows and guards read as strided views of the padded operand; products through a merge of
+    # window axes, their half factors unwidened, summed as einsums
+    "x=torch.randn(2,3,9,9); w=torch.randn(3,1,3,3); F.conv2d(x, w, padding=1, stride=2, groups=3)",
+    "x=torch.randn(2,8,5,5,dtype=torch.float16); w=torch.randn(4,8,1,1,dtype=torch.float16); F.conv2d(x, w)",
+    "x=torch.randn(2,4,7); F.pad(x, (2, 3), value=2.5).unfold(-1, 3, 2) * x.flip(-1)[..., :1, None]",
+    "x=torch.randn(5,5); torch.diagonal(x) + x.flip(0).diagonal(1).sum() + x.triu(1).sum(0)",
 ]
 
 

@@ -6,20 +6,23 @@ half types compute in float32 and round once per op, as PyTorch does; sums
 accumulate in float64 before rounding to the node's type, so the reference
 is at least as accurate as any kernel it judges.
 
-Two evaluation shortcuts keep large workloads affordable, and both are exact
-restatements of the plain rules: index maps that only permute, broadcast,
-offset or stride become numpy views, and the sum of a product whose product
-has no other use is an einsum over those views.
+Two evaluation shortcuts keep large workloads affordable, and both restate the
+plain rules: an index map affine in the coordinates (a permute, broadcast,
+slice, flip, diagonal or convolution window) is a strided numpy view, of its
+operand padded with the fill where guards bound it; and a product whose one use
+is a sum (through index maps that merge its axes, its half factors unwidened)
+is an einsum of its factors, never materialized.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
 
 from emmy.dtypes import DType, to_storage
-from emmy.tensor_ir.nodes import Constant, Elementwise, IndexMap, Input, Reduce, TensorGraph, Weight
+from emmy.tensor_ir.nodes import Constant, Elementwise, IndexMap, Input, Reduce, TensorGraph, Weight, operands_of
 from emmy.tensor_ir.scalar_ops import SCALAR_OPS
 
 
@@ -38,8 +41,8 @@ def evaluate(graph: TensorGraph, inputs: Mapping[str, np.ndarray], weights: Mapp
     """Evaluate `graph`; returns one array per output, in order."""
     weights = weights or {}
     values: dict[str, np.ndarray] = {}
-    deferred: set[str] = set()
-    uses = graph.use_counts
+    factors: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # a product a sum takes later: its two factors
+    deferred = _deferred_products(graph) if use_shortcuts else _Deferred(set(), set(), set())
     for node in graph.nodes:
         if isinstance(node, Input):
             values[node.name] = _leaf(node, inputs)
@@ -47,23 +50,69 @@ def evaluate(graph: TensorGraph, inputs: Mapping[str, np.ndarray], weights: Mapp
             values[node.name] = _leaf(node, weights)
         elif isinstance(node, Constant):
             values[node.name] = np.asarray(node.value, dtype=node.type.dtype.numpy)
+        elif node.name in deferred.widenings:  # exact, and the sum computes in float64 anyway
+            values[node.name] = values[node.operands[0]]
+        elif node.name in deferred.products:
+            shape = node.type.shape
+            factors[node.name] = tuple(np.broadcast_to(values[o], shape) for o in node.operands)
         elif isinstance(node, Elementwise):
-            if use_shortcuts and node.op == "multiply" and _feeds_only_a_sum(graph, node.name, uses):
-                deferred.add(node.name)  # computed inside the consuming sum
-                continue
             values[node.name] = _elementwise(node, [values[o] for o in node.operands])
         elif isinstance(node, Reduce):
-            if node.operand in deferred:
-                product = graph[node.operand]
-                a, b = (values[o] for o in product.operands)
+            if node.operand in factors:
+                a, b = factors.pop(node.operand)
                 values[node.name] = _sum_of_product(a, b, node.axis, node.type.dtype)
             else:
                 values[node.name] = _reduce(node, values[node.operand])
+        elif isinstance(node, IndexMap) and node.name in deferred.moved:
+            # an index map of a product is the product of the maps of its factors (no guard, no fill)
+            factors[node.name] = tuple(index_map(node, f, tables=values) for f in factors.pop(node.operand))
         elif isinstance(node, IndexMap):
             values[node.name] = index_map(node, values[node.operand], use_views=use_shortcuts, tables=values)
         else:  # pragma: no cover - the node kinds are closed
             raise TypeError(f"unknown node {node!r}")
     return [np.array(values[o]) for o in graph.outputs]
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    """Products a sum computes as an einsum of their factors, never materialized: the multiplies,
+    the unguarded index maps carrying them to the sum (a merge of window axes), and the half-to-f32
+    widenings of their factors (kept in half: the einsum reads them exactly)."""
+    products: set[str]
+    moved: set[str]
+    widenings: set[str]
+
+
+def _deferred_products(graph: TensorGraph) -> _Deferred:
+    uses = graph.use_counts
+    consumer: dict[str, object] = {}
+    for node in graph.nodes:
+        for operand in operands_of(node):
+            consumer[operand] = node
+
+    def only_use(name: str):
+        return consumer.get(name) if uses[name] == 1 and name not in graph.outputs else None
+
+    products, moved, widenings = set(), set(), set()
+    for node in graph.nodes:
+        if not (isinstance(node, Elementwise) and node.op == "multiply" and node.type.dtype.is_float):
+            continue
+        if any(isinstance(graph[o], Constant) for o in node.operands):
+            continue
+        path, carried, user = [], node.name, only_use(node.name)
+        while isinstance(user, IndexMap) and not user.guards and user.operand == carried:
+            path.append(user.name)
+            carried, user = user.name, only_use(user.name)
+        if not (isinstance(user, Reduce) and user.op == "sum"):
+            continue
+        products.add(node.name)
+        moved.update(path)
+        for operand in node.operands:
+            source = graph[operand]
+            if isinstance(source, Elementwise) and source.op == "cast" and only_use(operand) is node \
+                    and node.type.dtype is DType.F32 and graph[source.operands[0]].type.dtype.is_half:
+                widenings.add(operand)
+    return _Deferred(products, moved, widenings)
 
 
 def _leaf(node, table) -> np.ndarray:
@@ -73,18 +122,6 @@ def _leaf(node, table) -> np.ndarray:
     if value.shape != node.type.shape:
         raise ValueError(f"{node.name}: expected shape {node.type.shape}, got {value.shape}")
     return to_storage(value, node.type.dtype)
-
-
-def _feeds_only_a_sum(graph: TensorGraph, name: str, uses: dict[str, int]) -> bool:
-    if uses[name] != 1 or name in graph.outputs:
-        return False
-    node = graph[name]
-    if any(isinstance(graph[o], Constant) for o in node.operands):
-        return False
-    for consumer in graph.nodes:
-        if isinstance(consumer, Reduce) and consumer.operand == name:
-            return consumer.op == "sum" and node.type.dtype.is_float
-    return False
 
 
 def _compute(value: np.ndarray, dtype: DType) -> np.ndarray:
@@ -156,15 +193,13 @@ def _sum_of_product(a: np.ndarray, b: np.ndarray, axis: int, dtype: DType) -> np
 
 def index_map(node: IndexMap, x: np.ndarray, *, use_views: bool = True, tables: dict | None = None) -> np.ndarray:
     shape = node.type.shape
-    if use_views and not node.guards:
-        view = _as_view(node, x)
+    if use_views:
+        view = _strided_view(node, x, tables)
         if view is not None:
             return view
     coords = np.indices(shape, sparse=True) if shape else ()
     index = []
-    valid = np.ones(shape, dtype=bool)
-    for guard in node.guards:
-        valid = valid & guard.holds(coords, tables)
+    valid = _guards_hold(node, coords, tables)
     for expr in node.index:
         position = np.broadcast_to(np.asarray(expr.evaluate(coords, tables), dtype=np.int64), shape)
         if node.guards:
@@ -177,27 +212,45 @@ def index_map(node: IndexMap, x: np.ndarray, *, use_views: bool = True, tables: 
     return np.array(gathered, order="C")
 
 
-def _as_view(node: IndexMap, x: np.ndarray) -> np.ndarray | None:
-    """A strided view when every index is a constant or `step*d_i + offset` on distinct d_i."""
+def _guards_hold(node: IndexMap, coords, tables) -> np.ndarray:
+    valid = np.ones(node.type.shape, dtype=bool)
+    for guard in node.guards:
+        valid = valid & guard.holds(coords, tables)
+    return valid
+
+
+_PADDING_LIMIT = 4  # a guarded map is read from its operand padded with the fill up to this many times its size
+
+
+def _strided_view(node: IndexMap, x: np.ndarray, tables) -> np.ndarray | None:
+    """The map as a strided view of `x`, when every index is affine in the coordinates alone
+    (`step*d_i + ...`, no division, remainder or table): element d of the result is at byte offset
+    sum_k d_k * (sum over operand axes of the axis's stride times d_k's step) from the element the
+    zero coordinate reads, so one set of strides says every read, repeats and overlaps included
+    (a window, a diagonal, a broadcast). A guarded map (a padded window) reads `x` padded with its
+    fill wide enough that every position it names exists, then keeps the fill where a guard fails.
+    None where the map is not affine, reads outside `x` unguarded, or would pad too much."""
     shape = node.type.shape
-    picks: list[object] = []
-    out_axes: list[int] = []
-    for expr in node.index:
-        if expr.is_constant:
-            picks.append(expr.const)
-            continue
-        if len(expr.terms) != 1:
+    if any(type(atom).__name__ != "Dim" for expr in node.index for atom, _ in expr.terms):
+        return None
+    if 0 in shape:
+        return np.empty(shape, dtype=x.dtype)
+    bounds = [expr.bounds(shape) for expr in node.index]
+    before = [max(0, -lo) for lo, _ in bounds]
+    after = [max(0, hi - (size - 1)) for (_, hi), size in zip(bounds, x.shape)]
+    if any(before) or any(after):
+        padded_size = int(np.prod([s + b + a for s, b, a in zip(x.shape, before, after)]))
+        if not node.guards or padded_size > _PADDING_LIMIT * max(x.size, 1) + 1024:
             return None
-        atom, step = expr.terms[0]
-        dim = getattr(atom, "index", None)
-        if type(atom).__name__ != "Dim" or step <= 0 or dim in out_axes:
-            return None
-        start = expr.const
-        picks.append(slice(start, start + step * (shape[dim] - 1) + 1, step))
-        out_axes.append(dim)
-    view = x[tuple(picks)] if picks else x
-    order = sorted(range(len(out_axes)), key=lambda k: out_axes[k])
-    view = np.transpose(view, order)
-    present = sorted(out_axes)
-    expanded = view.reshape([shape[d] if d in present else 1 for d in range(len(shape))])
-    return np.broadcast_to(expanded, shape)
+        x = np.pad(x, list(zip(before, after)), constant_values=np.asarray(node.fill, dtype=x.dtype))
+    origin = x[tuple(slice(expr.const + b, expr.const + b + 1) for expr, b in zip(node.index, before))] \
+        if node.index else x[...]
+    strides = [0] * len(shape)
+    for expr, stride in zip(node.index, x.strides):
+        for atom, step in expr.terms:
+            strides[atom.index] += step * stride
+    view = np.lib.stride_tricks.as_strided(origin, shape=shape, strides=strides, writeable=False)
+    if node.guards:
+        coords = np.indices(shape, sparse=True) if shape else ()
+        return np.where(_guards_hold(node, coords, tables), view, np.asarray(node.fill, dtype=x.dtype))
+    return view
