@@ -75,19 +75,22 @@ def capture_ahead(graph) -> None:
     Does nothing where the entry is cached already, for other graph forms, without os.fork, or once
     torch is imported here (nothing left to overlap, and forking a process whose torch started its
     thread pools is unsafe). The child reports nothing: if it fails, optimize captures again here
-    and reports the error."""
+    and reports the error. Code that does not parse (or does not end in an expression) is refused
+    here, at once."""
     import sys
 
     if not isinstance(graph, (str, os.PathLike)) or not hasattr(os, "fork") or "torch" in sys.modules:
         return
     from emmy.capture import program_text
     from emmy.capture.cache import is_cached
+    from emmy.capture.source import parse_program
     from emmy.config import settings
 
     try:
-        code = program_text(graph)[0]
+        code, label = program_text(graph)
     except Exception:  # optimize reports an unreadable file
         return
+    parse_program(code, label)  # code that does not parse is refused now, not after a second of torch imports
     cache_dir = settings().cache_dir
     if is_cached(code, cache_dir) or code in _AHEAD:
         return

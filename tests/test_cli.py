@@ -62,6 +62,21 @@ def test_syntax_error_shows_the_line_and_a_caret():
     assert lines[2].strip() == "^"
 
 
+def test_code_that_does_not_parse_is_refused_before_torch_is_imported():
+    """A syntax error took three seconds to report: the capture started (importing torch) before the
+    code was parsed. It is parsed first."""
+    probe = ("import sys\nfrom emmy.api import capture_ahead\nfrom emmy.errors import CodeError\n"
+             "for code in ('x = = 1', 'x = torch.randn(3)'):\n"
+             "    try:\n        capture_ahead(code)\n    except CodeError as err:\n        print(err)\n"
+             "print('torch imported' if 'torch' in sys.modules else 'torch not imported')\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.stdout.splitlines() == [
+        "syntax error in -c code at line 1, column 5: invalid syntax",
+        "the last statement of -c code (line 1) is an assignment, not an expression; end the code with the "
+        "expression whose tensor emmy should compile",
+        "torch not imported"], result.stdout + result.stderr
+
+
 def test_verbose_shows_the_traceback():
     result = run_emmy("compile", "-c", "x=torch.randn(4,4)\ntorch.linalg.eigvalsh(x)", "-v")
     assert result.returncode == 2

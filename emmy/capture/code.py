@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from emmy.capture.errors import explain_export_failure, is_data_dependent
 from emmy.capture.exporting import quiet_torch
-from emmy.capture.source import CODE_FILENAME, Location, Source
+from emmy.capture.source import CODE_FILENAME, Location, Source, parse_program
 from emmy.config import settings
 from emmy.errors import CodeError, EmmyError, UnsupportedOpError
 
@@ -131,44 +131,6 @@ class _Rewriter(ast.NodeTransformer):
         return ast.copy_location(call, node)
 
 
-def _parse(code: str, label: str) -> ast.Module:
-    try:
-        tree = ast.parse(code, CODE_FILENAME)
-    except SyntaxError as err:
-        line = err.lineno or 1
-        col = err.offset or 1
-        text = (err.text or "").rstrip("\n")
-        raise CodeError(
-            f"syntax error in {label} at line {line}, column {col}: {err.msg}",
-            detail=f"  {text}\n  {' ' * (col - 1)}^" if text else "",
-        ) from None
-    if not tree.body:
-        raise CodeError(f"the {label} is empty; its last statement must be an expression giving a tensor")
-    last = tree.body[-1]
-    if not isinstance(last, ast.Expr):
-        kind = _STATEMENT_KINDS.get(type(last).__name__, "a " + type(last).__name__.lower() + " statement")
-        raise CodeError(
-            f"the last statement of {label} (line {last.lineno}) is {kind}, not an expression; "
-            "end the code with the expression whose tensor emmy should compile",
-            detail="  " + (ast.get_source_segment(code, last) or "").splitlines()[0],
-        )
-    return tree
-
-
-_STATEMENT_KINDS = {
-    "Assign": "an assignment",
-    "AugAssign": "an augmented assignment",
-    "AnnAssign": "an annotated assignment",
-    "For": "a for loop",
-    "While": "a while loop",
-    "If": "an if statement",
-    "FunctionDef": "a function definition",
-    "ClassDef": "a class definition",
-    "Import": "an import",
-    "ImportFrom": "an import",
-}
-
-
 def _code_location(tb, source: Source) -> Location | None:
     frames = [f for f in traceback.extract_tb(tb) if f.filename == CODE_FILENAME]
     if not frames:
@@ -256,7 +218,7 @@ def capture_code(code: str, label: str = "-c code") -> CodeCapture:
     import torch
 
     source = Source(code)
-    tree = _parse(code, label)
+    tree = parse_program(code, label)
     rewriter = _Rewriter()
     tree = rewriter.visit(tree)
     ast.fix_missing_locations(tree)

@@ -7,6 +7,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from emmy.errors import CodeError
+
 CODE_FILENAME = "<emmy -c>"
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
@@ -122,3 +124,45 @@ def _header(node) -> tuple[int, str] | None:
         return None
     return node.end_lineno, ast.unparse(node)
 
+
+def parse_program(code: str, label: str):
+    """The code's syntax tree, or the CodeError a user sees: a syntax error (line, column, caret), no
+    statement, or a last statement that is not an expression. Torch-free, so the CLI says it before
+    starting a capture."""
+    import ast
+
+    try:
+        tree = ast.parse(code, CODE_FILENAME)
+    except SyntaxError as err:
+        line = err.lineno or 1
+        col = err.offset or 1
+        text = (err.text or "").rstrip("\n")
+        raise CodeError(
+            f"syntax error in {label} at line {line}, column {col}: {err.msg}",
+            detail=f"  {text}\n  {' ' * (col - 1)}^" if text else "",
+        ) from None
+    if not tree.body:
+        raise CodeError(f"the {label} is empty; its last statement must be an expression giving a tensor")
+    last = tree.body[-1]
+    if not isinstance(last, ast.Expr):
+        kind = _STATEMENT_KINDS.get(type(last).__name__, "a " + type(last).__name__.lower() + " statement")
+        raise CodeError(
+            f"the last statement of {label} (line {last.lineno}) is {kind}, not an expression; "
+            "end the code with the expression whose tensor emmy should compile",
+            detail="  " + (ast.get_source_segment(code, last) or "").splitlines()[0],
+        )
+    return tree
+
+
+_STATEMENT_KINDS = {
+    "Assign": "an assignment",
+    "AugAssign": "an augmented assignment",
+    "AnnAssign": "an annotated assignment",
+    "For": "a for loop",
+    "While": "a while loop",
+    "If": "an if statement",
+    "FunctionDef": "a function definition",
+    "ClassDef": "a class definition",
+    "Import": "an import",
+    "ImportFrom": "an import",
+}
