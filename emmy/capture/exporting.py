@@ -6,6 +6,7 @@ We keep whole the ops that emmy lowers better than their decompositions.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import warnings
@@ -55,6 +56,16 @@ DECOMPOSED_TOO = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3
 
 
 def decomposition_table() -> dict:
+    table = torch.export.default_decompositions()
+    table.update(emmy_decompositions())
+    for op in kept_whole_ops():
+        table.pop(op, None)
+    return table
+
+
+@functools.lru_cache(maxsize=1)
+def emmy_decompositions() -> dict:
+    """emmy's own entries of the table: torch's decompositions of ops core ATen keeps, and emmy's."""
     from torch._decomp import get_decompositions
 
     from emmy.capture.corrected import corrected_decompositions
@@ -64,19 +75,16 @@ def decomposition_table() -> dict:
     from emmy.capture.foreach import foreach_decompositions
     from emmy.capture.uncovered import uncovered_decompositions
 
-    table = torch.export.default_decompositions()
-    table.update(get_decompositions([getattr(torch.ops.aten, name) for name in DECOMPOSED_TOO]))
-    table.update(corrected_decompositions())
-    table.update(fast_path_decompositions())
-    table.update(cuda_attention_decompositions())
-    table.update(cuda_cell_decompositions())
-    table.update(foreach_decompositions())
-    table.update(uncovered_decompositions())
-    for name in KEPT_WHOLE:
-        packet, overload = name.split(".")
-        op = getattr(getattr(torch.ops.aten, packet), overload)
-        table.pop(op, None)
+    table = dict(get_decompositions([getattr(torch.ops.aten, name) for name in DECOMPOSED_TOO]))
+    for part in (corrected_decompositions, fast_path_decompositions, cuda_attention_decompositions,
+                 cuda_cell_decompositions, foreach_decompositions, uncovered_decompositions):
+        table.update(part())
     return table
+
+
+@functools.lru_cache(maxsize=1)
+def kept_whole_ops() -> frozenset:
+    return frozenset(getattr(getattr(torch.ops.aten, name.split(".")[0]), name.split(".")[1]) for name in KEPT_WHOLE)
 
 
 def export_module(module: torch.nn.Module, args: tuple, keywords: dict | None = None) -> "torch.export.ExportedProgram":
@@ -119,11 +127,68 @@ def _every_user_frame():
 
 
 def decompose(program: "torch.export.ExportedProgram") -> "torch.export.ExportedProgram":
-    table = decomposition_table()
-    if _already_decomposed(program, table):
-        return program
-    with quiet_torch():
-        return program.run_decompositions(table)
+    import torch.export.exported_program as exported_program
+
+    with _composite_ops_listed_once() as composites:
+        table = decomposition_table()
+        if _already_decomposed(program, table):
+            return program
+        in_play = _composites_in_play(program, composites)
+        # a composite op out of play leaves the table too: torch takes a table's composite op that it
+        # was not told of for a custom op, and one it is not told of decomposes by its own kernel
+        table = {op: fn for op, fn in table.items() if op not in composites or op in in_play}
+        with quiet_torch(), _replaced([exported_program], "_collect_all_valid_cia_ops", lambda: set(in_play)):
+            return program.run_decompositions(table)
+
+
+# torch.export's run_decompositions lists every CompositeImplicitAutograd op of every op namespace
+# (walking the dispatcher's registrations once per namespace), two or three times a call, then
+# overrides each such op's Python kernels and restores them afterwards: some 500 ops, most of a
+# small program's capture. emmy lists them once per set of registered ops, and lets torch override
+# only those a decomposition can meet here: the graph's own, emmy's table's, and those kept whole.
+# An op left out decomposes by its own composite kernel, which is what the default table says.
+_COMPOSITES: dict[tuple, frozenset] = {}
+
+
+@contextlib.contextmanager
+def _composite_ops_listed_once():
+    """torch's list of composite ops, computed once while the registered namespaces and composite
+    kernels stay the same (a library loaded later adds both); yields it."""
+    import torch._export.utils as export_utils
+    import torch.export.decomp_utils as decomp_utils
+    import torch.export.exported_program as exported_program
+
+    key = (tuple(torch.ops._dir), len(torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")))
+    if key not in _COMPOSITES:
+        _COMPOSITES.clear()
+        _COMPOSITES[key] = frozenset(export_utils._collect_all_valid_cia_ops())
+    listed = _COMPOSITES[key]
+    original = exported_program._collect_all_valid_cia_ops
+    with _replaced([decomp_utils, exported_program], "_collect_all_valid_cia_ops", lambda: set(listed)):
+        yield listed
+    assert exported_program._collect_all_valid_cia_ops is original
+
+
+def _composites_in_play(program, composites: frozenset) -> frozenset:
+    """The composite ops torch may meet decomposing `program` that must not decompose by their own
+    kernel: the graph's own (their table entries), emmy's table's, those kept whole, and those
+    torch's default table keeps."""
+    import torch.export.decomp_utils as decomp_utils
+
+    present = {node.target for node in program.graph.nodes if node.op == "call_function"}
+    return composites & (present | set(emmy_decompositions()) | kept_whole_ops() | decomp_utils.PRESERVED_ATEN_CIA_OPS)
+
+
+@contextlib.contextmanager
+def _replaced(modules, name: str, value):
+    saved = [getattr(module, name) for module in modules]
+    for module in modules:
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, old in zip(modules, saved):
+            setattr(module, name, old)
 
 
 def _already_decomposed(program, table: dict) -> bool:
