@@ -56,10 +56,12 @@ DECOMPOSED_TOO = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3
 
 
 def decomposition_table() -> dict:
-    table = torch.export.default_decompositions()
-    table.update(emmy_decompositions())
-    for op in kept_whole_ops():
-        table.pop(op, None)
+    with _composite_ops_listed_once():
+        table = torch.export.default_decompositions()
+        table.update(emmy_decompositions())
+        for op in kept_whole_ops():
+            table.pop(op, None)
+        table.materialize()  # while torch's composite-op listing is the one made once (see below)
     return table
 
 
