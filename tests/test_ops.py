@@ -1068,6 +1068,20 @@ def test_fractional_max_pooling_with_its_samples_given_matches_torch(dtype):
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("size, fill", [(30, -1), (4, -7)], ids=["more_slots_than_nonzeros", "fewer"])
+def test_nonzero_static_gives_torchs_coordinates_and_fills_the_rest(size, fill):
+    """torch.nonzero_static (nonzero at a fixed size, for compiled code) was unsupported: the first
+    `size` coordinates in torch's order, the rows past the count filled."""
+    def select(x, y):
+        return torch.nonzero_static(x > 0, size=size, fill_value=fill), torch.nonzero_static(y, size=size)
+
+    x, y = torch.randn(4, 6), torch.randn(2, 3, 4).relu()
+    program = emmy.optimize(select, x, y)
+    for inputs in [(x, y), (torch.randn(4, 6), torch.zeros(2, 3, 4))]:
+        for got, want in zip(program(*inputs, sim_mode="asan"), select(*inputs)):
+            assert torch.equal(got, want), (got, want)
+
+
 def test_mode_is_the_smallest_most_frequent_value_at_its_last_position():
     """torch.mode (a kNN classifier's vote) had no decomposition. Values are torch's for any row;
     positions are where torch's are defined (its kernel's sort is stable up to 16 elements)."""

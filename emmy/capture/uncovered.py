@@ -143,6 +143,25 @@ def mode(x, dim: int = -1, keepdim: bool = False):
     return values.movedim(-1, dim), index.movedim(-1, dim)
 
 
+def nonzero_static(x, *, size: int, fill_value: int = -1):
+    """torch.nonzero_static: the coordinates of the first `size` nonzero elements in row-major order,
+    as torch.nonzero gives them, and rows past their count filled with fill_value, so the shape is
+    fixed. The j-th nonzero (from 0) is the first position where the running count of nonzeros
+    reaches j + 1: a search in the count, which never decreases."""
+    int64 = dict(dtype=torch.int64, device=x.device)
+    if x.dim() == 0 or x.numel() == 0:
+        return torch.full((size, x.dim()), fill_value, **int64)
+    nonzero = (x != 0).reshape(-1).to(torch.int64)
+    slots = torch.arange(1, size + 1, **int64)
+    position = torch.searchsorted(torch.cumsum(nonzero, 0), slots)
+    coordinates = []
+    for extent in reversed(x.shape):
+        coordinates.append(position % extent)
+        position = torch.div(position, extent, rounding_mode="floor")
+    found = torch.stack(coordinates[::-1], dim=1)
+    return torch.where((slots <= nonzero.sum())[:, None], found, torch.full_like(found, fill_value))
+
+
 def uncovered_decompositions() -> dict:
     """ATen op -> emmy's decomposition, for the ops torch's tables leave out."""
     from emmy.capture.grid_sampling import grid_sampler
@@ -152,5 +171,5 @@ def uncovered_decompositions() -> dict:
             aten.linalg_matrix_exp.default: matrix_exp, aten.linalg_householder_product.default: householder_product,
             aten.fractional_max_pool2d.default: fractional_max_pool,
             aten.fractional_max_pool3d.default: fractional_max_pool,
-            aten.mode.default: mode,
+            aten.mode.default: mode, aten.nonzero_static.default: nonzero_static,
             **polynomial_decompositions()}
