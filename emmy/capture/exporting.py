@@ -201,7 +201,6 @@ def _already_decomposed(program, table: dict) -> bool:
 
     from emmy.decompose.from_aten import LOWERINGS
 
-    kept = {f"aten.{name}" for name in KEPT_WHOLE}
     composite = torch._C.DispatchKey.CompositeImplicitAutograd
 
     def stays(op) -> bool:
@@ -209,6 +208,6 @@ def _already_decomposed(program, table: dict) -> bool:
             return True
         if not isinstance(op, torch._ops.OpOverload) or op in table or str(op) not in LOWERINGS:
             return False
-        return str(op) in kept or not op.has_kernel_for_dispatch_key(composite)
+        return op in kept_whole_ops() or not op.has_kernel_for_dispatch_key(composite)
 
     return all(stays(node.target) for node in program.graph.nodes if node.op == "call_function")

@@ -52,6 +52,12 @@ def _is_integer(tensor) -> bool:
     return _pinnable(tensor) and tensor.dtype is not torch.bool
 
 
+def _is_bool(tensor) -> bool:
+    import torch
+
+    return tensor.dtype is torch.bool
+
+
 def recorded_reads(module, args: tuple, keywords: dict | None) -> dict:
     """Each integer or bool read of a tensor's value while the module runs eagerly on the example
     inputs: (user file, line) -> the values read there, in order."""
@@ -172,7 +178,7 @@ def input_reads(program, numbers: frozenset = frozenset()) -> list:
 def input_branches(program) -> list:
     """The bool reads (a branch) a user input reaches: told their example's value while exporting,
     each would make the program one branch's, so the capture is refused."""
-    return _reads_from_inputs(program, lambda tensor: not _is_integer(tensor) and _pinnable(tensor))
+    return _reads_from_inputs(program, _is_bool)
 
 
 def guard_input_reads(program, example_inputs, source, numbers: frozenset = frozenset()) -> object:
