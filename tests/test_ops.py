@@ -800,11 +800,31 @@ def test_complex_ops_emmy_does_not_take_are_one_clear_error():
 
     from emmy.errors import UnsupportedOpError
 
-    def root(x):
-        return torch.view_as_real(torch.view_as_complex(x).sqrt())
+    def hyperbolic(x):
+        return torch.view_as_real(torch.view_as_complex(x).tanh())
 
-    with pytest.raises(UnsupportedOpError, match="aten.sqrt.default on complex numbers"):
-        emmy.optimize(root, torch.randn(4, 2))
+    with pytest.raises(UnsupportedOpError, match="aten.tanh.default on complex numbers"):
+        emmy.optimize(hyperbolic, torch.randn(4, 2))
+
+
+def complex_powers(x):
+    """Each way torch raises a complex number to a real power (products for 2 and 3, quotients for -1
+    and -2, sqrt for 0.5, the polar form otherwise), square roots on both sides of the cut, sgn."""
+    z = torch.view_as_complex(x)
+    powers = [z**2, z**3, z**-1, z**-2, z**0.5, z**1.7, z**-0.3, z.sqrt(), torch.sgn(z), (z * 0).sqrt(), torch.sgn(z * 0)]
+    return torch.stack([torch.view_as_real(p) for p in powers])
+
+
+def test_complex_powers_square_roots_and_signs_run_right_in_the_simulator():
+    torch.manual_seed(0)
+    x = torch.randn(8, 2)
+    x[0], x[1] = torch.tensor([-4.0, 0.0]), torch.tensor([-4.0, -0.0])  # the cut: sqrt is +2i above it, -2i below
+    x[2] = torch.tensor([-1e-3, 2.0])  # a small negative real part: no cancellation in the root's real part
+    program = emmy.optimize(complex_powers, x)
+    want = complex_powers(x)
+    for got in (program(x, sim_mode="asan"), program(x, device="interpret")):
+        torch.testing.assert_close(got, want)
+        assert torch.equal(torch.signbit(got[7, :2, 1]), torch.tensor([False, True]))
 
 
 def test_complex_cats_and_stacks_run_right_in_the_simulator():

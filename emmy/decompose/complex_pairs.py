@@ -2,8 +2,8 @@
 shape (*S, 2) that torch.view_as_real shows (real part, then imaginary), so view_as_complex and view_as_real are free
 and rotary embeddings written with complex numbers (Meta's Llama: xq as complex times freqs_cis)
 compile to the same arithmetic as their real spelling. Views, slices, cats, repeats, writes, torch.complex,
-sums, products, quotients, exp and log, matrix products of complex tensors are taken, their magnitude and
-angle, and Fourier transforms (emmy.decompose.fourier); any other op on one is refused with the op named.
+sums, products, quotients, real powers, square roots, sgn, exp and log, matrix products of complex tensors
+are taken, their magnitude and angle, and Fourier transforms (emmy.decompose.fourier); any other op on one is refused with the op named.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def lower_complex(ctx, key: str, args: list, kwargs: dict, pairs: set) -> object
     if fn is None:
         raise UnsupportedOpError(f"unsupported op {ctx.where}: {key} on complex numbers (emmy takes view_as_complex, "
                                  "view_as_real, complex, polar, views, slices, cats, repeats, writes, sums, products, "
-                                 "quotients, exp, log, matrix products, abs, angle and Fourier transforms of complex "
-                                 "tensors)")
+                                 "quotients, real powers, square roots, sgn, exp, log, matrix products, abs, angle "
+                                 "and Fourier transforms of complex tensors)")
     result = fn(ctx, *args, **kwargs)
     if is_complex(ctx.node.meta.get("val")):
         pairs.add(result)
@@ -285,18 +285,25 @@ def logarithm(ctx, x):
 @complex_op("aten.div.Tensor", "aten.div.Scalar", "aten.reciprocal.default")
 def division(ctx, a, b=None):
     """a / b (reciprocal: 1 / a). By a real divisor each part is divided; by a complex one as
-    c10::complex divides (Smith's method, numpy's): the ratio of the smaller part of the divisor to
-    the larger, so no square overflows; 0 / 0 gives the infinities and NaNs of a / |c|, b / |d|."""
+    c10::complex divides (_quotient)."""
     if b is None:
         a, b = 1.0, a
     shape = _shape(ctx)
-    builder = ctx.b
     (ar, ai), (c, d) = _parts(ctx, a, shape), _parts(ctx, b, shape)
-    op = builder.elementwise
+    op = ctx.b.elementwise
     if d is None:
-        return _pair(ctx, op("divide", ar, c), op("divide", ai, c) if ai else builder.fill(0.0, shape[:-1], _part(ctx)),
+        return _pair(ctx, op("divide", ar, c), op("divide", ai, c) if ai else ctx.b.fill(0.0, shape[:-1], _part(ctx)),
                      shape)
-    ai = ai or builder.fill(0.0, shape[:-1], _part(ctx))
+    return _pair(ctx, *_quotient(ctx, (ar, ai), (c, d), shape), shape)
+
+
+def _quotient(ctx, dividend, divisor, shape) -> tuple:
+    """(a + i b) / (c + i d) as Smith's method (numpy's, c10::complex's): the ratio of the smaller part
+    of the divisor to the larger, so no square overflows; 0 / 0 gives the infinities and NaNs of
+    a / |c|, b / |d|. `dividend`'s imaginary part may be None (a real one)."""
+    (ar, ai), (c, d) = dividend, divisor
+    op = ctx.b.elementwise
+    ai = ai or ctx.b.fill(0.0, shape[:-1], _part(ctx))
     abs_c, abs_d = op("abs", c), op("abs", d)
     real_first = op("greater_equal", abs_c, abs_d)  # |c| >= |d|: the ratio d / c
     big, small = op("where", real_first, c, d), op("where", real_first, d, c)
@@ -310,9 +317,73 @@ def division(ctx, a, b=None):
     imag_when_d = op("multiply", op("subtract", op("multiply", ai, ratio), ar), scale)
     imag = op("where", real_first, imag_when_c, imag_when_d)
     both_zero = op("logical_and", op("equal", abs_c, 0.0), op("equal", abs_d, 0.0))
-    real = op("where", both_zero, op("divide", ar, abs_c), real)
-    imag = op("where", both_zero, op("divide", ai, abs_d), imag)
-    return _pair(ctx, real, imag, shape)
+    return op("where", both_zero, op("divide", ar, abs_c), real), op("where", both_zero, op("divide", ai, abs_d), imag)
+
+
+def _product(ctx, a, b) -> tuple:
+    """(ar + i ai) (br + i bi) as parts."""
+    op = ctx.b.elementwise
+    (ar, ai), (br, bi) = a, b
+    return (op("subtract", op("multiply", ar, br), op("multiply", ai, bi)),
+            op("add", op("multiply", ar, bi), op("multiply", ai, br)))
+
+
+@complex_op("aten.pow.Tensor_Scalar")
+def power(ctx, x, exponent):
+    """z ** p for a real number p. As torch's kernel does: 2 and 3 as products, -1 and -2 as quotients
+    of one by them, 0.5 as sqrt; any other p as |z|^p (cos p arg z + i sin p arg z)."""
+    if isinstance(exponent, complex):
+        raise UnsupportedOpError(f"unsupported op {ctx.where}: a complex number raised to a complex power "
+                                 "(emmy takes real exponents)")
+    shape, p = _shape(ctx), float(exponent)
+    b, z = ctx.b, parts_of(ctx, x)
+    if z[1] is None:
+        z = (z[0], b.fill(0.0, shape[:-1], _part(ctx)))
+    if p == 0.5:
+        return _pair(ctx, *_root(ctx, z), shape)
+    if p in (1.0, 2.0, 3.0, -1.0, -2.0):
+        result = z
+        for _ in range(int(abs(p)) - 1):
+            result = _product(ctx, result, z)
+        if p < 0:
+            result = _quotient(ctx, (b.fill(1.0, shape[:-1], _part(ctx)), None), result, shape)
+        return _pair(ctx, *result, shape)
+    op = b.elementwise
+    magnitude = op("power", op("hypot", *z), p)
+    turned = op("multiply", op("atan2", z[1], z[0]), p)
+    return _pair(ctx, op("multiply", magnitude, op("cos", turned)), op("multiply", magnitude, op("sin", turned)), shape)
+
+
+@complex_op("aten.sqrt.default")
+def square_root(ctx, x):
+    re, im = parts_of(ctx, x)
+    return _pair(ctx, *_root(ctx, (re, im or ctx.b.fill(0.0, _shape(ctx)[:-1], _part(ctx)))), _shape(ctx))
+
+
+def _root(ctx, z) -> tuple:
+    """The principal square root, without cancellation (C99's csqrt): t = sqrt((|z| + |re|) / 2) is the
+    larger part; re >= 0: (t, im / 2t); else (|im| / 2t, t with im's sign); z = 0: (0, im)."""
+    op = ctx.b.elementwise
+    re, im = z
+    t = op("sqrt", op("multiply", op("add", op("hypot", re, im), op("abs", re)), 0.5))
+    other = op("divide", im, op("multiply", t, 2.0))
+    nonnegative = op("greater_equal", re, 0.0)
+    real = op("where", nonnegative, t, op("abs", other))
+    imag = op("where", nonnegative, other, op("copysign", t, im))
+    zero = op("equal", t, 0.0)
+    return op("where", zero, 0.0, real), op("where", zero, im, imag)
+
+
+@complex_op("aten.sgn.default")
+def unit(ctx, x):
+    """z / |z|, and 0 where z is 0."""
+    op = ctx.b.elementwise
+    re, im = parts_of(ctx, x)
+    im = im or ctx.b.fill(0.0, _shape(ctx)[:-1], _part(ctx))
+    magnitude = op("hypot", re, im)
+    zero = op("equal", magnitude, 0.0)
+    return _pair(ctx, op("where", zero, 0.0, op("divide", re, magnitude)),
+                 op("where", zero, 0.0, op("divide", im, magnitude)), _shape(ctx))
 
 
 @complex_op("aten.scalar_tensor.default")
