@@ -40,9 +40,52 @@ BAD_INPUT = [
 ]
 
 
-@pytest.mark.parametrize("code,args,needles", BAD_INPUT, ids=[str(i) for i in range(len(BAD_INPUT))])
-def test_bad_input_is_one_clear_error_with_status_2(code, args, needles):
-    result = run_emmy("compile", "-c", code, *args)
+# Each case runs emmy's CLI entry in one fresh process for the whole table (a process each spent its
+# seconds importing torch): what the case writes to file descriptors 1 and 2, its own and any child's,
+# is its stdout and stderr, and its status is what the `emmy` command would exit with.
+_RUN_CASES = r"""
+import json, logging, os, sys, tempfile
+from emmy.cli import main
+
+results = []
+for argv in json.load(sys.stdin):
+    logging.getLogger().handlers.clear()  # main's basicConfig binds the stderr of this case
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            code = main(argv)
+        except SystemExit as stop:  # argparse's usage errors, as console_main takes them
+            code = stop.code if isinstance(stop.code, int) else 2
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        out.seek(0)
+        err.seek(0)
+        results.append({"returncode": code, "stdout": out.read(), "stderr": err.read()})
+json.dump(results, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def bad_input_results():
+    """Per BAD_INPUT case: what `emmy compile -c CODE ARGS` printed and returned."""
+    import json
+
+    cases = [["compile", "-c", code, *args] for code, args, _ in BAD_INPUT]
+    done = subprocess.run([sys.executable, "-c", _RUN_CASES], input=json.dumps(cases), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [subprocess.CompletedProcess(case, r["returncode"], r["stdout"], r["stderr"])
+            for case, r in zip(cases, json.loads(done.stdout))]
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=[str(i) for i in range(len(BAD_INPUT))])
+def test_bad_input_is_one_clear_error_with_status_2(case, bad_input_results):
+    needles = BAD_INPUT[case][2]
+    result = bad_input_results[case]
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     first = result.stderr.splitlines()[0]
