@@ -114,7 +114,7 @@ def test_sampled_rows_compile_for_every_target_they_are_legal_on_without_spills(
     assert {k: rows[0] for k, rows in sample.items()} == {t.kernel.name: t.row for t in reference.tile_ir.kernels}
     built = 0
     for target in ("sm_80", "sm_90", "sm_120"):
-        base = emmy.optimize(code, target=target)
+        base = reference if target == "sm_90" else emmy.optimize(code, target=target)
         kernels, types = [], base.buffer_types
         # extraction prices each target's own kernels, so its program may have other kernels
         same = {k.name for k in base.loop_ir.kernels} & {k.name for k in reference.loop_ir.kernels
