@@ -1,4 +1,5 @@
 import atexit
+import collections
 import os
 import shutil
 import subprocess
@@ -39,6 +40,32 @@ def run_emmy(*args: str, env: dict | None = None, cwd: str | None = None) -> sub
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run([str(EMMY), *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300)
+
+
+_COMPILED: collections.OrderedDict = collections.OrderedDict()  # key -> Program, least recently used first
+
+
+def compiled(code: str, target: str | None = None):
+    """emmy.optimize(code, target=target), shared by the tests of this worker process that only read the
+    program: a reference workload is compiled by a dozen tests, each of which compiled it afresh.
+    Keyed on the code, the target, every setting emmy reads from the environment and the stamps of the
+    measurement database and the calibration files, so a test that changes what a compile sees
+    compiles afresh; the latest 48 kept."""
+    import emmy
+    from emmy.config import settings
+    from emmy.measure_db import default_path
+    from emmy.schedule.measured import _stamp
+
+    config = settings()
+    calibrations = tuple(sorted((p.name, p.stat().st_mtime_ns) for p in config.calibration_dir.glob("*.json")))
+    key = (code, target or config.target, config, _stamp(default_path()), calibrations)
+    if key in _COMPILED:
+        _COMPILED.move_to_end(key)
+        return _COMPILED[key]
+    program = _COMPILED[key] = emmy.optimize(code, target=key[1])
+    while len(_COMPILED) > 48:
+        _COMPILED.popitem(last=False)
+    return program
 
 
 def check_against_torch(program, inputs=None):

@@ -13,6 +13,8 @@ from emmy.loop_ir.nodes import Assign, Kernel, Load, Loop, Store
 from emmy.runtime import check_program
 from emmy.tensor_ir.nodes import TensorType
 
+from tests.conftest import compiled
+
 ROTATE = "x=torch.randn(2,8,32); c=torch.randn(8,32); s=torch.randn(8,32); " \
          "x*c + torch.cat((-x[..., 16:], x[..., :16]), -1)*s"
 
@@ -173,7 +175,7 @@ def test_every_reference_workload_s_kernels_are_proven_in_bounds():
     from emmy.workloads import WORKLOADS
 
     for workload in WORKLOADS:
-        program = emmy.optimize(workload.code, target="sm_90")
+        program = compiled(workload.code, "sm_90")
         shapes = {name: t.shape for name, t in program.buffer_types.items()}
         for kernel in program.loop_ir.kernels:
             assert out_of_bounds(kernel, shapes) == [], (workload.name, kernel.name)

@@ -10,7 +10,7 @@ from emmy.program import pricer_for
 from emmy.rules import builtin_groups
 from emmy.tile_ir.build import build_tile_program
 from emmy.workloads import WORKLOADS
-from tests.conftest import run_emmy
+from tests.conftest import compiled, run_emmy
 
 RMSNORM = "x=torch.randn(1,{rows},2048); w=torch.randn(2048); F.rms_norm(x,(2048,),w,eps=1e-6)"
 MATMUL = "a=torch.randn({n},{n},dtype=torch.float16); b=torch.randn({n},{n},dtype=torch.float16); a@b"
@@ -18,7 +18,7 @@ ATTENTION = next(w.code for w in WORKLOADS if w.name == "attention")
 
 
 def _chosen(code, target="sm_90"):
-    return emmy.optimize(code, target=target).tile_ir.kernels
+    return compiled(code, target).tile_ir.kernels
 
 
 def _program_seconds(code, groups, target="sm_90"):
@@ -38,7 +38,7 @@ def test_predicted_time_grows_with_problem_size():
 @pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layernorm", "gelu_chain"])
 def test_memory_bound_rows_take_at_least_bytes_over_bandwidth(name, gpu):
     """No offered row of a memory-bound kernel is predicted below its GPU's physical bound."""
-    program = emmy.optimize(next(w.code for w in WORKLOADS if w.name == name), target=gpu)
+    program = compiled(next(w.code for w in WORKLOADS if w.name == name), gpu)
     bandwidth = program.target.dram_bandwidth
     for kernel in program.explain(top=1000).kernels:
         for b in kernel.ranked:
@@ -181,7 +181,7 @@ def test_extraction_weighs_each_reduction_boundary_with_the_model(tmp_path, monk
 
 @pytest.mark.parametrize("workload", WORKLOADS, ids=[w.name for w in WORKLOADS])
 def test_explain_covers_every_workload_and_its_terms_add_up(workload):
-    program = emmy.optimize(workload.code, target="sm_90")
+    program = compiled(workload.code, "sm_90")
     explained = program.explain(top=2)
     assert [k.name for k in explained.kernels] == [k.name for k in program.loop_ir.kernels]
     for kernel, chosen in zip(explained.kernels, program.tile_ir.kernels):

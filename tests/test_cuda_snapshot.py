@@ -6,9 +6,9 @@ import difflib
 
 import pytest
 
-import emmy
 from emmy.workloads import WORKLOADS
 from tests import cuda_snapshot
+from tests.conftest import compiled
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def golden():
 @pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.name)
 @pytest.mark.parametrize("target", cuda_snapshot.TARGETS)
 def test_emitted_cuda_matches_the_snapshot(golden, workload, target):
-    program = emmy.optimize(workload.sim_code or workload.code, target=target)
+    program = compiled(workload.sim_code or workload.code, target)
     emitted = {f"{workload.name}@{target}/chosen": program.cuda_source}
     for j, rows in enumerate(cuda_snapshot.variants(program)):
         variant = program.with_rows(rows)

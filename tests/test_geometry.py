@@ -33,6 +33,8 @@ from emmy.schedule.geometry import geometry
 from emmy.schedule.shape import kernel_shape
 from emmy.workloads import WORKLOADS
 
+from tests.conftest import compiled
+
 HELD_OUT = {
     "layer_norm_chw": "x=torch.randn(4,8,16,16); w=torch.randn(8,16,16); b=torch.randn(8,16,16); "
                       "torch.nn.functional.layer_norm(x,(8,16,16),w,b)",
@@ -57,7 +59,7 @@ PROGRAMS = {w.name: w.sim_code or w.code for w in WORKLOADS} | HELD_OUT
 
 @functools.lru_cache(maxsize=None)
 def _program(name: str):
-    return emmy.optimize(PROGRAMS[name], target="sm_90")
+    return compiled(PROGRAMS[name], "sm_90")
 
 
 def _vector_widths(node, found: list[int]) -> list[int]:

@@ -9,7 +9,7 @@ import pytest
 import emmy
 from emmy.runtime import check_program
 from emmy.workloads import WORKLOADS, get
-from tests.conftest import run_emmy
+from tests.conftest import compiled, run_emmy
 from tests.sampled_rows import check_sampled_rows
 
 RMSNORM = get("rmsnorm").code
@@ -62,7 +62,7 @@ def test_emitted_cuda_compiles_with_nvcc_for_every_target_without_spills(name, t
     from emmy.sim.build import HEADERS
 
     source = tmp_path / f"{name}.cu"
-    source.write_text(emmy.optimize(get(name).code, target="sm_90").cuda_source)
+    source.write_text(compiled(get(name).code, "sm_90").cuda_source)
     archs = ["80", "90", "120"]
     done = subprocess.run(["nvcc", "-fatbin", "-O3", "-Xptxas", "-v",
                            *(f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs), "-I", str(HEADERS),
@@ -74,11 +74,11 @@ def test_emitted_cuda_compiles_with_nvcc_for_every_target_without_spills(name, t
 
 @pytest.mark.parametrize("name", LOWERED)
 def test_the_chosen_kernels_run_in_the_simulator_and_match_torch(name):
-    program = emmy.optimize(_simulated(name), target="sm_90")
+    program = compiled(_simulated(name), "sm_90")
     if get(name).sim_code:  # the full-size program's chosen row, run at the small shape
         from emmy.suite import small_twin
 
-        full = emmy.optimize(get(name).code, target="sm_90")
+        full = compiled(get(name).code, "sm_90")
         program = small_twin(emmy.optimize, get(name).sim_code, "sm_90", full)
         if len(full.tile_ir.kernels) == 1:  # a whole model's kernels differ in number by shape
             assert [k.row for k in program.tile_ir.kernels] == [k.row for k in full.tile_ir.kernels]
@@ -90,7 +90,7 @@ def test_the_chosen_kernels_run_in_the_simulator_and_match_torch(name):
 def test_a_sample_of_legal_rows_runs_right_in_the_simulator(name):
     """Each sampled row's kernels run inside the program in place of the chosen row's, and the
     program's outputs are checked against torch (tests.sampled_rows)."""
-    check_sampled_rows(emmy.optimize(_simulated(name), target="sm_90"))
+    check_sampled_rows(compiled(_simulated(name), "sm_90"))
 
 
 @pytest.mark.parametrize("code, knobs", [
@@ -142,7 +142,7 @@ def test_rmsnorm_runs_clean_under_address_sanitizer():
 @pytest.mark.parametrize("name", LOWERED)
 def test_every_workload_runs_clean_under_address_sanitizer_at_a_small_shape(name):
     # maps, rows, SIMT contractions, mma tiles with cp.async, flash attention on tensor cores (splits: above)
-    program = emmy.optimize(_simulated(name), target="sm_90")
+    program = compiled(_simulated(name), "sm_90")
     assert all(c.ok for c in check_program(program, mode="asan"))
 
 

@@ -11,7 +11,7 @@ from emmy.loop_ir.nodes import Accumulate, Assign, Init, Lit, Load, Loop, Op, St
 from emmy.loop_ir.validate import FoldReadError, UndefinedValueError, check_defined_before_use, check_fold_reads
 from emmy.runtime import check_program
 from emmy.workloads import WORKLOADS
-from tests.conftest import run_emmy
+from tests.conftest import compiled, run_emmy
 
 RMSNORM = "x=torch.randn(1,32,2048); w=torch.randn(2048); F.rms_norm(x,(2048,),w,eps=1e-6)"
 RMSNORM_BY_HAND = "x=torch.randn(1,32,2048); w=torch.randn(2048); x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w"
@@ -51,12 +51,12 @@ def test_rmsnorm_is_one_kernel_reduce_then_sweep(code):
 @pytest.mark.parametrize("name", ["layernorm", "layernorm_bf16", "softmax", "gelu_chain", "matmul_f16"])
 def test_single_kernel_workloads(name):
     workload = next(w for w in WORKLOADS if w.name == name)
-    assert len(emmy.optimize(workload.code).loop_ir.kernels) == 1
+    assert len(compiled(workload.code).loop_ir.kernels) == 1
 
 
 def test_mlp_keeps_matmuls_apart_with_elementwise_work_fused_in():
     workload = next(w for w in WORKLOADS if w.name == "mlp")
-    program = emmy.optimize(workload.code).loop_ir
+    program = compiled(workload.code).loop_ir
     assert len(program.kernels) == 2
     first, second = program.kernels
     ops = [s.expr.op for s in _walk(first.body) if isinstance(s, Assign) and isinstance(s.expr, Op)]

@@ -9,6 +9,8 @@ from emmy.kernel_ir.nodes import FlashMma, MmaTile
 from emmy.nvcc import Resources, build_cubin, parse_ptxas, sass_mix
 from emmy.workloads import WORKLOADS, get
 
+from tests.conftest import compiled
+
 RMSNORM = "x=torch.randn(1,32,2048); w=torch.randn(2048); F.rms_norm(x,(2048,),w,eps=1e-6)"
 KERNELS = Path(__file__).resolve().parent / "sim_kernels"
 
@@ -108,13 +110,13 @@ def test_sampled_rows_compile_for_every_target_they_are_legal_on_without_spills(
     from tests.sampled_rows import sample_rows
 
     code = get(name).sim_code or get(name).code
-    reference = emmy.optimize(code, target="sm_90")
+    reference = compiled(code, "sm_90")
     sample = sample_rows(reference)
     # the chosen row comes first: tests/test_kernel_ir.py leaves a chosen program built here to this test
     assert {k: rows[0] for k, rows in sample.items()} == {t.kernel.name: t.row for t in reference.tile_ir.kernels}
     built = 0
     for target in ("sm_80", "sm_90", "sm_120"):
-        base = reference if target == "sm_90" else emmy.optimize(code, target=target)
+        base = compiled(code, target)
         kernels, types = [], base.buffer_types
         # extraction prices each target's own kernels, so its program may have other kernels
         same = {k.name for k in base.loop_ir.kernels} & {k.name for k in reference.loop_ir.kernels

@@ -8,7 +8,7 @@ from emmy.extract.targets import TARGETS, get_target
 from emmy.schedule.knobs import KNOB_NAMES, parse_pins
 from emmy.schedule.shape import kernel_shape
 from emmy.workloads import WORKLOADS
-from tests.conftest import run_emmy
+from tests.conftest import compiled, run_emmy
 from tests.schedule_oracle import enumerate_rows
 
 RMSNORM = "x=torch.randn(1,32,2048); w=torch.randn(2048); F.rms_norm(x,(2048,),w,eps=1e-6)"
@@ -80,7 +80,7 @@ def test_each_space_is_built_once_and_each_row_checked_once(monkeypatch):
 
     monkeypatch.setattr(schedule_space, "build_space", counting_build)
     schedule_space.forget_spaces()
-    program = emmy.optimize(next(w.code for w in WORKLOADS if w.name == "llama_decoder"), target="sm_90")
+    program = compiled(next(w.code for w in WORKLOADS if w.name == "llama_decoder"), "sm_90")
     program.__dict__["pricer"] = KernelPricer(program.target, counting_lowers)  # the program's own, counted
     assert isinstance(program, Program) and program.cuda_source
     program.explain()
