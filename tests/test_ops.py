@@ -811,7 +811,8 @@ def complex_powers(x):
     """Each way torch raises a complex number to a real power (products for 2 and 3, quotients for -1
     and -2, sqrt for 0.5, the polar form otherwise), square roots on both sides of the cut, sgn."""
     z = torch.view_as_complex(x)
-    powers = [z**2, z**3, z**-1, z**-2, z**0.5, z**1.7, z**-0.3, z.sqrt(), torch.sgn(z), (z * 0).sqrt(), torch.sgn(z * 0)]
+    powers = [z**2, z**3, z**-1, z**-2, z**0.5, z**1.7, z**-0.3, z.sqrt(), torch.sgn(z), (z * 0).sqrt(),
+              torch.sgn(z * 0)]
     return torch.stack([torch.view_as_real(p) for p in powers])
 
 

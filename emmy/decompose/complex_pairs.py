@@ -3,7 +3,8 @@ shape (*S, 2) that torch.view_as_real shows (real part, then imaginary), so view
 and rotary embeddings written with complex numbers (Meta's Llama: xq as complex times freqs_cis)
 compile to the same arithmetic as their real spelling. Views, slices, cats, repeats, writes, torch.complex,
 sums, products, quotients, real powers, square roots, sgn, exp and log, matrix products of complex tensors
-are taken, their magnitude and angle, and Fourier transforms (emmy.decompose.fourier); any other op on one is refused with the op named.
+are taken, their magnitude and angle, and Fourier transforms (emmy.decompose.fourier); any other op on one
+is refused with the op named.
 """
 
 from __future__ import annotations

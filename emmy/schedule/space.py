@@ -127,7 +127,8 @@ def build_space(shapes: list[KernelShape], target, pins: Schedule = Schedule(), 
             base.egraph.register(*facts)
             base.egraph.run(base.rules.saturate())
             for kernel, row in _legal_rows(base.egraph):
-                if kernel in rows and all(getattr(row, k) == v for k, v in pinned.items()):  # a user's rule may offer any
+                # a user's rule may offer any value: held to the pins here
+                if kernel in rows and all(getattr(row, k) == v for k, v in pinned.items()):
                     rows[kernel].append(row)
         finally:
             base.egraph.pop()
