@@ -34,10 +34,27 @@ class UnsupportedOpError(EmmyError):
 
     @classmethod
     def sized_by_values(cls, where: str) -> "UnsupportedOpError":
-        """The refusal of an op whose result's size depends on tensor values (masked_select, nonzero)."""
+        """The refusal of an op whose result's size depends on tensor values (masked_select, nonzero); the
+        fixed-size form of the op `where` names, where it has one emmy compiles."""
+        import re
+
+        op = re.search(r"aten\.(\w+)", where)
+        name = op.group(1).lstrip("_") if op else ""
+        form = next((f for prefix, f in _FIXED_SIZE_FORMS if name.startswith(prefix)), _FIXED_SIZE_FORMS[-1][1])
         return cls(f"unsupported op {where}: the size of its result depends on tensor values (how many "
                    "elements a mask or a count selects), which a compiled program must know before it runs; "
-                   "keep the shape fixed (torch.where with a fill instead of masked_select or nonzero)")
+                   f"keep the shape fixed ({form})")
+
+
+# (the op's name, without leading underscores, starts with; its fixed-size form): the last one the default
+_FIXED_SIZE_FORMS = (
+    ("bincount", "a fixed number of bins: torch.zeros(n).scatter_add(0, x, weights) or F.one_hot(x, n).sum(0)"),
+    ("unique", "torch.sort, then a mask of where a value differs from the one before it; or counts over a "
+               "known set of values: (x[..., None] == values).sum(0)"),
+    ("repeat_interleave", "repeats as Python ints, or a tensor of repeats whose total is fixed as output_size="),
+    ("nonzero", "torch.nonzero_static(x, size=n) with a fill, or torch.where with a fill"),
+    ("", "torch.where with a fill instead of masked_select or nonzero"),
+)
 
 
 class UnsupportedDtypeError(EmmyError):

@@ -32,6 +32,11 @@ BAD_INPUT = [
      ["unsupported op aten.masked_select.default (line 2", "the size of its result depends on tensor values"]),
     ("x=torch.randn(4)\nx.to(torch.float8_e4m3fn).float() * 2", [],
      ["unsupported dtype float8_e4m3fn", "line 2: `x.to(torch.float8_e4m3fn).float() * 2`"]),
+    # a value-sized op's refusal names its fixed-size form
+    ("x=torch.randint(0,5,(12,))\ntorch.bincount(x, minlength=5)", [],
+     ["unsupported op aten.bincount.default (line 2", "keep the shape fixed (a fixed number of bins"]),
+    ("x=torch.randn(4,3); r=torch.tensor([1,2,0,3])\nx.repeat_interleave(r, dim=0)", [],
+     ["aten.repeat_interleave.Tensor (line 2", "a tensor of repeats whose total is fixed as output_size="]),
     (MATMUL, ["--target", "sm_70"], ["unknown target 'sm_70'", "sm_80, sm_89, sm_90, sm_120"]),
     (get("attention").sim_code, ["--ir", "kernel", "--knobs", "REDUCE=g2k"],
      ["kernel k_sdpa_cast_3 (attention 72 queries x 72 keys, head 64, values 64 (batch 2), f16 operands",

@@ -1089,6 +1089,29 @@ def test_fractional_max_pooling_with_its_samples_given_matches_torch(dtype):
         assert torch.equal(got, want)
 
 
+def test_repeat_interleave_by_a_tensor_with_its_output_size_runs_right_and_a_wrong_total_is_an_error():
+    """Tensor.repeat_interleave(repeats, output_size=n): a fixed size, so each position's run is a
+    search in the running total; other repeats with the same total run right; a total other than n
+    (torch raises) is an index out of range, not rows that are not there."""
+    from emmy.errors import IndexOutOfRangeError
+
+    def repeated(x, repeats):
+        return x.repeat_interleave(repeats, dim=0, output_size=6) * 2, torch.repeat_interleave(repeats, output_size=6)
+
+    x = torch.randn(4, 3)
+    program = emmy.optimize(repeated, x, torch.tensor([1, 2, 0, 3]))
+    for repeats in (torch.tensor([1, 2, 0, 3]), torch.tensor([0, 0, 6, 0]), torch.tensor([3, 1, 1, 1])):
+        for got, want in zip(program(x, repeats, sim_mode="asan"), repeated(x, repeats)):
+            assert torch.equal(got, want)
+        for got, want in zip(program(x, repeats, device="interpret"), repeated(x, repeats)):
+            assert torch.equal(got, want)
+    for wrong in (torch.tensor([1, 1, 0, 3]), torch.tensor([3, 2, 0, 3])):
+        with pytest.raises(RuntimeError):
+            repeated(x, wrong)
+        with pytest.raises(IndexOutOfRangeError):
+            program(x, wrong, sim_mode="asan")
+
+
 @pytest.mark.parametrize("size, fill", [(30, -1), (4, -7)], ids=["more_slots_than_nonzeros", "fewer"])
 def test_nonzero_static_gives_torchs_coordinates_and_fills_the_rest(size, fill):
     """torch.nonzero_static (nonzero at a fixed size, for compiled code) was unsupported: the first

@@ -162,6 +162,22 @@ def nonzero_static(x, *, size: int, fill_value: int = -1):
     return torch.where((slots <= nonzero.sum())[:, None], found, torch.full_like(found, fill_value))
 
 
+def repeat_counts(repeats, output_size=None):
+    """aten.repeat_interleave.Tensor given its output_size (what Tensor.repeat_interleave(repeats,
+    output_size=n) calls before it gathers): position j holds the i whose run of repeats[i] copies
+    covers j, the number of runs that end at or before j (a search in the running total, which never
+    decreases; runs of no copies are passed over). Where the repeats do not add up to output_size
+    (torch raises) every position holds len(repeats), past the last run: the gather that follows
+    reports it as an index out of range rather than give rows that are not there. Without output_size
+    the size is the values' sum: NotImplemented leaves the op to be refused as sized by values."""
+    if output_size is None or repeats.shape[0] == 0:
+        return NotImplemented
+    ends = torch.cumsum(repeats, 0)
+    slots = torch.arange(output_size, dtype=ends.dtype, device=repeats.device)
+    runs = torch.searchsorted(ends, slots, right=True, out_int32=repeats.dtype == torch.int32)
+    return torch.where(ends[-1] == output_size, runs, torch.full_like(runs, repeats.shape[0]))
+
+
 def uncovered_decompositions() -> dict:
     """ATen op -> emmy's decomposition, for the ops torch's tables leave out."""
     from emmy.capture.grid_sampling import grid_sampler
@@ -172,4 +188,5 @@ def uncovered_decompositions() -> dict:
             aten.fractional_max_pool2d.default: fractional_max_pool,
             aten.fractional_max_pool3d.default: fractional_max_pool,
             aten.mode.default: mode, aten.nonzero_static.default: nonzero_static,
+            aten.repeat_interleave.Tensor: repeat_counts,
             **polynomial_decompositions()}
