@@ -111,28 +111,45 @@ class MeasurementDb:
 
     def __init__(self, path: Path | None = None):
         self.path = Path(path) if path is not None else default_path()
-        existed = self.path.exists() and self.path.stat().st_size > 0
-        if not existed:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(self.path), timeout=BUSY_SECONDS, isolation_level=None)
         try:
-            if existed:
-                self._check_identity()
-            else:
-                self._create()
+            self._open()
         except sqlite3.DatabaseError as err:
             self._conn.close()
             raise MeasurementDbError(f"{self.path} is not an emmy measurement database ({err}); it was left "
                                      "as it is: move it aside or set EMMY_DB to another file") from None
 
-    def _check_identity(self) -> None:
-        app = self._conn.execute("PRAGMA application_id").fetchone()[0]
+    def _open(self) -> None:
+        """Make a new file emmy's, or check that an old one is. Under the write lock: a process that
+        opens the file while another is making it waits for that to commit, so it never sees the
+        half-made file (a header, no application id yet) as another program's."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            app = self._conn.execute("PRAGMA application_id").fetchone()[0]
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            fresh = app == 0 and version == 0 and tables == 0
+            if fresh:  # a new (or empty) file: nothing in it to lose
+                self._conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    self._conn.execute(statement)
+            self._conn.execute("COMMIT")
+        except BaseException:
+            if self._conn.in_transaction:  # a file that is not a database may have ended it already
+                self._conn.execute("ROLLBACK")
+            raise
+        if not fresh:
+            self._check_identity(app, version)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+
+    def _check_identity(self, app: int, version: int) -> None:
         if app != APPLICATION_ID:
             self._conn.close()
             raise MeasurementDbError(f"{self.path} is an SQLite database of another program (application id "
                                      f"{app:#x}, not emmy's {APPLICATION_ID:#x}); it was left as it is: set EMMY_DB "
                                      "to another file")
-        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
         if version != SCHEMA_VERSION:
             self._conn.close()
             raise MeasurementDbError(f"{self.path} has schema version {version}; this emmy reads version "
@@ -141,20 +158,6 @@ class MeasurementDb:
         if check != "ok":
             self._conn.close()
             raise MeasurementDbError(f"{self.path} is corrupt ({check}); it was left as it is")
-        self._conn.execute("PRAGMA journal_mode=WAL")
-
-    def _create(self) -> None:
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            self._conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                self._conn.execute(statement)
-            self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
 
     def add(self, rows) -> int:
         """Every row in one transaction (all or none); a bad row stops it with its problem."""

@@ -71,6 +71,35 @@ def test_four_writers_at_once_lose_nothing(tmp_path):
         assert len(db.rows()) == 240
 
 
+_MAKING = textwrap.dedent("""
+    import sqlite3, sys, time
+    from emmy.measure_db import APPLICATION_ID, SCHEMA_VERSION, _SCHEMA
+    conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")  # the file has its header now, and no application id yet
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+    print("making", flush=True)
+    time.sleep(1.5)  # another process opens the file now
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    for statement in filter(str.strip, _SCHEMA.split(";")):
+        conn.execute(statement)
+    conn.execute("COMMIT")
+""")
+
+
+def test_a_database_opened_while_another_process_makes_it_waits_for_it(tmp_path):
+    """Two tuners starting at once: the second opened the file between the first's header and its
+    commit, read application id 0 and refused the file as another program's (a CI run failed so)."""
+    path = tmp_path / "m.sqlite"
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    maker = subprocess.Popen([sys.executable, "-c", _MAKING, str(path)], env=env, stdout=subprocess.PIPE, text=True)
+    assert maker.stdout.readline().strip() == "making" and path.stat().st_size > 0
+    with MeasurementDb(path) as db:
+        db.add([_row(1)])
+        assert [r.signature for r in db.rows()] == [_row(1).signature]
+    assert maker.wait(timeout=60) == 0
+
+
 _KILLED = textwrap.dedent("""
     import sys, time
     from emmy.measure_db import MeasurementDb
