@@ -121,28 +121,37 @@ class MeasurementDb:
                                      "as it is: move it aside or set EMMY_DB to another file") from None
 
     def _open(self) -> None:
-        """Make a new file emmy's, or check that an old one is. Under the write lock: a process that
-        opens the file while another is making it waits for that to commit, so it never sees the
-        half-made file (a header, no application id yet) as another program's."""
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            app = self._conn.execute("PRAGMA application_id").fetchone()[0]
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            tables = self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            fresh = app == 0 and version == 0 and tables == 0
-            if fresh:  # a new (or empty) file: nothing in it to lose
-                self._conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                for statement in filter(str.strip, _SCHEMA.split(";")):
-                    self._conn.execute(statement)
-            self._conn.execute("COMMIT")
-        except BaseException:
-            if self._conn.in_transaction:  # a file that is not a database may have ended it already
-                self._conn.execute("ROLLBACK")
-            raise
+        """Check that the file is emmy's, or make a new (empty) one emmy's. An empty one is made under
+        the write lock and looked at again there: a process that opens the file while another is
+        making it waits for that to commit, so it never takes the half-made file (a header, no
+        application id yet) for another program's. A file already emmy's is only read (it may be
+        read-only to this process)."""
+        app, version, tables = self._identity()
+        fresh = app == 0 and version == 0 and tables == 0
+        if fresh:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                app, version, tables = self._identity()
+                fresh = app == 0 and version == 0 and tables == 0
+                if fresh:  # nothing in it to lose
+                    self._conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                    self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                    for statement in filter(str.strip, _SCHEMA.split(";")):
+                        self._conn.execute(statement)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
         if not fresh:
             self._check_identity(app, version)
         self._conn.execute("PRAGMA journal_mode=WAL")
+
+    def _identity(self) -> tuple[int, int, int]:
+        """(application id, schema version, tables) as the file holds them now."""
+        app = self._conn.execute("PRAGMA application_id").fetchone()[0]
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        return app, version, self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
 
     def _check_identity(self, app: int, version: int) -> None:
         if app != APPLICATION_ID:
