@@ -126,13 +126,11 @@ class MeasurementDb:
         making it waits for that to commit, so it never takes the half-made file (a header, no
         application id yet) for another program's. A file already emmy's is only read (it may be
         read-only to this process)."""
-        app, version, tables = self._identity()
-        fresh = app == 0 and version == 0 and tables == 0
+        app, version, fresh = self._identity()
         if fresh:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                app, version, tables = self._identity()
-                fresh = app == 0 and version == 0 and tables == 0
+                app, version, fresh = self._identity()  # again, under the lock
                 if fresh:  # nothing in it to lose
                     self._conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
                     self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -147,11 +145,13 @@ class MeasurementDb:
             self._check_identity(app, version)
         self._conn.execute("PRAGMA journal_mode=WAL")
 
-    def _identity(self) -> tuple[int, int, int]:
-        """(application id, schema version, tables) as the file holds them now."""
+    def _identity(self) -> tuple[int, int, bool]:
+        """(application id, schema version, whether the file is empty: no id, no version, no tables)
+        as it holds them now."""
         app = self._conn.execute("PRAGMA application_id").fetchone()[0]
         version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-        return app, version, self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        tables = self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        return app, version, app == 0 and version == 0 and tables == 0
 
     def _check_identity(self, app: int, version: int) -> None:
         if app != APPLICATION_ID:

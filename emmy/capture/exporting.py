@@ -57,11 +57,17 @@ DECOMPOSED_TOO = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3
 
 def decomposition_table() -> dict:
     with _composite_ops_listed_once():
-        table = torch.export.default_decompositions()
-        table.update(emmy_decompositions())
-        for op in kept_whole_ops():
-            table.pop(op, None)
-        table.materialize()  # while torch's composite-op listing is the one made once (see below)
+        return _materialized_table()
+
+
+def _materialized_table() -> dict:
+    """torch.export's default table with emmy's, less the ops kept whole; made inside
+    _composite_ops_listed_once (materializing lists torch's composite ops)."""
+    table = torch.export.default_decompositions()
+    table.update(emmy_decompositions())
+    for op in kept_whole_ops():
+        table.pop(op, None)
+    table.materialize()
     return table
 
 
@@ -132,7 +138,7 @@ def decompose(program: "torch.export.ExportedProgram") -> "torch.export.Exported
     import torch.export.exported_program as exported_program
 
     with _composite_ops_listed_once() as composites:
-        table = decomposition_table()
+        table = _materialized_table()
         if _already_decomposed(program, table):
             return program
         in_play = _composites_in_play(program, composites)

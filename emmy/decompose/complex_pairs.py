@@ -337,9 +337,7 @@ def power(ctx, x, exponent):
         raise UnsupportedOpError(f"unsupported op {ctx.where}: a complex number raised to a complex power "
                                  "(emmy takes real exponents)")
     shape, p = _shape(ctx), float(exponent)
-    b, z = ctx.b, parts_of(ctx, x)
-    if z[1] is None:
-        z = (z[0], b.fill(0.0, shape[:-1], _part(ctx)))
+    b, z = ctx.b, _both_parts(ctx, x)
     if p == 0.5:
         return _pair(ctx, *_root(ctx, z), shape)
     if p in (1.0, 2.0, 3.0, -1.0, -2.0):
@@ -357,8 +355,7 @@ def power(ctx, x, exponent):
 
 @complex_op("aten.sqrt.default")
 def square_root(ctx, x):
-    re, im = parts_of(ctx, x)
-    return _pair(ctx, *_root(ctx, (re, im or ctx.b.fill(0.0, _shape(ctx)[:-1], _part(ctx)))), _shape(ctx))
+    return _pair(ctx, *_root(ctx, _both_parts(ctx, x)), _shape(ctx))
 
 
 def _root(ctx, z) -> tuple:
@@ -379,8 +376,7 @@ def _root(ctx, z) -> tuple:
 def unit(ctx, x):
     """z / |z|, and 0 where z is 0."""
     op = ctx.b.elementwise
-    re, im = parts_of(ctx, x)
-    im = im or ctx.b.fill(0.0, _shape(ctx)[:-1], _part(ctx))
+    re, im = _both_parts(ctx, x)
     magnitude = op("hypot", re, im)
     zero = op("equal", magnitude, 0.0)
     return _pair(ctx, op("where", zero, 0.0, op("divide", re, magnitude)),
@@ -450,6 +446,13 @@ def parts_of(ctx, x) -> tuple:
     rank = len(shape) - 1
     return tuple(b.index_map(x, shape[:-1], [Affine.dim(d) for d in range(rank)] + [Affine.constant(k)],
                              suffix=("re", "im")[k]) for k in (0, 1))
+
+
+def _both_parts(ctx, x) -> tuple:
+    """(real part, imaginary part) of the op's operand at the result's shape, a real one's imaginary
+    part zeros (for an op whose formula reads both)."""
+    re, im = parts_of(ctx, x)
+    return re, im if im is not None else ctx.b.fill(0.0, _shape(ctx)[:-1], _part(ctx))
 
 
 def as_pair(ctx, x, shape):
