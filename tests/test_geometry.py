@@ -13,7 +13,6 @@ the bytes the kernel requests (cp.async copies counted as they complete).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from math import prod
 
 import numpy as np
@@ -57,7 +56,6 @@ HELD_OUT = {
 PROGRAMS = {w.name: w.sim_code or w.code for w in WORKLOADS} | HELD_OUT
 
 
-@functools.lru_cache(maxsize=None)
 def _program(name: str):
     return compiled(PROGRAMS[name], "sm_90")
 
